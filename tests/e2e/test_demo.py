@@ -1,0 +1,25 @@
+"""`make demo`'s server path: OpenAI server with relay on the CPU, one chat, clean shutdown."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+DEMO = Path(__file__).resolve().parents[2] / "examples" / "demo.py"
+pytestmark = pytest.mark.engine
+
+
+def test_demo_serves_a_chat_with_relay_and_leaves_no_process():
+    proc = subprocess.run([sys.executable, str(DEMO)], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    out = proc.stdout
+    assert "vllm-relay: relay attention backend active, implementation: cpu-torch" in out
+    assert re.search(r"\[demo\] reply .*\n  '.+'", out), out
+    usage = re.search(r"usage: (\d+) prompt \+ (\d+) completion", out)
+    assert usage and int(usage.group(1)) > 10 and int(usage.group(2)) == 24, out
+    port = re.search(r"--port (\d+)", out).group(1)
+    ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    leftovers = [line for line in ps.splitlines() if f"--port {port}" in line]
+    assert not leftovers, leftovers

@@ -1,0 +1,112 @@
+"""register(): re-entrant, cheap, and in effect in every process, spawned ones included."""
+
+import multiprocessing as mp
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import vllm_relay
+from vllm_relay import hooks
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_register_is_reentrant_and_aliases_custom():
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum as E
+
+    vllm_relay.register()
+    vllm_relay.register()
+    assert E["RELAY"] is E.CUSTOM
+    assert E.CUSTOM.get_path() == vllm_relay.RELAY_BACKEND
+    patched = hooks.applied_patches()
+    assert patched == ["CpuPlatform.get_attn_backend_cls"], patched
+
+
+def test_backend_names_parse_in_any_case():
+    from vllm.config.attention import AttentionConfig
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum as E
+
+    vllm_relay.register()
+    for name in ("relay", "RELAY", "Relay"):
+        assert AttentionConfig.validate_backend_before(name) is E.CUSTOM
+
+
+def test_register_touches_no_device_and_imports_no_backend():
+    # In a fresh interpreter: register() must not import torch.cuda state or the backends.
+    code = (
+        "import sys, vllm_relay; vllm_relay.register();"
+        "import torch; assert not torch.cuda.is_initialized();"
+        "assert 'vllm_relay.attention.backend' not in sys.modules;"
+        "assert 'vllm_relay.attention.cpu_backend' not in sys.modules; print('ok')"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
+
+
+def _child_after_plugins(queue):
+    # What vLLM's spawned engine core / workers do: load general plugins (entry points).
+    from vllm.plugins import load_general_plugins
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum as E
+
+    load_general_plugins()
+    queue.put((E["RELAY"].name, E.CUSTOM.get_path()))
+
+
+def _child_unpickle(payload, queue):
+    # A spawned child unpickles the config before any plugin loads: the member must resolve.
+    member = pickle.loads(payload)
+    queue.put(member.name)
+
+
+def test_alias_survives_spawn_and_pickling():
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum as E
+
+    vllm_relay.register()
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    for target, args in ((_child_after_plugins, ()), (_child_unpickle, (pickle.dumps(E["RELAY"]),))):
+        proc = ctx.Process(target=target, args=(*args, queue))
+        proc.start()
+        proc.join(300)
+        assert proc.exitcode == 0
+        result = queue.get(timeout=10)
+        if target is _child_after_plugins:
+            assert result == ("CUSTOM", vllm_relay.RELAY_BACKEND)
+        else:
+            assert result == "CUSTOM"
+
+
+def test_cpu_platform_selects_relay_only_when_asked():
+    from vllm.platforms.cpu import CpuPlatform
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum as E
+    from vllm.v1.attention.selector import AttentionSelectorConfig
+
+    import torch
+
+    vllm_relay.register()
+    cfg = AttentionSelectorConfig(head_size=64, dtype=torch.float32, kv_cache_dtype="auto", block_size=16)
+    assert CpuPlatform.get_attn_backend_cls(E.CUSTOM, cfg) == vllm_relay.RELAY_CPU_BACKEND
+    assert CpuPlatform.get_attn_backend_cls(None, cfg) == E.CPU_ATTN.get_path()
+    assert CpuPlatform.get_attn_backend_cls(E.FLASH_ATTN, cfg) == E.CPU_ATTN.get_path()
+    bad = cfg._replace(has_sliding_window=True)
+    with pytest.raises(ValueError, match="relay attention backend does not support.*sliding window"):
+        CpuPlatform.get_attn_backend_cls(E.CUSTOM, bad)
+
+
+def test_patches_revert_and_ledger_lists_them():
+    from vllm.platforms.cpu import CpuPlatform
+
+    vllm_relay.register()
+    patched = CpuPlatform.get_attn_backend_cls
+    names = hooks.applied_patches()
+    hooks.revert_all()
+    try:
+        assert CpuPlatform.get_attn_backend_cls != patched
+        ledger = (REPO / "patches" / "README.md").read_text()
+        for name in names:
+            assert f"`{name.split('.')[-2]}.{name.split('.')[-1]}`" in ledger, name
+    finally:
+        vllm_relay.register()

@@ -1,0 +1,35 @@
+"""What both relay backends (CUDA and CPU) declare and check, in one place."""
+
+from vllm.logger import init_logger
+
+# A child of vLLM's logger, so our lines appear with vLLM's formatting and level.
+logger = init_logger("vllm.relay")
+
+
+def log_active(implementation: str) -> None:
+    logger.info_once("vllm-relay: relay attention backend active, implementation: %s", implementation)
+
+
+def check_layer(backend: str, *, alibi_slopes, sliding_window, logits_soft_cap, attn_type, sinks=None,
+                kv_sharing_target_layer_name=None) -> None:
+    """Reject, at start-up with a clear message, layer features relay does not compute exactly."""
+    from vllm.v1.attention.backend import AttentionType
+
+    unsupported = []
+    if alibi_slopes is not None:
+        unsupported.append("ALiBi")
+    if sliding_window is not None:
+        unsupported.append(f"sliding window ({sliding_window})")
+    if logits_soft_cap:
+        unsupported.append(f"logits soft-capping ({logits_soft_cap})")
+    if attn_type != AttentionType.DECODER:
+        unsupported.append(f"attention type {attn_type!r} (decoder self-attention only)")
+    if sinks is not None:
+        unsupported.append("attention sinks")
+    if kv_sharing_target_layer_name is not None:
+        unsupported.append("cross-layer KV sharing")
+    if unsupported:
+        raise NotImplementedError(
+            f"The relay attention backend ({backend}) does not support: {', '.join(unsupported)}. "
+            "Use another --attention-backend for this model."
+        )

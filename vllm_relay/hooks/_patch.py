@@ -1,0 +1,30 @@
+"""An idempotent, revertible way to replace an attribute of a vLLM object."""
+
+from typing import Any
+
+# (owner, attribute name) -> original value; insertion-ordered so revert_all undoes in reverse.
+_ORIGINALS: dict[tuple[Any, str], Any] = {}
+
+
+def patch(owner: Any, name: str, replacement: Any) -> None:
+    """Set `owner.name = replacement`, remembering the original the first time only."""
+    key = (owner, name)
+    if key not in _ORIGINALS:
+        _ORIGINALS[key] = owner.__dict__[name] if name in vars(owner) else getattr(owner, name)
+    setattr(owner, name, replacement)
+
+
+def original(owner: Any, name: str) -> Any:
+    """The value `owner.name` had before it was patched (or its current value if unpatched)."""
+    return _ORIGINALS.get((owner, name), getattr(owner, name))
+
+
+def applied_patches() -> list[str]:
+    return [f"{getattr(owner, '__qualname__', owner)}.{name}" for owner, name in _ORIGINALS]
+
+
+def revert_all() -> None:
+    """Restore every patched attribute (tests use this to prove patches are removable)."""
+    for (owner, name), value in reversed(list(_ORIGINALS.items())):
+        setattr(owner, name, value)
+    _ORIGINALS.clear()

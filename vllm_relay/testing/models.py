@@ -1,0 +1,208 @@
+"""Model folders for tests and benchmarks, built locally and cached.
+
+Nothing can be downloaded from a model hub here, so every model the tests or
+benchmarks load is built by this module:
+
+- ``tiny-llama-mha`` / ``tiny-llama-gqa``: random LlamaForCausalLM weights
+  (hidden 256, 4 query heads of 64, 4 layers) with 4 or 2 KV heads, float32,
+  about 17 MB. Small enough for CPU tests, with a real head_dim (64). vLLM's
+  ``dtype="auto"`` turns float32 checkpoints into bfloat16, so pass
+  ``dtype="float32"`` to compare with transformers token for token.
+- ``llama-2-7b-shape`` / ``llama-3-8b-shape``: config.json only, for
+  ``--load-format dummy`` on a GPU, so benchmarks run at real shapes
+  (MHA 32/32 and GQA 32/8) without real weights.
+
+Every folder carries the tokenizer from ``tokenizer.py`` (3072 tokens). In the
+shape folders it is smaller than ``vocab_size``; that is fine because vLLM only
+needs token ids below ``vocab_size``.
+
+``get_model(name)`` builds a folder once per cache key (these sources and the
+library versions) and renames it into place, so concurrent test workers never
+see a half-written folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from importlib.metadata import version
+from pathlib import Path
+
+from vllm_relay.testing.tokenizer import CHAT_TOKENS, build_tokenizer
+
+# Part of the cache key, with the sources below and the writers' versions; bump
+# it to force a rebuild for a reason the key cannot see.
+FIXTURE_VERSION = "1"
+SEED = 0
+
+_TINY = dict(
+    hidden_size=256,
+    intermediate_size=512,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    head_dim=64,
+    max_position_embeddings=4096,
+    rope_theta=10000.0,
+    rms_norm_eps=1e-5,
+    # With Llama's default 0.02 the residual stream is dominated by the token
+    # embedding, so greedy decoding of a random model falls into a 1-2 token
+    # loop almost at once; with 0.1 attention and MLPs matter and the output
+    # keeps varying (tests check a greedy continuation is not a short loop).
+    initializer_range=0.1,
+    tie_word_embeddings=False,
+    dtype="float32",
+)
+
+TINY_MODELS = {
+    "tiny-llama-mha": dict(_TINY, num_key_value_heads=4),
+    "tiny-llama-gqa": dict(_TINY, num_key_value_heads=2),  # GQA ratio 2
+}
+
+SHAPE_MODELS = {
+    "llama-2-7b-shape": dict(
+        hidden_size=4096,
+        intermediate_size=11008,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=32,
+        vocab_size=32000,
+        max_position_embeddings=16384,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        dtype="bfloat16",
+    ),
+    "llama-3-8b-shape": dict(
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        vocab_size=128256,
+        # Llama-3-8B has 8192; 16384 leaves room for 8k-token prompts plus output.
+        max_position_embeddings=16384,
+        rope_theta=500000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        dtype="bfloat16",
+    ),
+}
+
+MODEL_NAMES = [*TINY_MODELS, *SHAPE_MODELS]
+
+
+def _llama_config(tok_path: Path, **kwargs):
+    """A LlamaConfig whose bos/eos/pad ids come from the tokenizer at ``tok_path``."""
+    from transformers import AutoTokenizer, LlamaConfig
+
+    tok = AutoTokenizer.from_pretrained(tok_path)
+    kwargs.setdefault("vocab_size", len(tok))
+    assert len(tok) <= kwargs["vocab_size"], "tokenizer ids must fit in the model's vocab"
+    return LlamaConfig(
+        architectures=["LlamaForCausalLM"],
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        **kwargs,
+    )
+
+
+def _write_generation_config(config, path: Path) -> None:
+    """Chat turns end with <|end|>, so generation stops there as well as at </s>."""
+    from transformers import AutoTokenizer, GenerationConfig
+
+    end_id = AutoTokenizer.from_pretrained(path).convert_tokens_to_ids(CHAT_TOKENS[-1])
+    gen = GenerationConfig(
+        bos_token_id=config.bos_token_id,
+        eos_token_id=[config.eos_token_id, end_id],
+        pad_token_id=config.pad_token_id,
+    )
+    gen.save_pretrained(path)
+
+
+def build_tiny_model(name: str, path: str | Path, seed: int = SEED) -> Path:
+    """Write tokenizer, config and random safetensors weights for a tiny model."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    spec = TINY_MODELS[name]
+    path = build_tokenizer(path, seed=seed, model_max_length=spec["max_position_embeddings"])
+    config = _llama_config(path, **spec)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    model.save_pretrained(path, safe_serialization=True)
+    _write_generation_config(config, path)
+    return path
+
+
+def build_shape_config(name: str, path: str | Path, seed: int = SEED) -> Path:
+    """Write tokenizer and config (no weights) for ``--load-format dummy``."""
+    spec = SHAPE_MODELS[name]
+    path = build_tokenizer(path, seed=seed, model_max_length=spec["max_position_embeddings"])
+    config = _llama_config(path, **spec)
+    config.save_pretrained(path)
+    _write_generation_config(config, path)
+    return path
+
+
+def build(name: str, path: str | Path) -> Path:
+    if name in TINY_MODELS:
+        return build_tiny_model(name, path)
+    if name in SHAPE_MODELS:
+        return build_shape_config(name, path)
+    raise KeyError(f"unknown test model {name!r}; known: {', '.join(MODEL_NAMES)}")
+
+
+def cache_root() -> Path:
+    """$VLLM_RELAY_CACHE, else <repo>/.cache/models in a checkout, else ~/.cache/vllm-relay."""
+    if env := os.environ.get("VLLM_RELAY_CACHE"):
+        return Path(env)
+    repo = Path(__file__).resolve().parents[2]
+    if (repo / ".git").exists() and (repo / "vllm_relay").is_dir():
+        return repo / ".cache" / "models"
+    return Path.home() / ".cache" / "vllm-relay"
+
+
+def cache_key() -> str:
+    """Changes whenever the built files could: our sources or the writers' versions."""
+    h = hashlib.sha256(json.dumps([FIXTURE_VERSION, SEED]).encode())
+    for lib in ("tokenizers", "transformers", "safetensors", "torch"):
+        h.update(version(lib).encode())
+    here = Path(__file__).parent
+    for source in ("models.py", "tokenizer.py", "corpus.txt"):
+        h.update((here / source).read_bytes())
+    return h.hexdigest()[:10]
+
+
+def get_model(name: str, cache_dir: str | Path | None = None) -> str:
+    """Path of the built model folder ``name``, building it on first use.
+
+    The build goes to a temporary folder next to the final one and is renamed
+    into place; if another process won the race, its folder is kept and ours
+    is dropped. Stale builds (other cache keys) are left alone, not deleted,
+    since another checkout may still use them.
+    """
+    if name not in MODEL_NAMES:
+        raise KeyError(f"unknown test model {name!r}; known: {', '.join(MODEL_NAMES)}")
+    root = Path(cache_dir) if cache_dir is not None else cache_root()
+    final = root / f"{name}-{cache_key()}"
+    if final.is_dir():
+        return str(final)
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=root))
+    os.chmod(tmp, 0o755)  # mkdtemp makes it 0700
+    try:
+        build(name, tmp)
+        for f in tmp.iterdir():
+            f.chmod(0o644)  # transformers writes model.safetensors as 0600
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not final.is_dir():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return str(final)
