@@ -1,0 +1,219 @@
+"""RelayConfig validation, from_vllm, env overrides and kv_bytes. CPU only, no vLLM needed."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vllm_relay import envs
+from vllm_relay.config import MAX_PROMPT_NAME_LEN, RelayConfig, check_prompt_name
+
+REPO = Path(__file__).resolve().parents[1]
+RELAY_ENV = list(envs.environment_variables)
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch):
+    for name in RELAY_ENV:
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_defaults():
+    c = RelayConfig()
+    assert (c.max_prompts, c.max_prompt_tokens, c.page_size) == (2, 8192, 256)
+    assert c.system_prompts == {} and c.min_batch_for_relay == 1 and c.log_stats_interval_s == 10.0
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"max_prompts": 0}, r"max_prompts=0: must be an int >= 1"),
+        ({"max_prompts": True}, r"max_prompts=True"),
+        ({"max_prompts": "2"}, r"max_prompts='2'"),
+        ({"page_size": 8}, r"page_size=8: must be a power of two in \[16, 1024\]"),
+        ({"page_size": 2048}, r"page_size=2048: .*\[16, 1024\]"),
+        ({"page_size": 96}, r"page_size=96: must be a power of two"),
+        (
+            {"max_prompt_tokens": 1000},
+            r"max_prompt_tokens=1000: must be a positive multiple of page_size=256",
+        ),
+        ({"max_prompt_tokens": 0}, r"max_prompt_tokens=0: .*page_size=256"),
+        ({"max_prompt_tokens": 48, "page_size": 32}, r"max_prompt_tokens=48: .*page_size=32"),
+        ({"min_batch_for_relay": 0}, r"min_batch_for_relay=0: must be an int >= 1"),
+        ({"log_stats_interval_s": -1.0}, r"log_stats_interval_s=-1.0: must be a finite number >= 0"),
+        ({"log_stats_interval_s": float("inf")}, r"log_stats_interval_s=inf"),
+    ],
+)
+def test_field_limits(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        RelayConfig(**kwargs)
+
+
+def test_valid_edges():
+    RelayConfig(page_size=16, max_prompt_tokens=16, max_prompts=1)
+    RelayConfig(page_size=1024, max_prompt_tokens=3 * 1024)
+    assert RelayConfig(log_stats_interval_s=0).log_stats_interval_s == 0.0
+
+
+@pytest.mark.parametrize(
+    "prompts, match",
+    [
+        ({"": "hi"}, r"system prompt name '': must be a non-empty string"),
+        (
+            {"a" * (MAX_PROMPT_NAME_LEN + 1): "hi"},
+            rf"{MAX_PROMPT_NAME_LEN + 1} characters, more than {MAX_PROMPT_NAME_LEN}",
+        ),
+        ({"a b": "hi"}, r"'a b': allowed characters are \[A-Za-z0-9_.-\]"),
+        ({"ok": ""}, r"system_prompts\['ok'\]: empty text"),
+        ({"ok": []}, r"system_prompts\['ok'\]: empty token ids"),
+        ({"ok": [1, -2]}, r"token id -2 is not a non-negative int"),
+        ({"ok": [1, 2.0]}, r"token id 2.0 is not"),
+        ({"ok": 5}, r"token ids must be a sequence of ints, got int"),
+        ({"ok": list(range(257))}, r"257 tokens, more than max_prompt_tokens=256"),
+        ({"a": "x", "b": "y", "c": "z"}, r"3 prompts \(a, b, c\), more than max_prompts=2"),
+    ],
+)
+def test_system_prompt_limits(prompts, match):
+    with pytest.raises(ValueError, match=match):
+        RelayConfig(max_prompt_tokens=256, system_prompts=prompts)
+
+
+def test_system_prompts_not_a_dict():
+    with pytest.raises(ValueError, match=r"system_prompts: must be a dict .* got list"):
+        RelayConfig(system_prompts=["hi"])
+
+
+def test_system_prompts_normalized_and_copied():
+    ids = (1, 2, 3)
+    c = RelayConfig(system_prompts={"chat-v1.2_x": "You are helpful.", "ids": ids})
+    assert c.system_prompts == {"chat-v1.2_x": "You are helpful.", "ids": [1, 2, 3]}
+    check_prompt_name("a" * MAX_PROMPT_NAME_LEN)
+
+
+def test_from_vllm_empty():
+    assert RelayConfig.from_vllm(None) == RelayConfig()
+    assert RelayConfig.from_vllm({}) == RelayConfig()
+    assert RelayConfig.from_vllm({"other_plugin": {"x": 1}}) == RelayConfig()
+    assert RelayConfig.from_vllm({"relay": None}) == RelayConfig()
+
+
+def test_from_vllm_reads_relay_section():
+    section = {"max_prompts": 4, "page_size": 128, "system_prompts": {"a": "x"}}
+    c = RelayConfig.from_vllm({"relay": section})
+    assert (c.max_prompts, c.page_size, c.system_prompts) == (4, 128, {"a": "x"})
+
+
+def test_from_vllm_unknown_keys():
+    match = r"unknown keys \['max_prompt', 'zzz'\]; valid keys are \['max_prompts', 'max_prompt_tokens', "
+    with pytest.raises(ValueError, match=match):
+        RelayConfig.from_vllm({"relay": {"max_prompt": 4, "zzz": 1}})
+
+
+def test_from_vllm_section_not_a_dict():
+    with pytest.raises(ValueError, match=r'additional_config\["relay"\]: must be a dict, got list'):
+        RelayConfig.from_vllm({"relay": [1]})
+    with pytest.raises(ValueError, match=r"must be a dict, got list"):
+        RelayConfig.from_vllm({"relay": []})
+
+
+def test_env_overrides(monkeypatch):
+    monkeypatch.setenv("VLLM_RELAY_MAX_PROMPTS", "3")
+    monkeypatch.setenv("VLLM_RELAY_MAX_PROMPT_TOKENS", "1024")
+    c = RelayConfig.from_vllm({"relay": {"max_prompts": 8, "max_prompt_tokens": 4096}})
+    assert (c.max_prompts, c.max_prompt_tokens) == (3, 1024)
+
+
+def test_env_override_is_validated(monkeypatch):
+    monkeypatch.setenv("VLLM_RELAY_MAX_PROMPT_TOKENS", "1000")
+    with pytest.raises(ValueError, match=r"max_prompt_tokens=1000: .*page_size=256"):
+        RelayConfig.from_vllm(None)
+
+
+def test_env_not_an_int(monkeypatch):
+    monkeypatch.setenv("VLLM_RELAY_MAX_PROMPTS", "two")
+    with pytest.raises(ValueError, match=r"VLLM_RELAY_MAX_PROMPTS='two': not an integer"):
+        RelayConfig.from_vllm(None)
+
+
+def test_env_empty_means_unset(monkeypatch):
+    monkeypatch.setenv("VLLM_RELAY_MAX_PROMPTS", "")
+    assert envs.VLLM_RELAY_MAX_PROMPTS is None and not envs.is_set("VLLM_RELAY_MAX_PROMPTS")
+    assert RelayConfig.from_vllm(None).max_prompts == 2
+
+
+def test_prompts_file_merged(monkeypatch, tmp_path):
+    f = tmp_path / "prompts.json"
+    f.write_text(json.dumps({"b": [5, 6, 7], "a": "from file"}))
+    monkeypatch.setenv("VLLM_RELAY_SYSTEM_PROMPTS_FILE", str(f))
+    c = RelayConfig.from_vllm({"relay": {"max_prompts": 3, "system_prompts": {"a": "inline", "c": "z"}}})
+    assert c.system_prompts == {"a": "from file", "b": [5, 6, 7], "c": "z"}
+
+
+def test_prompts_file_counts_against_max_prompts(monkeypatch, tmp_path):
+    f = tmp_path / "prompts.json"
+    f.write_text(json.dumps({"b": "y", "c": "z"}))
+    monkeypatch.setenv("VLLM_RELAY_SYSTEM_PROMPTS_FILE", str(f))
+    with pytest.raises(ValueError, match=r"3 prompts .* more than max_prompts=2"):
+        RelayConfig.from_vllm({"relay": {"system_prompts": {"a": "x"}}})
+
+
+@pytest.mark.parametrize(
+    "content, match",
+    [(None, r"cannot read it"), ("{not json", r"not valid JSON"), ("[1, 2]", r"must hold a JSON object")],
+)
+def test_prompts_file_errors(monkeypatch, tmp_path, content, match):
+    f = tmp_path / "prompts.json"
+    if content is not None:
+        f.write_text(content)
+    monkeypatch.setenv("VLLM_RELAY_SYSTEM_PROMPTS_FILE", str(f))
+    with pytest.raises(ValueError, match=rf"VLLM_RELAY_SYSTEM_PROMPTS_FILE=.*prompts.json.*: {match}"):
+        RelayConfig.from_vllm(None)
+
+
+def test_kv_bytes_llama3_8b():
+    # Llama-3-8B: 32 layers, 8 KV heads of 128, bf16; 2 slots x 8192 tokens, K and V.
+    gib = 2**30
+    assert RelayConfig().kv_bytes(num_layers=32, num_kv_heads=8, head_size=128, dtype_bytes=2) == 2 * gib
+
+
+def test_kv_bytes_scales_linearly():
+    base = RelayConfig(max_prompts=1, max_prompt_tokens=256).kv_bytes(1, 1, 1, 1)
+    assert base == 2 * 256
+    c = RelayConfig(max_prompts=3, max_prompt_tokens=512)
+    want = 3 * 512 * 2 * 2 * 4 * 64 * 4  # slots * tokens * (K, V) * layers * heads * head_size * bytes
+    assert c.kv_bytes(num_layers=2, num_kv_heads=4, head_size=64, dtype_bytes=4) == want
+
+
+def test_kv_bytes_rejects_bad_shapes():
+    with pytest.raises(ValueError, match=r"head_size=0 must be an int >= 1"):
+        RelayConfig().kv_bytes(32, 8, 0, 2)
+
+
+def test_envs_module():
+    assert set(dir(envs)) == set(RELAY_ENV)
+    assert all(name.startswith("VLLM_RELAY_") for name in RELAY_ENV)
+    with pytest.raises(AttributeError):
+        envs.VLLM_RELAY_NOPE  # noqa: B018
+    with pytest.raises(AttributeError):
+        envs.is_set("VLLM_RELAY_NOPE")
+
+
+def test_only_envs_reads_the_environment():
+    """Principle 6: os.getenv / os.environ appear in envs.py only (among the config modules)."""
+    for rel in ["vllm_relay/config.py", "vllm_relay/system_prompts"]:
+        path = REPO / rel
+        for f in [path] if path.is_file() else sorted(path.rglob("*.py")):
+            text = f.read_text()
+            assert "os.getenv" not in text and "os.environ" not in text, f
+
+
+def test_importable_without_vllm_or_torch():
+    code = (
+        "import sys; sys.modules['vllm'] = None; sys.modules['torch'] = None\n"
+        "import vllm_relay.config, vllm_relay.envs, vllm_relay.system_prompts\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=REPO)

@@ -1,0 +1,208 @@
+"""`RelayConfig`: the plugin's one configuration surface.
+
+Sources, later ones winning: the dataclass defaults, `--additional-config '{"relay": {...}}'`,
+then the `VLLM_RELAY_*` variables of `envs.py`. Everything is validated in `__post_init__`, so a
+bad value fails at start-up with a message naming the field, its value and the limit, instead of
+as a shape error inside a kernel.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from vllm_relay import envs
+
+# The kernels view the system KV as pages of `page_size` tokens; a power of two keeps page
+# indexing a shift, and this range covers vLLM's block sizes (16) up to one tile of a long prompt.
+MIN_PAGE_SIZE = 16
+MAX_PAGE_SIZE = 1024
+
+# Prompt names appear in logs, metrics labels and URLs, so keep them short and plain.
+MAX_PROMPT_NAME_LEN = 64
+PROMPT_NAME_PATTERN = re.compile(r"[A-Za-z0-9_.-]+")
+
+# The key of the plugin's section in vLLM's `additional_config`.
+ADDITIONAL_CONFIG_KEY = "relay"
+
+
+def check_prompt_name(name: object) -> str:
+    """Return `name` if it is a valid system-prompt name, else raise ValueError saying why."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"system prompt name {name!r}: must be a non-empty string")
+    if len(name) > MAX_PROMPT_NAME_LEN:
+        raise ValueError(
+            f"system prompt name {name!r}: {len(name)} characters, more than {MAX_PROMPT_NAME_LEN}"
+        )
+    if not PROMPT_NAME_PATTERN.fullmatch(name):
+        raise ValueError(f"system prompt name {name!r}: allowed characters are [A-Za-z0-9_.-]")
+    return name
+
+
+def check_token_ids(what: str, token_ids: object, max_tokens: int) -> list[int]:
+    """Return `token_ids` as a fresh list if it is 1..max_tokens non-negative ints, else raise."""
+    if isinstance(token_ids, (str, bytes)) or not hasattr(token_ids, "__iter__"):
+        raise ValueError(f"{what}: token ids must be a sequence of ints, got {type(token_ids).__name__}")
+    ids = list(token_ids)  # type: ignore[call-overload]
+    if not ids:
+        raise ValueError(f"{what}: empty token ids (a system prompt needs at least 1 token)")
+    if len(ids) > max_tokens:
+        raise ValueError(f"{what}: {len(ids)} tokens, more than max_prompt_tokens={max_tokens}")
+    bad = next((t for t in ids if isinstance(t, bool) or not isinstance(t, int) or t < 0), None)
+    if bad is not None:
+        raise ValueError(f"{what}: token id {bad!r} is not a non-negative int")
+    return ids
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(slots=True)
+class RelayConfig:
+    """Sizes of the system-prompt KV store and the prompts to load at start-up."""
+
+    # Slots of the KV store: system prompts resident at once.
+    max_prompts: int = 2
+    # S_max: tokens per slot. A positive multiple of page_size, so a slot is whole pages.
+    max_prompt_tokens: int = 8192
+    # Tokens per page of the system KV as the kernels view it. Power of two in [16, 1024].
+    page_size: int = 256
+    # Prompts given at start-up: name -> text (tokenized by the engine) or token ids.
+    system_prompts: dict[str, str | list[int]] = field(default_factory=dict)
+    # Reserved: the smallest batch for which the relay path would be taken.
+    min_batch_for_relay: int = 1
+    # Seconds between stats log lines; 0 turns them off.
+    log_stats_interval_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.max_prompts) or self.max_prompts < 1:
+            raise ValueError(f"RelayConfig.max_prompts={self.max_prompts!r}: must be an int >= 1")
+        if not _is_int(self.page_size) or not (MIN_PAGE_SIZE <= self.page_size <= MAX_PAGE_SIZE) or (
+            self.page_size & (self.page_size - 1)
+        ):
+            raise ValueError(
+                f"RelayConfig.page_size={self.page_size!r}: must be a power of two in "
+                f"[{MIN_PAGE_SIZE}, {MAX_PAGE_SIZE}]"
+            )
+        if (
+            not _is_int(self.max_prompt_tokens)
+            or self.max_prompt_tokens < 1
+            or self.max_prompt_tokens % self.page_size
+        ):
+            raise ValueError(
+                f"RelayConfig.max_prompt_tokens={self.max_prompt_tokens!r}: must be a positive "
+                f"multiple of page_size={self.page_size}"
+            )
+        if not _is_int(self.min_batch_for_relay) or self.min_batch_for_relay < 1:
+            raise ValueError(
+                f"RelayConfig.min_batch_for_relay={self.min_batch_for_relay!r}: must be an int >= 1"
+            )
+        interval = self.log_stats_interval_s
+        if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not (
+            math.isfinite(interval) and interval >= 0
+        ):
+            raise ValueError(
+                f"RelayConfig.log_stats_interval_s={interval!r}: must be a finite number >= 0"
+            )
+        self.log_stats_interval_s = float(interval)
+        self.system_prompts = self._checked_prompts(self.system_prompts)
+
+    def _checked_prompts(self, prompts: object) -> dict[str, str | list[int]]:
+        if not isinstance(prompts, Mapping):
+            raise ValueError(
+                f"RelayConfig.system_prompts: must be a dict name -> text | token ids, "
+                f"got {type(prompts).__name__}"
+            )
+        if len(prompts) > self.max_prompts:
+            raise ValueError(
+                f"RelayConfig.system_prompts: {len(prompts)} prompts ({', '.join(map(str, prompts))}), "
+                f"more than max_prompts={self.max_prompts}"
+            )
+        checked: dict[str, str | list[int]] = {}
+        for name, prompt in prompts.items():
+            try:
+                check_prompt_name(name)
+            except ValueError as e:
+                raise ValueError(f"RelayConfig.system_prompts: {e}") from None
+            what = f"RelayConfig.system_prompts[{name!r}]"
+            if isinstance(prompt, str):
+                if not prompt:
+                    raise ValueError(f"{what}: empty text (a system prompt needs at least 1 token)")
+                checked[name] = prompt
+            else:
+                checked[name] = check_token_ids(what, prompt, self.max_prompt_tokens)
+        return checked
+
+    @classmethod
+    def from_vllm(cls, additional_config: Mapping[str, Any] | None) -> RelayConfig:
+        """Build from vLLM's `additional_config` (its "relay" section), then apply env overrides.
+
+        Unknown keys are an error rather than ignored: a typo such as "max_prompt" would
+        otherwise silently leave the default in place.
+        """
+        section = (additional_config or {}).get(ADDITIONAL_CONFIG_KEY)
+        if section is None:
+            section = {}
+        if not isinstance(section, Mapping):
+            raise ValueError(
+                f'additional_config["{ADDITIONAL_CONFIG_KEY}"]: must be a dict, '
+                f"got {type(section).__name__}"
+            )
+        valid = [f.name for f in fields(cls)]
+        unknown = sorted(set(section) - set(valid))
+        if unknown:
+            raise ValueError(
+                f'additional_config["{ADDITIONAL_CONFIG_KEY}"]: unknown keys {unknown}; '
+                f"valid keys are {valid}"
+            )
+        kwargs = dict(section)
+        if (max_prompts := envs.VLLM_RELAY_MAX_PROMPTS) is not None:
+            kwargs["max_prompts"] = max_prompts
+        if (max_prompt_tokens := envs.VLLM_RELAY_MAX_PROMPT_TOKENS) is not None:
+            kwargs["max_prompt_tokens"] = max_prompt_tokens
+        if (path := envs.VLLM_RELAY_SYSTEM_PROMPTS_FILE) is not None:
+            prompts = kwargs.get("system_prompts") or {}
+            if not isinstance(prompts, Mapping):
+                raise ValueError(
+                    f"RelayConfig.system_prompts: must be a dict name -> text | token ids, "
+                    f"got {type(prompts).__name__}"
+                )
+            kwargs["system_prompts"] = {**prompts, **load_prompts_file(path)}
+        return cls(**kwargs)
+
+    def kv_bytes(self, num_layers: int, num_kv_heads: int, head_size: int, dtype_bytes: int) -> int:
+        """Bytes of the system-prompt KV store: K and V, every slot filled to S_max, all layers.
+
+        The store is allocated at its full size up front, so this is what it costs whether or
+        not any prompt is registered.
+        """
+        for arg, value in (
+            ("num_layers", num_layers),
+            ("num_kv_heads", num_kv_heads),
+            ("head_size", head_size),
+            ("dtype_bytes", dtype_bytes),
+        ):
+            if not _is_int(value) or value < 1:
+                raise ValueError(f"kv_bytes: {arg}={value!r} must be an int >= 1")
+        per_token = 2 * num_layers * num_kv_heads * head_size * dtype_bytes  # 2: K and V
+        return self.max_prompts * self.max_prompt_tokens * per_token
+
+
+def load_prompts_file(path: str | Path) -> dict[str, Any]:
+    """Read a JSON file {name: text | [token ids]}; values are validated by RelayConfig."""
+    where = f"VLLM_RELAY_SYSTEM_PROMPTS_FILE={str(path)!r}"
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as e:
+        raise ValueError(f"{where}: cannot read it: {e.strerror or e}") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{where}: not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: must hold a JSON object {{name: text | [token ids]}}")
+    return data

@@ -1,0 +1,64 @@
+"""Every `VLLM_RELAY_*` environment variable, in one place.
+
+The only module that reads the environment (aesthetics principle 6). Values are read lazily, on
+each attribute access, so a test's `monkeypatch.setenv` takes effect without a reload, and vLLM's
+spawned workers see the environment they were started with. An unset or empty variable reads as
+its default; `None` means "not set: the `RelayConfig` value stands".
+"""
+
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    VLLM_RELAY_MAX_PROMPTS: int | None = None
+    VLLM_RELAY_MAX_PROMPT_TOKENS: int | None = None
+    VLLM_RELAY_SYSTEM_PROMPTS_FILE: str | None = None
+    VLLM_RELAY_CACHE: str | None = None
+
+
+def _str(name: str) -> str | None:
+    return os.environ.get(name) or None
+
+
+def _int(name: str) -> int | None:
+    raw = _str(name)
+    if raw is None:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r}: not an integer") from None
+
+
+environment_variables: dict[str, Callable[[], Any]] = {
+    # Overrides RelayConfig.max_prompts: how many system prompts the KV store holds at once
+    # (its slots). Lets an operator resize the store without editing --additional-config.
+    "VLLM_RELAY_MAX_PROMPTS": lambda: _int("VLLM_RELAY_MAX_PROMPTS"),
+    # Overrides RelayConfig.max_prompt_tokens: S_max, the tokens per slot. Must stay a multiple
+    # of page_size; RelayConfig validates it after the override.
+    "VLLM_RELAY_MAX_PROMPT_TOKENS": lambda: _int("VLLM_RELAY_MAX_PROMPT_TOKENS"),
+    # Path of a JSON file {name: text | [token ids]} merged into RelayConfig.system_prompts
+    # (its entries win on a name clash). Long prompts do not fit comfortably in a CLI flag.
+    "VLLM_RELAY_SYSTEM_PROMPTS_FILE": lambda: _str("VLLM_RELAY_SYSTEM_PROMPTS_FILE"),
+    # Folder for the test fixtures' built models (vllm_relay.testing); unset: see
+    # vllm_relay.testing.models.cache_root.
+    "VLLM_RELAY_CACHE": lambda: _str("VLLM_RELAY_CACHE"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in environment_variables:
+        return environment_variables[name]()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return list(environment_variables)
+
+
+def is_set(name: str) -> bool:
+    """Whether `name` (one of ours) is set to a non-empty value."""
+    if name not in environment_variables:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return _str(name) is not None

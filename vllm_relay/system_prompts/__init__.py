@@ -1,0 +1,17 @@
+"""System prompts: which ones the KV store holds (registry) and which one a request uses (routing).
+
+Pure Python, importable without vLLM or torch, so the API server can route requests cheaply.
+"""
+
+from vllm_relay.system_prompts.registry import PromptState, SystemPrompt, SystemPromptRegistry
+from vllm_relay.system_prompts.routing import PrefixMatcher, Routed, matcher_for, route
+
+__all__ = [
+    "PrefixMatcher",
+    "PromptState",
+    "Routed",
+    "SystemPrompt",
+    "SystemPromptRegistry",
+    "matcher_for",
+    "route",
+]
