@@ -5,7 +5,7 @@
 set -euo pipefail
 name=${1:-llama-2-7b-shape}
 log=${2:-/tmp/serve_smoke.log}
-model=$(python3 -m vllm_relay.testing build "$name" | tail -1)
+model=$(python3 -m vllm_relay.testing build "$name" | tail -1 | cut -f2)
 port=8765
 python3 -m vllm.entrypoints.cli.main serve "$model" --load-format dummy --attention-backend relay \
   --served-model-name "$name" --host 127.0.0.1 --port $port --max-model-len 4096 >"$log" 2>&1 &

@@ -158,7 +158,9 @@ def build(name: str, path: str | Path) -> Path:
 
 def cache_root() -> Path:
     """$VLLM_RELAY_CACHE, else <repo>/.cache/models in a checkout, else ~/.cache/vllm-relay."""
-    if env := os.environ.get("VLLM_RELAY_CACHE"):
+    from vllm_relay import envs
+
+    if env := envs.VLLM_RELAY_CACHE:
         return Path(env)
     repo = Path(__file__).resolve().parents[2]
     if (repo / ".git").exists() and (repo / "vllm_relay").is_dir():
