@@ -17,7 +17,15 @@ from vllm.v1.attention.backend import (
     CommonAttentionMetadata,
 )
 
-from vllm_relay.attention.common import check_layer, log_active
+from vllm_relay.attention import step as relay_step
+from vllm_relay.attention.common import (
+    allocate_system_store,
+    capture_fill,
+    check_layer,
+    log_active,
+    relay_config,
+    relay_plan,
+)
 from vllm_relay.ops import RelayPlan, relay_attention, varlen_attention_torch
 
 
@@ -65,24 +73,23 @@ class RelayCPUMetadata:
     num_actual_tokens: int
     slot_mapping: torch.Tensor
     plan: RelayPlan
+    step: relay_step.RelayStep | None
 
 
 class RelayCPUMetadataBuilder(AttentionMetadataBuilder[RelayCPUMetadata]):
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        from vllm_relay.hooks.runner import apply_worker
+
+        apply_worker()
+        self.relay_config = relay_config()
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
               fast_build: bool = False) -> RelayCPUMetadata:
         cm = common_attn_metadata
-        plan = RelayPlan(
-            cu_seqlens_q=cm.query_start_loc,
-            seqused_k=cm.seq_lens,
-            max_seqlen_q=cm.max_query_len,
-            max_seqlen_k=cm.max_seq_len,
-            block_table=cm.block_table_tensor,
-            system=None,
-        )
-        return RelayCPUMetadata(cm.num_actual_tokens, cm.slot_mapping, plan)
+        step = relay_step.current(cm.num_actual_tokens)
+        plan = relay_plan(cm, step, self.relay_config)
+        return RelayCPUMetadata(cm.num_actual_tokens, cm.slot_mapping, plan, step)
 
 
 class RelayCPUImpl(AttentionImpl):
@@ -96,6 +103,7 @@ class RelayCPUImpl(AttentionImpl):
         self.head_size = head_size
         self.scale = float(scale)
         self.num_kv_heads = num_kv_heads
+        _, self.k_sys, self.v_sys = allocate_system_store(num_kv_heads, head_size)
         log_active("cpu-torch (paged varlen attention in torch)")
 
     def _split(self, kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -119,6 +127,7 @@ class RelayCPUImpl(AttentionImpl):
             return output
         n = attn_metadata.num_actual_tokens
         key_cache, value_cache = self._split(kv_cache)
-        relay_attention(query[:n], key_cache, value_cache, None, None, attn_metadata.plan,
+        capture_fill(attn_metadata.step, key, value, self.k_sys, self.v_sys)
+        relay_attention(query[:n], key_cache, value_cache, self.k_sys, self.v_sys, attn_metadata.plan,
                         output[:n], self.scale, attn_fn=varlen_attention_torch)
         return output

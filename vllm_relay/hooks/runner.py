@@ -1,0 +1,62 @@
+"""Worker hooks: relay requests' positions, and the V1 model runner when relay is on.
+
+vLLM 0.26 runs dense models on Model Runner V2 by default; relay shifts positions in the V1
+runner's `_prepare_inputs` (also the runner vLLM's CPU build uses), so with relay on, V1 is chosen.
+"""
+
+from vllm_relay.hooks._patch import original, patch
+from vllm_relay.protocol import relay_enabled
+
+RELAY_V1_REASON = "relay attention (vllm-relay shifts system-prompt positions in the V1 runner)"
+
+
+def _unsupported_v2_features(self) -> list[str]:
+    reasons = original(_VllmConfig, "_get_v2_model_runner_unsupported_features")(self)
+    if relay_enabled(self):
+        reasons.append(RELAY_V1_REASON)
+    return reasons
+
+
+def _prepare_inputs(self, scheduler_output, num_scheduled_tokens):
+    result = original(_GPUModelRunner, "_prepare_inputs")(self, scheduler_output, num_scheduled_tokens)
+    if relay_enabled(self.vllm_config):
+        from vllm_relay.attention import step
+        from vllm_relay.config import RelayConfig
+
+        cfg = getattr(self, "_relay_config", None)
+        if cfg is None:
+            cfg = self._relay_config = RelayConfig.from_vllm(self.vllm_config.additional_config)
+        step.prepare(self, num_scheduled_tokens, cfg.max_prompts, cfg.max_prompt_tokens)
+    return result
+
+
+def _execute_model(self, *args, **kwargs):
+    try:
+        return original(_GPUModelRunner, "execute_model")(self, *args, **kwargs)
+    finally:
+        from vllm_relay.attention import step
+
+        step.clear()
+
+
+_VllmConfig = _GPUModelRunner = None
+
+
+def apply() -> None:
+    """Every process: the runner choice is made wherever a VllmConfig is asked for it."""
+    global _VllmConfig
+    from vllm.config.vllm import VllmConfig
+
+    _VllmConfig = VllmConfig
+    patch(VllmConfig, "_get_v2_model_runner_unsupported_features", _unsupported_v2_features)
+
+
+def apply_worker() -> None:
+    """Workers only, called by the relay metadata builders (which only workers construct), so
+    that the front end never imports the model runner."""
+    global _GPUModelRunner
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    _GPUModelRunner = GPUModelRunner
+    patch(GPUModelRunner, "_prepare_inputs", _prepare_inputs)
+    patch(GPUModelRunner, "execute_model", _execute_model)
