@@ -1,0 +1,30 @@
+"""Run tests/e2e/run_offline.py in a subprocess and compare engines' outputs."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+RUNNER = Path(__file__).with_name("run_offline.py")
+
+
+def run_engine(spec: dict, tmp_path: Path, name: str):
+    spec_file, out_file = tmp_path / f"{name}.spec.json", tmp_path / f"{name}.out.json"
+    spec_file.write_text(json.dumps(spec))
+    proc = subprocess.run([sys.executable, str(RUNNER), str(spec_file), str(out_file)],
+                          capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    return json.loads(out_file.read_text()), proc.stderr + proc.stdout
+
+
+def assert_same_outputs(got: list, want: list, tol: float = 1e-4) -> float:
+    """Identical greedy tokens, same top-5 sets, logprobs within `tol`; returns the worst diff."""
+    worst = 0.0
+    assert len(got) == len(want)
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert g["tokens"] == w["tokens"], f"request {i}: {g['tokens']} != {w['tokens']}"
+        for gs, ws in zip(g["logprobs"], w["logprobs"], strict=True):
+            assert gs.keys() == ws.keys(), f"request {i}: top-5 sets differ"
+            worst = max(worst, max(abs(gs[k] - ws[k]) for k in gs))
+    assert worst < tol, worst
+    return worst

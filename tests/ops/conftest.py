@@ -1,0 +1,25 @@
+"""Ops tests run Triton kernels through Triton's interpreter on CPU tensors when there is no GPU.
+
+TRITON_INTERPRET must be in the environment before the kernels are decorated and while they run;
+setdefault keeps an explicit TRITON_INTERPRET=0 (or 1) from the caller. `relay_fusion_triton`
+builds the interpreted kernel on demand if its module was imported before this file ran (as
+happens when pytest collects other test folders first).
+"""
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def interpreter_on() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+    yield

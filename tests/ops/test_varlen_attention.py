@@ -1,0 +1,112 @@
+import pytest
+import torch
+
+from tests.ops.reference import DTYPES, assert_close, attention_ref, cu_seqlens, make_paged_cache
+from vllm_relay.ops import varlen_attention_torch
+
+# (q_len, k_len) per request: decode, full prefill, chunked prefill (q_len < k_len), empty KV,
+# and more queries than keys (the first rows see nothing under bottom-right causality).
+SCENARIOS = {
+    "decode": [(1, 1), (1, 15), (1, 300)],
+    "prefill": [(7, 7), (129, 129), (1, 1)],
+    "chunked": [(5, 300), (33, 47), (1, 15)],
+    "empty_kv": [(3, 0), (1, 15), (2, 0)],
+    "q_longer": [(9, 4), (1, 1)],
+}
+
+
+def run_case(lens, h_kv, group, d, block_size, dtype, causal):
+    hq = h_kv * group
+    q = torch.randn(sum(ql for ql, _ in lens), hq, d).to(dtype)
+    ks = [torch.randn(kl, h_kv, d).to(dtype) for _, kl in lens]
+    vs = [torch.randn(kl, h_kv, d).to(dtype) for _, kl in lens]
+    k_cache, v_cache, table, seqused = make_paged_cache(ks, vs, block_size, dtype)
+    cu = cu_seqlens([ql for ql, _ in lens])
+    scale = d ** -0.5
+    out, lse = varlen_attention_torch(
+        q=q, k=k_cache, v=v_cache, cu_seqlens_q=cu, seqused_k=seqused,
+        max_seqlen_q=max(ql for ql, _ in lens), max_seqlen_k=max(kl for _, kl in lens),
+        softmax_scale=scale, causal=causal, block_table=table, return_softmax_lse=True,
+        fa_version=3, scheduler_metadata=None, num_splits=0, window_size=[-1, -1], softcap=0.0)
+    assert out.dtype == dtype and out.shape == q.shape
+    assert lse.dtype == torch.float32 and lse.shape == (hq, q.shape[0])
+    for b in range(len(lens)):
+        rows = slice(int(cu[b]), int(cu[b + 1]))
+        ref_o, ref_lse = attention_ref(q[rows], ks[b], vs[b], scale, causal)
+        assert_close(out[rows], ref_o, dtype, msg=f"request {b}")
+        torch.testing.assert_close(lse[:, rows], ref_lse, atol=1e-4, rtol=1e-5)
+    return out, lse
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+@pytest.mark.parametrize("group", [1, 4, 8])
+@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_matches_reference(scenario, group, block_size, dtype):
+    run_case(SCENARIOS[scenario], h_kv=2, group=group, d=64, block_size=block_size, dtype=dtype, causal=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_non_causal_odd_head_size(dtype):
+    run_case([(7, 17), (1, 1000), (4, 3)], h_kv=1, group=4, d=59, block_size=16, dtype=dtype, causal=False)
+
+
+def test_long_prefill():
+    """T=1000 tokens of one request in chunks bounded by the score budget."""
+    run_case([(1000, 1000)], h_kv=2, group=4, d=64, block_size=32, dtype=torch.bfloat16, causal=True)
+
+
+def test_empty_rows_are_zero_and_minus_inf():
+    out, lse = run_case(SCENARIOS["empty_kv"], h_kv=1, group=1, d=64, block_size=16,
+                        dtype=torch.float16, causal=True)
+    assert torch.all(out[:3] == 0) and torch.all(out[4:] == 0)
+    assert torch.all(lse[:, :3] == float("-inf"))
+
+
+def test_out_is_written_in_place():
+    q = torch.randn(5, 4, 64)
+    k_cache, v_cache, table, seqused = make_paged_cache([torch.randn(9, 4, 64)], [torch.randn(9, 4, 64)],
+                                                        16, torch.float32)
+    buf = torch.full((7, 4, 64), 7.0)
+    out = varlen_attention_torch(q, k_cache, v_cache, cu_seqlens([5]), seqused, 5, 9, 0.125, True, table,
+                                 out=buf[:5])
+    assert out.data_ptr() == buf.data_ptr()
+    ref, _ = attention_ref(q, k_cache[table[0, 0]][:9], v_cache[table[0, 0]][:9], 0.125, True)
+    assert_close(out, ref, torch.float32)
+    assert torch.all(buf[5:] == 7.0)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"window_size": (8, 0)}, "window_size"),
+    ({"softcap": 30.0}, "softcap"),
+    ({"alibi_slopes": torch.ones(4)}, "alibi_slopes"),
+    ({"cu_seqlens_k": torch.zeros(2, dtype=torch.int32)}, "cu_seqlens_k"),
+])
+def test_unsupported_features_raise(kwargs, match):
+    q = torch.randn(1, 4, 64)
+    k_cache, v_cache, table, seqused = make_paged_cache([torch.randn(3, 4, 64)], [torch.randn(3, 4, 64)],
+                                                        16, torch.float32)
+    with pytest.raises(NotImplementedError, match=match):
+        varlen_attention_torch(q=q, k=k_cache, v=v_cache, cu_seqlens_q=cu_seqlens([1]), seqused_k=seqused,
+                               max_seqlen_q=1, max_seqlen_k=3, causal=True, block_table=table, **kwargs)
+
+
+@pytest.mark.parametrize("bad,match", [
+    ("gqa", "not a multiple"),
+    ("dtype", "KV dtype"),
+    ("missing_k", "k_cache is required"),
+    ("seqused", "seqused_k"),
+])
+def test_argument_checks(bad, match):
+    q = torch.randn(2, 6 if bad == "gqa" else 4, 64)
+    kv_dtype = torch.float16 if bad == "dtype" else torch.float32
+    k_cache, v_cache, table, seqused = make_paged_cache([torch.randn(3, 4, 64)], [torch.randn(3, 4, 64)],
+                                                        16, kv_dtype)
+    kw = dict(q=q, k=k_cache, v=v_cache, cu_seqlens_q=cu_seqlens([2]), seqused_k=seqused, max_seqlen_q=2,
+              max_seqlen_k=3, causal=True, block_table=table)
+    if bad == "missing_k":
+        del kw["k"]
+    if bad == "seqused":
+        kw["seqused_k"] = torch.tensor([3, 3], dtype=torch.int32)
+    with pytest.raises(ValueError, match=match):
+        varlen_attention_torch(**kw)

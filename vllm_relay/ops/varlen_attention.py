@@ -1,0 +1,139 @@
+"""Paged variable-length attention in torch: a drop-in for FlashAttention's `flash_attn_varlen_func`.
+
+It serves as the CPU backend's attention and as the `attn_fn` of `relay_attention` in CPU tests.
+It has no Triton kernel: on CUDA the backend passes vLLM's FlashAttention itself.
+"""
+
+import torch
+
+# Scores of one query chunk are [chunk, Hq, K] fp32; the chunk is sized to keep them under ~64 MiB.
+_MAX_SCORE_ELEMS = 1 << 24
+
+
+def _gather_kv(cache: torch.Tensor, blocks: torch.Tensor, k_len: int) -> torch.Tensor:
+    """First `k_len` tokens of a request from a paged cache [num_blocks, block_size, Hkv, D]."""
+    return cache.index_select(0, blocks).flatten(0, 1)[:k_len]
+
+
+def varlen_attention_torch(q, k_cache=None, v_cache=None, cu_seqlens_q=None, seqused_k=None,
+                           max_seqlen_q=None, max_seqlen_k=None, softmax_scale=None, causal=False,
+                           block_table=None, out=None, return_softmax_lse=False, **kwargs):
+    """Paged varlen attention with `flash_attn_varlen_func`'s keywords and semantics, in torch.
+
+    Pass arguments by keyword. FlashAttention's names `k=` and `v=` are accepted for `k_cache` and
+    `v_cache`; FlashAttention-only tuning keywords (fa_version, scheduler_metadata, num_splits,
+    q/k/v_descale left None, window_size=None or (-1, -1), softcap=0, ...) are accepted and ignored.
+    Features that would change the result (sliding window, softcap, ALiBi, non-paged
+    `cu_seqlens_k`) raise NotImplementedError.
+
+    Args:
+        q: queries, shape [Tq, Hq, D], fp16/bf16/fp32, last dim contiguous.
+        k_cache, v_cache: paged caches, shape [num_blocks, block_size, Hkv, D] each (FlashAttention's
+            layout; non-contiguous views allowed), q's dtype. Query head h reads KV head
+            h // (Hq // Hkv).
+        cu_seqlens_q: int32 [B + 1], request b owns query rows cu_seqlens_q[b]:cu_seqlens_q[b+1].
+        seqused_k: int32 [B], number of KV tokens of request b, read through `block_table`.
+        max_seqlen_q, max_seqlen_k: ints, accepted for compatibility (not needed here).
+        softmax_scale: float, defaults to D ** -0.5.
+        causal: bottom-right aligned: query i of a request with L queries and K keys sees keys
+            j <= K - L + i.
+        block_table: int32 [B, max_blocks], physical block ids of each request.
+        out: optional output [Tq, Hq, D] in q's dtype; rows outside cu_seqlens_q are left as is.
+        return_softmax_lse: also return the natural-log LSE, float32 [Hq, Tq].
+
+    Returns:
+        `out` [Tq, Hq, D] in q's dtype, or `(out, lse)` with `return_softmax_lse`. Computed in fp32.
+        A row that sees no key (seqused_k == 0, or masked out by causality) gives out = 0 and
+        lse = -inf (FlashAttention-3's convention).
+
+    Example:
+        >>> o, lse = varlen_attention_torch(q=q, k=k_cache, v=v_cache, cu_seqlens_q=cu, seqused_k=kl,
+        ...     max_seqlen_q=mq, max_seqlen_k=mk, softmax_scale=0.088, causal=True,
+        ...     block_table=bt, return_softmax_lse=True)
+    """
+    k_cache = kwargs.pop("k", None) if k_cache is None else k_cache
+    v_cache = kwargs.pop("v", None) if v_cache is None else v_cache
+    _check_unsupported(kwargs)
+    _check_args(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, out)
+    T, Hq, D = q.shape
+    Hkv = k_cache.shape[2]
+    group = Hq // Hkv
+    scale = D ** -0.5 if softmax_scale is None else float(softmax_scale)
+    if out is None:
+        out = torch.zeros_like(q)
+    lse = torch.full((Hq, T), float("-inf"), dtype=torch.float32, device=q.device)
+
+    cu = cu_seqlens_q.tolist()
+    k_lens = seqused_k.tolist()
+    block_size = k_cache.shape[1]
+    for b, k_len in enumerate(k_lens):
+        q_start, q_end = cu[b], cu[b + 1]
+        q_len = q_end - q_start
+        if q_len <= 0:
+            continue
+        if k_len <= 0:
+            out[q_start:q_end] = 0
+            continue
+        blocks = block_table[b, : (k_len + block_size - 1) // block_size].long()
+        k = _gather_kv(k_cache, blocks, k_len).float()  # [K, Hkv, D]
+        v = _gather_kv(v_cache, blocks, k_len).float()
+        chunk = max(1, _MAX_SCORE_ELEMS // (Hq * k_len))
+        for c0 in range(0, q_len, chunk):
+            c1 = min(q_len, c0 + chunk)
+            qc = q[q_start + c0: q_start + c1].float().reshape(c1 - c0, Hkv, group, D)
+            s = torch.einsum("qhgd,khd->hgqk", qc, k) * scale  # [Hkv, g, C, K]
+            if causal:
+                rows = torch.arange(c0, c1, device=q.device)[:, None] + (k_len - q_len)
+                s = s.masked_fill(torch.arange(k_len, device=q.device)[None, :] > rows, float("-inf"))
+            row_lse = torch.logsumexp(s, dim=-1)  # [Hkv, g, C]; -inf for rows that see no key
+            p = torch.exp(s - row_lse.masked_fill(row_lse == float("-inf"), 0.0)[..., None])
+            o = torch.einsum("hgqk,khd->qhgd", p, v).reshape(c1 - c0, Hq, D)
+            out[q_start + c0: q_start + c1] = o.to(out.dtype)
+            lse[:, q_start + c0: q_start + c1] = row_lse.reshape(Hq, c1 - c0)
+    return (out, lse) if return_softmax_lse else out
+
+
+_IGNORED_NONE = ("alibi_slopes", "cu_seqlens_k", "q_v", "q_descale", "k_descale", "v_descale",
+                 "s_aux", "mask_mod", "aux_tensors", "dynamic_causal", "output_scale")
+
+
+def _check_unsupported(kwargs: dict) -> None:
+    for name in _IGNORED_NONE:
+        if kwargs.get(name) is not None:
+            raise NotImplementedError(f"varlen_attention_torch: {name} is not supported")
+    window = kwargs.get("window_size")
+    if window is not None and tuple(window) != (-1, -1):
+        raise NotImplementedError(f"varlen_attention_torch: window_size={window} is not supported")
+    if kwargs.get("softcap"):
+        raise NotImplementedError("varlen_attention_torch: softcap is not supported")
+    if kwargs.get("dropout_p"):
+        raise NotImplementedError("varlen_attention_torch: dropout_p is not supported")
+
+
+def _check_args(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, out) -> None:
+    for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("cu_seqlens_q", cu_seqlens_q),
+                    ("seqused_k", seqused_k), ("block_table", block_table)):
+        if not isinstance(x, torch.Tensor):
+            raise ValueError(f"varlen_attention_torch: {name} is required (a tensor), got {type(x).__name__}")
+    if q.dim() != 3:
+        raise ValueError(f"varlen_attention_torch: q must be [Tq, Hq, D], got {tuple(q.shape)}")
+    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
+        raise ValueError("varlen_attention_torch: k_cache and v_cache must both be [num_blocks, block_size, "
+                         f"Hkv, D], got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+    if k_cache.shape[3] != q.shape[2]:
+        raise ValueError(f"varlen_attention_torch: head size of k_cache ({k_cache.shape[3]}) != q's "
+                         f"({q.shape[2]})")
+    if q.shape[1] % k_cache.shape[2] != 0:
+        raise ValueError(f"varlen_attention_torch: Hq={q.shape[1]} is not a multiple of "
+                         f"Hkv={k_cache.shape[2]}")
+    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
+        raise ValueError(f"varlen_attention_torch: KV dtype {k_cache.dtype} != q dtype {q.dtype}")
+    if cu_seqlens_q.dim() != 1 or seqused_k.shape != (cu_seqlens_q.shape[0] - 1,):
+        raise ValueError(f"varlen_attention_torch: need cu_seqlens_q [B+1] and seqused_k [B], got "
+                         f"{tuple(cu_seqlens_q.shape)} and {tuple(seqused_k.shape)}")
+    if block_table.dim() != 2 or block_table.shape[0] < seqused_k.shape[0]:
+        raise ValueError(f"varlen_attention_torch: block_table must be [B, max_blocks], got "
+                         f"{tuple(block_table.shape)} for B={seqused_k.shape[0]}")
+    if out is not None and (out.shape != q.shape or out.dtype != q.dtype):
+        raise ValueError(f"varlen_attention_torch: out must be {q.dtype} {tuple(q.shape)}, got "
+                         f"{out.dtype} {tuple(out.shape)}")
