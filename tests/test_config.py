@@ -217,3 +217,12 @@ def test_importable_without_vllm_or_torch():
     )
     env = dict(os.environ, PYTHONPATH=str(REPO))
     subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=REPO)
+
+
+def test_chat_system_prompts():
+    c = RelayConfig(system_prompts={"chat": {"chat_system": "You are helpful."}})
+    assert c.system_prompts == {"chat": {"chat_system": "You are helpful."}}
+    with pytest.raises(ValueError, match=r"a dict prompt must be \{'chat_system': text\}, got keys \['x'\]"):
+        RelayConfig(system_prompts={"c": {"x": "y"}})
+    with pytest.raises(ValueError, match=r"\['c'\]: 'chat_system' must be a non-empty string, got ''"):
+        RelayConfig(system_prompts={"c": {"chat_system": ""}})

@@ -59,6 +59,31 @@ def check_token_ids(what: str, token_ids: object, max_tokens: int) -> list[int]:
     return ids
 
 
+# The one dict form of a system prompt: {"chat_system": text} means "the system message as the
+# model's chat template renders it" (the engine renders the template to find those tokens).
+CHAT_SYSTEM_KEY = "chat_system"
+
+
+def check_prompt_spec(what: str, prompt: object, max_tokens: int) -> str | list[int] | dict[str, str]:
+    """Return a system prompt as given (text, token ids or {"chat_system": text}), checked and
+    copied, else raise ValueError naming `what`. Text lengths are checked once tokenized."""
+    if isinstance(prompt, str):
+        if not prompt:
+            raise ValueError(f"{what}: empty text (a system prompt needs at least 1 token)")
+        return prompt
+    if isinstance(prompt, Mapping):
+        if set(prompt) != {CHAT_SYSTEM_KEY}:
+            raise ValueError(
+                f"{what}: a dict prompt must be {{{CHAT_SYSTEM_KEY!r}: text}}, "
+                f"got keys {sorted(map(str, prompt))}"
+            )
+        text = prompt[CHAT_SYSTEM_KEY]
+        if not isinstance(text, str) or not text:
+            raise ValueError(f"{what}: {CHAT_SYSTEM_KEY!r} must be a non-empty string, got {text!r}")
+        return {CHAT_SYSTEM_KEY: text}
+    return check_token_ids(what, prompt, max_tokens)
+
+
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -73,8 +98,9 @@ class RelayConfig:
     max_prompt_tokens: int = 8192
     # Tokens per page of the system KV as the kernels view it. Power of two in [16, 1024].
     page_size: int = 256
-    # Prompts given at start-up: name -> text (tokenized by the engine) or token ids.
-    system_prompts: dict[str, str | list[int]] = field(default_factory=dict)
+    # Prompts given at start-up: name -> text (tokenized by the engine as a completion prompt),
+    # token ids, or {"chat_system": text} (the system message as the chat template renders it).
+    system_prompts: dict[str, str | list[int] | dict[str, str]] = field(default_factory=dict)
     # Reserved: the smallest batch for which the relay path would be taken.
     min_batch_for_relay: int = 1
     # Seconds between stats log lines; 0 turns them off.
@@ -113,30 +139,25 @@ class RelayConfig:
         self.log_stats_interval_s = float(interval)
         self.system_prompts = self._checked_prompts(self.system_prompts)
 
-    def _checked_prompts(self, prompts: object) -> dict[str, str | list[int]]:
+    def _checked_prompts(self, prompts: object) -> dict[str, str | list[int] | dict[str, str]]:
         if not isinstance(prompts, Mapping):
             raise ValueError(
-                f"RelayConfig.system_prompts: must be a dict name -> text | token ids, "
-                f"got {type(prompts).__name__}"
+                f"RelayConfig.system_prompts: must be a dict name -> text | token ids | "
+                f'{{"{CHAT_SYSTEM_KEY}": text}}, got {type(prompts).__name__}'
             )
         if len(prompts) > self.max_prompts:
             raise ValueError(
                 f"RelayConfig.system_prompts: {len(prompts)} prompts ({', '.join(map(str, prompts))}), "
                 f"more than max_prompts={self.max_prompts}"
             )
-        checked: dict[str, str | list[int]] = {}
+        checked: dict[str, str | list[int] | dict[str, str]] = {}
         for name, prompt in prompts.items():
             try:
                 check_prompt_name(name)
             except ValueError as e:
                 raise ValueError(f"RelayConfig.system_prompts: {e}") from None
             what = f"RelayConfig.system_prompts[{name!r}]"
-            if isinstance(prompt, str):
-                if not prompt:
-                    raise ValueError(f"{what}: empty text (a system prompt needs at least 1 token)")
-                checked[name] = prompt
-            else:
-                checked[name] = check_token_ids(what, prompt, self.max_prompt_tokens)
+            checked[name] = check_prompt_spec(what, prompt, self.max_prompt_tokens)
         return checked
 
     @classmethod
@@ -195,7 +216,8 @@ class RelayConfig:
 
 
 def load_prompts_file(path: str | Path) -> dict[str, Any]:
-    """Read a JSON file {name: text | [token ids]}; values are validated by RelayConfig."""
+    """Read a JSON file {name: text | [token ids] | {"chat_system": text}}; values are validated
+    by RelayConfig."""
     where = f"VLLM_RELAY_SYSTEM_PROMPTS_FILE={str(path)!r}"
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))

@@ -19,7 +19,7 @@ def main() -> None:
 
     spec = json.load(open(spec_path))
     engine = {"dtype": "float32", "enforce_eager": True, "max_model_len": 1024, "seed": 0,
-              "block_size": 16, **spec["engine"]}
+              "block_size": 16, "disable_log_stats": False, **spec["engine"]}
     llm = LLM(**engine)
     params = SamplingParams(temperature=0.0, max_tokens=spec.get("max_tokens", 12), logprobs=5,
                             ignore_eos=True)

@@ -45,7 +45,7 @@ def test_relay_is_exact_on_mixed_batches_with_chunking_and_preemption(name, tmp_
         "model": model, "attention_backend": "relay",
         "additional_config": {"relay": {"system_prompts": systems, "max_prompts": 2,
                                         "max_prompt_tokens": 256, "page_size": 16}},
-        "max_num_batched_tokens": 64, "max_num_seqs": 16,
+        "max_num_batched_tokens": 64, "max_num_seqs": 16, "max_model_len": 512,
         "num_gpu_blocks_override": 48,  # 768 tokens of paged KV for ~1700 tokens of requests
     }
     relay, _ = run_engine({"engine": relay_engine, "prompts": prompts, "max_tokens": 16}, tmp_path, "relay")

@@ -230,3 +230,23 @@ def test_threads_register_acquire_release():
     slots = [p.slot for p in prompts]
     assert len(slots) == len(set(slots)) and all(0 <= s < max_prompts for s in slots)
     assert sorted(slots + reg.free_slots()) == list(range(max_prompts))
+
+
+def test_generation_is_unique_per_registration(reg):
+    a = reg.register("a", [1])
+    assert reg.register("a", [1]) is a and a.generation == 1  # same tokens: same registration
+    reg.mark_ready("a")
+    b = reg.register("b", [2])
+    a2 = reg.register("a", [3])
+    assert (b.generation, a2.generation) == (2, 3)
+    reg.mark_ready("a")
+    reg.unregister("a")
+    assert reg.register("a", [3]).generation == 4
+
+
+def test_snapshot_by_state(reg):
+    reg.register("a", [1])
+    ready(reg, "b", [2])
+    version, filling = reg.snapshot("filling")
+    assert version == reg.version and [p.name for p in filling] == ["a"]
+    assert [p.name for p in reg.snapshot("ready")[1]] == ["b"] == [p.name for p in reg.ready_prompts()]

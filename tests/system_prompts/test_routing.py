@@ -221,3 +221,16 @@ def test_threads_route_while_registry_changes():
     threads[0].join()
     assert not errors
     assert all(p.refcount == 0 for p in reg.prompts())
+
+
+def test_match_filling_longest_and_longer_than(reg):
+    from vllm_relay.system_prompts import match_filling
+
+    reg.register("d", B + [9])  # filling, longer than b
+    assert match_filling(B + [9, 1], reg).name == "d"
+    assert match_filling(B + [9, 1], reg, longer_than=len(B) + 1) is None
+    assert match_filling(B + [9], reg) is None  # must leave one own token
+    assert match_filling(A + [1], reg) is None  # ready prompts are not matched here
+    assert route(B + [9, 1], reg).prompt.name == "b"  # ... and route ignores filling ones
+    reg.mark_ready("d")
+    assert match_filling(B + [9, 1], reg) is None and route(B + [9, 1], reg).prompt.name == "d"

@@ -68,7 +68,7 @@ def prepare(runner, num_scheduled_tokens: np.ndarray, num_slots: int, slot_capac
             continue
         if t.fill:
             first = int(batch.num_computed_tokens_cpu[i])
-            n = int(counts[i])
+            n = max(0, min(int(counts[i]), t.system_len - first))  # never past the prompt's end
             fill_src.append(np.arange(starts[i], starts[i] + n))
             fill_dst.append(t.slot * slot_capacity + np.arange(first, first + n))
         else:

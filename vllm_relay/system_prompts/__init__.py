@@ -4,7 +4,7 @@ Pure Python, importable without vLLM or torch, so the API server can route reque
 """
 
 from vllm_relay.system_prompts.registry import PromptState, SystemPrompt, SystemPromptRegistry
-from vllm_relay.system_prompts.routing import PrefixMatcher, Routed, matcher_for, route
+from vllm_relay.system_prompts.routing import PrefixMatcher, Routed, match_filling, matcher_for, route
 
 __all__ = [
     "PrefixMatcher",
@@ -12,6 +12,7 @@ __all__ = [
     "Routed",
     "SystemPrompt",
     "SystemPromptRegistry",
+    "match_filling",
     "matcher_for",
     "route",
 ]

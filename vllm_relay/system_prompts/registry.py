@@ -39,6 +39,9 @@ class SystemPrompt:
     token_ids: tuple[int, ...]
     state: PromptState = "filling"
     refcount: int = 0
+    # Unique per registration (1, 2, ...): keys what was computed from this record, e.g. the
+    # prefix-cache salt of its requests, which must change when a name gets new tokens.
+    generation: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -59,6 +62,7 @@ class SystemPromptRegistry:
         self._lock = threading.Lock()
         self._by_name: dict[str, SystemPrompt] = {}
         self._version = 0
+        self._generations = 0
 
     @classmethod
     def from_config(cls, config: RelayConfig) -> SystemPromptRegistry:
@@ -92,9 +96,13 @@ class SystemPromptRegistry:
     def ready_snapshot(self) -> tuple[int, list[SystemPrompt]]:
         """(version, ready prompts by slot), read together so a cache keyed by the version
         never pairs one version with another version's prompts."""
+        return self.snapshot("ready")
+
+    def snapshot(self, state: PromptState) -> tuple[int, list[SystemPrompt]]:
+        """(version, prompts in `state` by slot), read together like `ready_snapshot`."""
         with self._lock:
-            ready = [p for p in self._by_name.values() if p.state == "ready"]
-            return self._version, sorted(ready, key=lambda p: p.slot)
+            chosen = [p for p in self._by_name.values() if p.state == state]
+            return self._version, sorted(chosen, key=lambda p: p.slot)
 
     def free_slots(self) -> list[int]:
         with self._lock:
@@ -135,7 +143,8 @@ class SystemPromptRegistry:
                         f"unregister one first"
                     )
                 slot = free[0]
-            prompt = SystemPrompt(name=name, slot=slot, token_ids=ids)
+            self._generations += 1
+            prompt = SystemPrompt(name=name, slot=slot, token_ids=ids, generation=self._generations)
             self._by_name[name] = prompt
             self._version += 1
             return prompt

@@ -16,7 +16,7 @@ import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from vllm_relay.system_prompts.registry import SystemPrompt, SystemPromptRegistry
+from vllm_relay.system_prompts.registry import PromptState, SystemPrompt, SystemPromptRegistry
 
 # Tokens a routed request must keep for itself: the engine needs something to compute.
 MIN_SUFFIX_TOKENS = 1
@@ -53,9 +53,9 @@ class PrefixMatcher:
         self._index = index
 
     @classmethod
-    def from_registry(cls, registry: SystemPromptRegistry) -> PrefixMatcher:
-        version, ready = registry.ready_snapshot()
-        return cls(ready, version)
+    def from_registry(cls, registry: SystemPromptRegistry, state: PromptState = "ready") -> PrefixMatcher:
+        version, prompts = registry.snapshot(state)
+        return cls(prompts, version)
 
     def __len__(self) -> int:
         return sum(len(c) for c in self._index.values())
@@ -88,27 +88,48 @@ class Routed:
     system_len: int
 
 
-# One matcher per live registry, replaced when its version moves on. Weak keys, so a registry
-# dropped by its owner (tests make many) takes its matcher with it.
+# One matcher per live registry (and prompt state), replaced when its version moves on. Weak
+# keys, so a registry dropped by its owner (tests make many) takes its matchers with it.
 _matchers: weakref.WeakKeyDictionary[SystemPromptRegistry, PrefixMatcher] = (
+    weakref.WeakKeyDictionary()
+)
+_filling_matchers: weakref.WeakKeyDictionary[SystemPromptRegistry, PrefixMatcher] = (
     weakref.WeakKeyDictionary()
 )
 _matchers_lock = threading.Lock()
 
 
-def matcher_for(registry: SystemPromptRegistry) -> PrefixMatcher:
-    """The cached matcher of `registry`'s current version, built if the version moved on."""
+def matcher_for(registry: SystemPromptRegistry, state: PromptState = "ready") -> PrefixMatcher:
+    """The cached matcher over `registry`'s prompts in `state`, rebuilt if the version moved on."""
+    cache = _matchers if state == "ready" else _filling_matchers
     with _matchers_lock:
-        cached = _matchers.get(registry)
+        cached = cache.get(registry)
     if cached is not None and cached.version == registry.version:
         return cached
     # Built outside the lock: two threads may both build one; either result is right.
-    fresh = PrefixMatcher.from_registry(registry)
+    if state == "ready":
+        fresh = PrefixMatcher.from_registry(registry)
+    else:
+        fresh = PrefixMatcher.from_registry(registry, state)
     with _matchers_lock:
-        current = _matchers.get(registry)
+        current = cache.get(registry)
         if current is None or current.version < fresh.version:
-            _matchers[registry] = fresh
+            cache[registry] = fresh
     return fresh
+
+
+def match_filling(
+    prompt_token_ids: Sequence[int], registry: SystemPromptRegistry, *, longer_than: int = 0
+) -> SystemPrompt | None:
+    """The longest prompt still filling that is a proper prefix of the request and longer than
+    `longer_than` tokens (the ready prompt it was routed to, if any); None if there is none.
+
+    Such a request is worth holding until the fill completes rather than running it now with a
+    shorter prompt or none. Advisory like `route(acquire=False)`: the fill may complete or fail
+    before the caller acts on it, so the caller re-checks the prompt's state.
+    """
+    prompt = matcher_for(registry, "filling").match(prompt_token_ids)
+    return prompt if prompt is not None and prompt.num_tokens > longer_than else None
 
 
 def route(

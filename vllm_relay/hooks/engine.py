@@ -1,0 +1,180 @@
+"""Engine-core hooks: route requests to system prompts, hold them while a prompt fills, fill prompts.
+
+Everything here runs in the EngineCore process (or in the front end's process when vLLM runs the
+engine in-process). A `RelayEngine` (hooks/engine_state.py) is attached to the EngineCore and its
+scheduler at start-up when relay is enabled; each patched vLLM function looks for it and otherwise
+runs the original unchanged. The patches (listed in patches/README.md) only forward to it:
+
+- `EngineCoreProc.run_engine_core`: loads the plugins before the spawned engine core is built,
+  so that the `EngineCore.__init__` patch applies to it.
+- `EngineCore.__init__`: attaches the RelayEngine, registers and fills the configured prompts.
+  It returns before the engine core answers the front end's handshake, so `LLM(...)` returns and
+  the server reports healthy only once they are ready.
+- `EngineCore.preprocess_add_request`: the one place every request enters (LLM and the OpenAI
+  server, in-process and multiprocess): routes it (`RelayEngine.preprocess`).
+- `EngineCore.add_request` / `abort_requests`: hold requests for a filling prompt, drop held ones.
+- `Scheduler.schedule` / `update_from_output` / `_free_request`: count, hide fill outputs, finish
+  fills, release prompts when their requests end (finished, aborted or failed).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from vllm_relay.hooks._patch import original, patch
+from vllm_relay.protocol import TAG_KEY, relay_enabled
+from vllm_relay.system_prompts import SystemPrompt
+
+# Attribute names on vLLM objects: the RelayEngine on EngineCore and Scheduler, per-request
+# info on Request.
+ENGINE_ATTR = "vllm_relay"
+INFO_ATTR = "_vllm_relay"
+
+
+@dataclass(slots=True)
+class RelayInfo:
+    """What the engine core knows about a request it tagged (kept on vLLM's Request)."""
+
+    prompt: SystemPrompt
+    fill: bool = False
+    # Matched a prompt that is still filling: waits in the engine core until it is ready.
+    held: bool = False
+    # A held request keeps the request as sent, to run it the ordinary way if the fill fails.
+    original: Any = None
+    # Holds one reference on `prompt`, released exactly once, when the request is freed.
+    acquired: bool = False
+
+
+def relay_eligible(request) -> bool:
+    """Whether an EngineCoreRequest may be routed: a plain generate request over token ids.
+
+    Not routed: prompt embeddings, multimodal inputs, LoRA (its KV differs), pooling, prompt
+    logprobs (they would be needed for the system tokens), streaming-input sessions, requests
+    aborted on arrival, KV/encoder transfer (P/D: the transferred KV would lack the system part).
+    """
+    sp = request.sampling_params
+    extra = (sp.extra_args or {}) if sp is not None else {}
+    return (
+        sp is not None
+        and request.prompt_token_ids is not None
+        and request.prompt_embeds is None
+        and request.prompt_is_token_ids is None
+        and not request.mm_features
+        and request.lora_request is None
+        and request.pooling_params is None
+        and sp.prompt_logprobs is None
+        and not request.resumable
+        and not request.abort_immediately
+        and "kv_transfer_params" not in extra
+        and "ec_transfer_params" not in extra
+    )
+
+
+def with_sampling(request, sampling_params, **changes):
+    """A copy of an EngineCoreRequest with other sampling params (and fields); never mutates."""
+    return msgspec.structs.replace(request, sampling_params=sampling_params, **changes)
+
+
+def strip_forged_tag(request):
+    """Drop a relay tag sent by a client (e.g. through vllm_xargs): only the engine core tags.
+
+    A forged tag would make the workers shift positions, read a slot, or overwrite one (fill).
+    """
+    sp = request.sampling_params
+    if sp is None or not sp.extra_args or TAG_KEY not in sp.extra_args:
+        return request
+    sp = copy.copy(sp)
+    sp.extra_args = {k: v for k, v in sp.extra_args.items() if k != TAG_KEY} or None
+    return with_sampling(request, sp)
+
+
+# ---- patches: forward to the RelayEngine when there is one, else run vLLM's code ------------
+
+_EngineCore: Any = None
+_EngineCoreProc: Any = None
+_Scheduler: Any = None
+
+
+def _run_engine_core(*args, **kwargs):
+    # This function is what a spawned engine-core process unpickles and runs, before any plugin is
+    # loaded there: load them (idempotent; vLLM does it again inside EngineCore.__init__, too late
+    # for the patch of that same __init__), then run vLLM's own entry point.
+    from vllm.plugins import load_general_plugins
+    from vllm.v1.engine.core import EngineCoreProc
+
+    load_general_plugins()
+    return original(EngineCoreProc, "run_engine_core")(*args, **kwargs)
+
+
+def _engine_core_init(self, vllm_config, *args, **kwargs):
+    original(_EngineCore, "__init__")(self, vllm_config, *args, **kwargs)
+    if relay_enabled(vllm_config):
+        from vllm_relay.hooks.engine_state import RelayEngine
+
+        RelayEngine.attach(self)
+
+
+def _preprocess_add_request(self, request):
+    relay = getattr(self, ENGINE_ATTR, None)
+    if relay is None:
+        return original(_EngineCore, "preprocess_add_request")(self, request)
+    return relay.preprocess(request)
+
+
+def _add_request(self, request, request_wave: int = 0):
+    relay = getattr(self, ENGINE_ATTR, None)
+    if relay is None:
+        return original(_EngineCore, "add_request")(self, request, request_wave)
+    relay.add(request, request_wave)
+
+
+def _abort_requests(self, request_ids):
+    relay = getattr(self, ENGINE_ATTR, None)
+    if relay is not None:
+        relay.abort(request_ids)
+    original(_EngineCore, "abort_requests")(self, request_ids)
+    if relay is not None:
+        relay.finish_fills()  # an aborted fill frees the requests it held
+
+
+def _schedule(self, *args, **kwargs):
+    out = original(_Scheduler, "schedule")(self, *args, **kwargs)
+    relay = getattr(self, ENGINE_ATTR, None)
+    if relay is not None:
+        relay.on_schedule(out)
+    return out
+
+
+def _update_from_output(self, scheduler_output, model_runner_output):
+    outputs = original(_Scheduler, "update_from_output")(self, scheduler_output, model_runner_output)
+    relay = getattr(self, ENGINE_ATTR, None)
+    if relay is not None:
+        relay.on_outputs(outputs)
+    return outputs
+
+
+def _free_request(self, request, *args, **kwargs):
+    relay = getattr(self, ENGINE_ATTR, None)
+    if relay is not None:
+        relay.on_free(request)
+    return original(_Scheduler, "_free_request")(self, request, *args, **kwargs)
+
+
+def apply() -> None:
+    global _EngineCore, _EngineCoreProc, _Scheduler
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.engine.core import EngineCore, EngineCoreProc
+
+    _EngineCore, _EngineCoreProc, _Scheduler = EngineCore, EngineCoreProc, Scheduler
+    patch(EngineCoreProc, "run_engine_core", staticmethod(_run_engine_core))
+    patch(EngineCore, "__init__", _engine_core_init)
+    patch(EngineCore, "preprocess_add_request", _preprocess_add_request)
+    patch(EngineCore, "add_request", _add_request)
+    patch(EngineCore, "abort_requests", _abort_requests)
+    patch(Scheduler, "schedule", _schedule)
+    patch(Scheduler, "update_from_output", _update_from_output)
+    patch(Scheduler, "_free_request", _free_request)

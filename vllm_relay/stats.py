@@ -1,0 +1,116 @@
+"""Relay counters (kept by the engine core) and front-end helpers to register prompts and read them.
+
+The engine core exposes four utility calls (see `vllm_relay.hooks.engine_state.RelayEngine`):
+`relay_register_system_prompt(name, prompt)`, `relay_unregister_system_prompt(name)`,
+`relay_system_prompts()` and `relay_stats()`. The helpers below make them for a `vllm.LLM`
+(`call_utility`, or a direct call when vLLM runs the engine in-process) and for an `AsyncLLM`
+(`call_utility_async`). A failed call raises with the engine core's message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any
+
+# How often `register_system_prompt(wait=True)` asks whether the fill is done.
+POLL_INTERVAL_S = 0.05
+
+
+@dataclass(slots=True)
+class RelayCounters:
+    """Engine-core counters, cumulative since start-up."""
+
+    relay_requests: int = 0  # requests admitted to the scheduler with a relay tag
+    relay_tokens: int = 0  # scheduled tokens of relay requests (computed with relay attention)
+    system_tokens_reused: int = 0  # S per relay request each time it starts from zero tokens
+    fill_tokens: int = 0  # scheduled tokens of fill requests
+    fills_completed: int = 0
+    fills_failed: int = 0
+
+
+def summary_line(counters: RelayCounters, prompts: list[dict], held: int) -> str:
+    """The one-line summary the engine core logs (prompts as `relay_system_prompts` gives them)."""
+    listed = ", ".join(
+        f"{p['name']}[slot {p['slot']}, {p['state']}, {p['tokens']} tok, {p['refcount']} refs]"
+        for p in prompts
+    )
+    c = counters
+    return (
+        f"prompts: {listed or 'none'}; relay requests {c.relay_requests}, relay tokens "
+        f"{c.relay_tokens}, system tokens reused {c.system_tokens_reused}, fills "
+        f"{c.fills_completed} ok / {c.fills_failed} failed, held requests {held}"
+    )
+
+
+# ---- vllm.LLM ------------------------------------------------------------------------------
+
+
+def _call(llm, method: str, *args) -> Any:
+    client = llm.llm_engine.engine_core
+    if hasattr(client, "call_utility"):  # the engine core runs in its own process
+        return client.call_utility(method, *args)
+    return getattr(client.engine_core, method)(*args)  # in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0)
+
+
+def register_system_prompt(llm, name: str, prompt, wait: bool = True, timeout_s: float = 600.0) -> dict:
+    """Register `prompt` (text, token ids or {"chat_system": text}) as `name` in `llm`'s engine.
+
+    The engine fills it through its scheduler, between other requests. With `wait`, return once
+    it is ready (requests sent before then that start with it are held until it is); raise if
+    the fill fails or takes longer than `timeout_s`.
+    """
+    state = _call(llm, "relay_register_system_prompt", name, prompt)
+    deadline = time.monotonic() + timeout_s
+    while wait and state["state"] != "ready":
+        if not hasattr(llm.llm_engine.engine_core, "call_utility"):
+            llm.llm_engine.step()  # in-process: nothing else runs the engine
+        else:
+            time.sleep(POLL_INTERVAL_S)
+        state = _find(name, _call(llm, "relay_system_prompts"), state)
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"system prompt {name!r} not ready after {timeout_s} s: {state}")
+    return state
+
+
+def unregister_system_prompt(llm, name: str) -> None:
+    _call(llm, "relay_unregister_system_prompt", name)
+
+
+def system_prompts(llm) -> list[dict]:
+    """Every registered prompt: {name, slot, state, tokens, refcount, generation}."""
+    return _call(llm, "relay_system_prompts")
+
+
+def relay_stats(llm) -> dict:
+    """The engine core's counters (`RelayCounters`), `held_requests` and `prompts`."""
+    return _call(llm, "relay_stats")
+
+
+def _find(name: str, prompts: list[dict], registered: dict) -> dict:
+    for p in prompts:
+        if p["name"] == name and p["generation"] == registered["generation"]:
+            return p
+    raise RuntimeError(f"system prompt {name!r} was dropped while filling (its fill failed)")
+
+
+# ---- AsyncLLM (the OpenAI server's engine client) -----------------------------------------
+
+
+async def async_register_system_prompt(engine, name: str, prompt, wait: bool = True,
+                                       timeout_s: float = 600.0) -> dict:
+    """`register_system_prompt` for an `AsyncLLM` (`engine.engine_core.call_utility_async`)."""
+    call = engine.engine_core.call_utility_async
+    state = await call("relay_register_system_prompt", name, prompt)
+    deadline = time.monotonic() + timeout_s
+    while wait and state["state"] != "ready":
+        await asyncio.sleep(POLL_INTERVAL_S)
+        state = _find(name, await call("relay_system_prompts"), state)
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"system prompt {name!r} not ready after {timeout_s} s: {state}")
+    return state
+
+
+async def async_relay_stats(engine) -> dict:
+    return await engine.engine_core.call_utility_async("relay_stats")

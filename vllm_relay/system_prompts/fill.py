@@ -1,0 +1,93 @@
+"""From a configured system prompt to the requests that compute and use it.
+
+A system prompt is given as token ids, as text (tokenized as a completion prompt would be: with
+the tokenizer's special tokens, e.g. BOS), or as {"chat_system": text}: the system message as the
+model's chat template renders it. The chat form is found by rendering the template twice, with
+that system message and two different user messages, and keeping the common token prefix: the
+tokens every chat with this system message starts with (often including the user turn's header).
+
+Pure Python: the tokenizer and the template renderer come in as callables, so this is testable
+without vLLM; `vllm_relay.hooks.engine` passes vLLM's own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+from vllm_relay.config import CHAT_SYSTEM_KEY, check_token_ids
+from vllm_relay.system_prompts.registry import SystemPrompt
+
+# Two user messages that share no leading character, class or length, so the common prefix of
+# the two renders stops exactly where the user's text begins.
+CHAT_PROBES = ("Hello.", "42?")
+
+# text, add_special_tokens -> token ids
+Encode = Callable[[str, bool], list[int]]
+# chat messages [{"role", "content"}] -> rendered prompt text
+RenderChat = Callable[[list[dict[str, str]]], str]
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> list[int]:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return list(a[:n])
+
+
+def prompt_token_ids(
+    what: str,
+    prompt: str | Sequence[int] | Mapping[str, str],
+    max_tokens: int,
+    encode: Encode | None,
+    render_chat: RenderChat | None = None,
+) -> list[int]:
+    """The token ids of a system prompt in any of its three forms, checked (1..max_tokens)."""
+    if isinstance(prompt, (str, Mapping)) and encode is None:
+        raise ValueError(
+            f"{what}: given as text, but the engine has no tokenizer (skip_tokenizer_init); "
+            f"give token ids instead"
+        )
+    if isinstance(prompt, str):
+        ids = encode(prompt, True)  # type: ignore[misc]
+    elif isinstance(prompt, Mapping):
+        if render_chat is None:
+            raise ValueError(f"{what}: given as {CHAT_SYSTEM_KEY!r}, but no chat template renderer")
+        system = {"role": "system", "content": prompt[CHAT_SYSTEM_KEY]}
+        # Rendered text is tokenized without special tokens, as vLLM tokenizes chat prompts.
+        renders = [
+            encode(render_chat([system, {"role": "user", "content": u}]), False)  # type: ignore[misc]
+            for u in CHAT_PROBES
+        ]
+        ids = common_prefix(*renders)
+        if not ids:
+            raise ValueError(
+                f"{what}: the chat template renders nothing common before the user message "
+                f"(first tokens {renders[0][:8]} vs {renders[1][:8]})"
+            )
+    else:
+        ids = list(prompt)
+    return check_token_ids(what, ids, max_tokens)
+
+
+def fill_request_id(prompt: SystemPrompt) -> str:
+    """The engine-internal id of the request computing `prompt` (one per registration)."""
+    return f"vllm-relay-fill:{prompt.name}:{prompt.generation}"
+
+
+def fill_salt(prompt: SystemPrompt) -> str:
+    """Prefix-cache salt of a fill request: its blocks are never shared with anything."""
+    return f"vllm-relay-fill:{prompt.name}:{prompt.generation}"
+
+
+def relay_salt(prompt: SystemPrompt, user_salt: str | None) -> str:
+    """Prefix-cache salt of a request routed to `prompt`.
+
+    A routed request's cached blocks hold its own tokens at positions shifted by S, computed
+    with this registration's system KV: they may be shared only with requests routed to the
+    same registration, and with the same user salt (whose isolation the user asked for). Names
+    hold no ':', so the user's salt, appended after one, cannot make two salts collide.
+    """
+    salt = f"vllm-relay:{prompt.name}:{prompt.generation}"
+    return salt if user_salt is None else f"{salt}:{user_salt}"
