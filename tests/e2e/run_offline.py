@@ -30,6 +30,12 @@ def main() -> None:
         "tokens": list(out.outputs[0].token_ids),
         "logprobs": [{str(tok): lp.logprob for tok, lp in step.items()} for step in out.outputs[0].logprobs],
     } for out in outs]}
+    # Client-visible sampling semantics: n > 1 with a per-request seed, and stop strings.
+    sampled = SamplingParams(n=2, seed=11, temperature=1.0, max_tokens=24, stop=["e"])
+    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in spec.get("sampled_prompts", [])],
+                        sampled, use_tqdm=False)
+    result["sampled"] = [[{"tokens": list(c.token_ids), "text": c.text, "finish_reason": c.finish_reason}
+                          for c in out.outputs] for out in outs]
     metrics = {m.name: getattr(m, "value", None) for m in llm.get_metrics()}
     result["preemptions"] = metrics.get("vllm:num_preemptions")
     if engine.get("attention_backend") == "relay":

@@ -5,7 +5,8 @@ prompts, ordinary requests, and a request whose prompt contains a system prompt'
 at its start; its user parts are long enough to be split by chunked prefill (small
 max_num_batched_tokens) and its KV cache is small enough to force preemption by recompute.
 A reference engine runs the same full prompts on vLLM's CPU backend. Greedy tokens must be
-identical and the top-5 logprobs must agree within 1e-4 (fp32).
+identical and the top-5 logprobs must agree within 1e-4 (fp32); seeded sampling with n > 1 and a
+stop string must give the same completions, texts and finish reasons.
 """
 
 import json
@@ -48,13 +49,19 @@ def test_relay_is_exact_on_mixed_batches_with_chunking_and_preemption(name, tmp_
         "max_num_batched_tokens": 64, "max_num_seqs": 16, "max_model_len": 512,
         "num_gpu_blocks_override": 48,  # 768 tokens of paged KV for ~1700 tokens of requests
     }
-    relay, _ = run_engine({"engine": relay_engine, "prompts": prompts, "max_tokens": 16}, tmp_path, "relay")
-    reference, _ = run_engine({"engine": {"model": model}, "prompts": prompts, "max_tokens": 16},
-                              tmp_path, "reference")
+    sampled = [prompts[1], prompts[-4]]  # a relay request (n=2, seeded, stop string) and an ordinary one
+    relay, _ = run_engine({"engine": relay_engine, "prompts": prompts, "max_tokens": 16,
+                           "sampled_prompts": sampled}, tmp_path, "relay")
+    reference, _ = run_engine({"engine": {"model": model, "max_model_len": 512}, "prompts": prompts,
+                               "max_tokens": 16, "sampled_prompts": sampled}, tmp_path, "reference")
 
     assert_same_outputs(relay["outputs"], reference["outputs"])
     assert [o["prompt_len"] for o in relay["outputs"]] == [len(p) for p in prompts]  # usage: full prompt
     stats = relay["relay_stats"]
-    assert stats["relay_requests"] == num_relay, stats
+    assert stats["relay_requests"] == num_relay + 2, stats  # + the n=2 samples of sampled[0]
     assert stats["system_tokens_reused"] >= 6 * len(systems["a"]) + 6 * len(systems["b"]), stats
     assert relay["preemptions"] and relay["preemptions"] > 0, "the KV cache was meant to force preemption"
+    # n > 1, seeded sampling and stop strings: the same completions, texts and finish reasons.
+    assert relay["sampled"] == reference["sampled"]
+    reasons = [c["finish_reason"] for out in reference["sampled"] for c in out]
+    assert len(reasons) == 4 and "stop" in reasons, reasons  # the stop string did fire
