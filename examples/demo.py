@@ -7,6 +7,7 @@ the server and every process it started. Any failure prints the server log's tai
 The model's weights are random: the reply is fluent nonsense, and that is expected.
 """
 
+import json
 import os
 import signal
 import socket
@@ -18,6 +19,12 @@ import urllib.request
 
 STARTUP_TIMEOUT_S = 600
 MODEL = "tiny-llama-gqa"
+SYSTEM = "You are a terse assistant for a shipping company. Answer in one sentence."
+# The system message is registered at start-up as the chat template renders it, so the chat
+# request below, which starts with it, is served by relay attention.
+RELAY_CONFIG = {"relay": {"system_prompts": {"shipping": {"chat_system": SYSTEM}},
+                          "max_prompts": 1, "max_prompt_tokens": 512, "page_size": 64,
+                          "log_stats_interval_s": 0.5}}
 
 
 def free_port() -> int:
@@ -55,6 +62,18 @@ def stop(proc: subprocess.Popen) -> None:
         pass
 
 
+def wait_for_relay_summary(log, timeout_s: float = 30.0) -> str:
+    """The engine core's relay summary line once it counts our request (logged when it changes)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        log.seek(0)
+        lines = [line.rstrip() for line in log if "relay requests 1," in line]
+        if lines:
+            return lines[-1]
+        time.sleep(0.5)
+    raise RuntimeError("the engine never reported the chat request as served by relay")
+
+
 def main() -> int:
     from vllm_relay.testing.models import get_model
 
@@ -65,7 +84,8 @@ def main() -> int:
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
            "--served-model-name", MODEL, "--attention-backend", "relay",
            "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
-           "--max-model-len", "2048", "--enforce-eager"]
+           "--max-model-len", "2048", "--enforce-eager", "--enable-prompt-tokens-details",
+           "--additional-config", json.dumps(RELAY_CONFIG)]
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
     print(f"[demo] starting: {' '.join(cmd[2:])}\n[demo] server log: {log.name}", flush=True)
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -74,8 +94,9 @@ def main() -> int:
         wait_healthy(proc, f"http://127.0.0.1:{port}/health", time.monotonic() + STARTUP_TIMEOUT_S)
         print(f"[demo] server healthy after {time.monotonic() - t0:.0f} s", flush=True)
         log.seek(0)
-        relay_lines = [line.rstrip() for line in log if "relay attention backend active" in line]
-        if not relay_lines:
+        relay_lines = [line.rstrip() for line in log
+                       if "relay attention backend active" in line or "system prompts ready" in line]
+        if not any("relay attention backend active" in line for line in relay_lines):
             raise RuntimeError("the server log does not show the relay attention backend active")
         for line in relay_lines:
             print(f"[server] {line}")
@@ -85,14 +106,16 @@ def main() -> int:
         client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused")
         reply = client.chat.completions.create(
             model=MODEL,
-            messages=[{"role": "system", "content": "You are a terse assistant for a shipping company."},
+            messages=[{"role": "system", "content": SYSTEM},
                       {"role": "user", "content": "Where is my parcel?"}],
             max_tokens=24, temperature=0.0,
         )
         print("[demo] reply (random weights, so nonsense is expected):")
         print(f"  {reply.choices[0].message.content!r}")
+        details = reply.usage.prompt_tokens_details
         print(f"[demo] usage: {reply.usage.prompt_tokens} prompt + {reply.usage.completion_tokens} "
-              f"completion tokens")
+              f"completion tokens ({details.cached_tokens if details else 0} prompt tokens not recomputed)")
+        print(f"[server] {wait_for_relay_summary(log)}")
         return 0
     except Exception as e:  # noqa: BLE001 - report anything, with the server's side of the story
         log.seek(0)

@@ -17,8 +17,13 @@ def test_demo_serves_a_chat_with_relay_and_leaves_no_process():
     out = proc.stdout
     assert "vllm-relay: relay attention backend active, implementation: cpu-torch" in out
     assert re.search(r"\[demo\] reply .*\n  '.+'", out), out
-    usage = re.search(r"usage: (\d+) prompt \+ (\d+) completion", out)
-    assert usage and int(usage.group(1)) > 10 and int(usage.group(2)) == 24, out
+    usage = re.search(r"usage: (\d+) prompt \+ (\d+) completion tokens \((\d+) prompt tokens not", out)
+    assert usage and int(usage.group(2)) == 24, out
+    served = re.search(r"relay requests 1, relay tokens \d+, system tokens reused (\d+)", out)
+    assert served, "the chat request was not served by relay"
+    system_len = int(served.group(1))
+    # usage counts the full prompt (system + own tokens); the system part was not recomputed
+    assert int(usage.group(1)) > system_len > 10 and int(usage.group(3)) >= system_len, out
     port = re.search(r"--port (\d+)", out).group(1)
     ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
     leftovers = [line for line in ps.splitlines() if f"--port {port}" in line]

@@ -44,7 +44,7 @@ def relay_config():
     return RelayConfig.from_vllm(get_current_vllm_config().additional_config)
 
 
-def allocate_system_store(num_kv_heads: int, head_size: int, layer_count=[0]):  # noqa: B006
+def allocate_system_store(num_kv_heads: int, head_size: int):
     """This layer's system-prompt K/V store: two [max_prompts, max_prompt_tokens, kv_heads, D].
 
     Allocated while the model is built, before vLLM measures free memory, so the paged KV cache
@@ -54,15 +54,15 @@ def allocate_system_store(num_kv_heads: int, head_size: int, layer_count=[0]):  
     from vllm.config import get_current_vllm_config
 
     vllm_config = get_current_vllm_config()
+    if vllm_config.speculative_config is not None:
+        raise NotImplementedError("The relay attention backend does not support speculative decoding "
+                                  "yet: its drafters do not shift system-prompt positions.")
     cfg = relay_config()
     shape = (cfg.max_prompts, cfg.max_prompt_tokens, num_kv_heads, head_size)
     dtype, device = vllm_config.model_config.dtype, vllm_config.device_config.device
     k, v = torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device)
-    layer_count[0] += 1
-    if layer_count[0] == 1:
-        per_layer = 2 * k.numel() * k.element_size()
-        logger.info("vllm-relay: system-prompt KV store: %d prompts x %d tokens, %.1f MiB per layer",
-                    cfg.max_prompts, cfg.max_prompt_tokens, per_layer / 2**20)
+    logger.info_once("vllm-relay: system-prompt KV store: %d prompts x %d tokens, %.1f MiB per layer",
+                     cfg.max_prompts, cfg.max_prompt_tokens, 2 * k.numel() * k.element_size() / 2**20)
     return cfg, k, v
 
 
