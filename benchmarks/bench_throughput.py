@@ -8,6 +8,8 @@ its own process (a fresh engine, its own GPU memory):
   default   vLLM 0.26 as it ships (prefix caching on, Model Runner V2, cascade off), full prompts
   relay     --attention-backend relay with the shared prefix registered up front as a system prompt
   noprefix  the same requests with no system prompt at all (P = 0): the target's reference
+  noprefix-relay  the same, with --attention-backend relay (no system prompt registered): what relay
+            costs a workload it cannot help (piecewise CUDA graphs, V1 runner)
   v1        vLLM's default with the V1 model runner (what relay runs on), to show the runner costs nothing
   bench     `vllm bench throughput` itself, for the default configuration (cross-check of this driver)
 
@@ -50,7 +52,9 @@ def common_prefix(seqs):
 
 def engine_kwargs(args, config, system_ids):
     kw = dict(model=args.model, load_format="dummy", max_model_len=args.max_model_len, seed=args.seed)
-    if config in ("relay", "accuracy-relay"):
+    if config == "noprefix-relay":
+        kw["attention_backend"] = "relay"
+    elif config in ("relay", "accuracy-relay"):
         page = 256
         kw["attention_backend"] = "relay"
         kw["additional_config"] = {"relay": {
@@ -70,7 +74,7 @@ def worker(args):
 
     prompts, out_lens = sample_requests(args)
     system_ids = common_prefix(prompts)
-    if args.worker == "noprefix":  # the same requests without the shared prefix
+    if args.worker.startswith("noprefix"):  # the same requests without the shared prefix
         prompts = [p[:1] + p[len(system_ids):] for p in prompts]
     accuracy = args.worker.startswith("accuracy")
     if accuracy:

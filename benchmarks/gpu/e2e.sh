@@ -4,6 +4,7 @@
 #   acc2 acc3           relay vs FLASH_ATTN logprobs/greedy agreement (Llama-2-7B / Llama-3-8B shapes)
 #   tp2048 tp8192       throughput, relay vs default (Llama-2-7B shape), P = 2048 (1000 req) / 8192 (500 req)
 #   ref2048             noprefix, v1 and `vllm bench throughput` references for P = 2048
+#   noprefix            P = 0 with vLLM's default and with the relay backend (what relay costs there)
 set -uo pipefail
 export PYTHONPATH=/tmp/site VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
 out=${OUT:-/tmp/out}; mkdir -p "$out"
@@ -20,5 +21,7 @@ for step in "$@"; do
               --configs default,relay --out "$out/tp_8192.json" ;;
     ref2048) $bt --model "$m2" --prefix-len 2048 --num-prompts 1000 --max-model-len 4096 \
               --configs noprefix,v1,bench --out "$out/ref_2048.json" ;;
+    noprefix) $bt --model "$m2" --prefix-len 2048 --num-prompts 1000 --max-model-len 4096 \
+              --configs noprefix,noprefix-relay --out "$out/noprefix.json" ;;
   esac
 done
