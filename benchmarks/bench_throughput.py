@@ -95,10 +95,13 @@ def worker(args):
         result["outputs"] = [[list(o.outputs[0].token_ids),
                               [{str(k): v.logprob for k, v in s.items()} for s in o.outputs[0].logprobs]]
                              for o in outs]
-    if args.worker == "relay":
+    if args.worker in ("relay", "accuracy-relay"):
         from vllm_relay.stats import relay_stats
 
         result["relay_stats"] = relay_stats(llm)
+        if result["relay_stats"]["relay_requests"] < len(prompts):
+            raise RuntimeError(f"relay served only {result['relay_stats']['relay_requests']} of "
+                               f"{len(prompts)} requests: the prefix was not routed")
     print("RESULT " + json.dumps(result), flush=True)
 
 
@@ -157,7 +160,8 @@ def main():
     results = {}
     if args.accuracy:
         ref, relay = run_config(args, "accuracy-reference"), run_config(args, "accuracy-relay")
-        results = {"accuracy": compare(ref, relay), "system_len": relay["system_len"]}
+        results = {"accuracy": compare(ref, relay), "system_len": relay["system_len"],
+                   "relay_stats": relay["relay_stats"]}
         print(json.dumps(results))
     else:
         for config in args.configs.split(","):

@@ -24,7 +24,7 @@ def _clean_env(monkeypatch):
 def test_defaults():
     c = RelayConfig()
     assert (c.max_prompts, c.max_prompt_tokens, c.page_size) == (2, 8192, 256)
-    assert c.system_prompts == {} and c.min_batch_for_relay == 1 and c.log_stats_interval_s == 10.0
+    assert c.system_prompts == {} and c.log_stats_interval_s == 10.0
 
 
 @pytest.mark.parametrize(
@@ -42,7 +42,6 @@ def test_defaults():
         ),
         ({"max_prompt_tokens": 0}, r"max_prompt_tokens=0: .*page_size=256"),
         ({"max_prompt_tokens": 48, "page_size": 32}, r"max_prompt_tokens=48: .*page_size=32"),
-        ({"min_batch_for_relay": 0}, r"min_batch_for_relay=0: must be an int >= 1"),
         ({"log_stats_interval_s": -1.0}, r"log_stats_interval_s=-1.0: must be a finite number >= 0"),
         ({"log_stats_interval_s": float("inf")}, r"log_stats_interval_s=inf"),
     ],

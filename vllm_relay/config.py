@@ -101,8 +101,6 @@ class RelayConfig:
     # Prompts given at start-up: name -> text (tokenized by the engine as a completion prompt),
     # token ids, or {"chat_system": text} (the system message as the chat template renders it).
     system_prompts: dict[str, str | list[int] | dict[str, str]] = field(default_factory=dict)
-    # Reserved: the smallest batch for which the relay path would be taken.
-    min_batch_for_relay: int = 1
     # Seconds between stats log lines; 0 turns them off.
     log_stats_interval_s: float = 10.0
 
@@ -124,10 +122,6 @@ class RelayConfig:
             raise ValueError(
                 f"RelayConfig.max_prompt_tokens={self.max_prompt_tokens!r}: must be a positive "
                 f"multiple of page_size={self.page_size}"
-            )
-        if not _is_int(self.min_batch_for_relay) or self.min_batch_for_relay < 1:
-            raise ValueError(
-                f"RelayConfig.min_batch_for_relay={self.min_batch_for_relay!r}: must be an int >= 1"
             )
         interval = self.log_stats_interval_s
         if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not (

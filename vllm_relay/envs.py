@@ -38,7 +38,7 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # Overrides RelayConfig.max_prompt_tokens: S_max, the tokens per slot. Must stay a multiple
     # of page_size; RelayConfig validates it after the override.
     "VLLM_RELAY_MAX_PROMPT_TOKENS": lambda: _int("VLLM_RELAY_MAX_PROMPT_TOKENS"),
-    # Path of a JSON file {name: text | [token ids]} merged into RelayConfig.system_prompts
+    # Path of a JSON file {name: text | [token ids] | {"chat_system": text}} merged into RelayConfig.system_prompts
     # (its entries win on a name clash). Long prompts do not fit comfortably in a CLI flag.
     "VLLM_RELAY_SYSTEM_PROMPTS_FILE": lambda: _str("VLLM_RELAY_SYSTEM_PROMPTS_FILE"),
     # Folder for the test fixtures' built models (vllm_relay.testing); unset: see

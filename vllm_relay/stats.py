@@ -65,7 +65,12 @@ def register_system_prompt(llm, name: str, prompt, wait: bool = True, timeout_s:
     deadline = time.monotonic() + timeout_s
     while wait and state["state"] != "ready":
         if not hasattr(llm.llm_engine.engine_core, "call_utility"):
-            llm.llm_engine.step()  # in-process: nothing else runs the engine
+            # In-process: nothing else runs the engine. Stepping would also consume the outputs
+            # of other requests in flight, so refuse rather than lose them.
+            if llm.llm_engine.output_processor.has_unfinished_requests():
+                raise RuntimeError("register_system_prompt(wait=True) with the in-process engine "
+                                   "needs no other requests in flight; use wait=False")
+            llm.llm_engine.step()
         else:
             time.sleep(POLL_INTERVAL_S)
         state = _find(name, _call(llm, "relay_system_prompts"), state)

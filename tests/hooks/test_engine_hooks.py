@@ -133,8 +133,10 @@ def test_eligibility(change, eligible):
     assert relay_eligible(msgspec.structs.replace(ecr("r", SYS + OWN), **change)) is eligible
 
 
-@pytest.mark.parametrize("params", [{"prompt_logprobs": 1}, {"extra_args": {"kv_transfer_params": {}}}])
-def test_prompt_logprobs_and_kv_transfer_are_not_eligible(params):
+@pytest.mark.parametrize("params", [{"prompt_logprobs": 1}, {"extra_args": {"kv_transfer_params": {}}},
+                                    {"repetition_penalty": 1.3}])
+def test_prompt_logprobs_kv_transfer_and_repetition_penalty_are_not_eligible(params):
+    # A repetition penalty also penalises prompt tokens, which the workers would not see.
     assert not relay_eligible(ecr("r", SYS + OWN, **params))
 
 

@@ -194,6 +194,7 @@ def test_threads_register_acquire_release():
     n_threads, rounds, max_prompts = 8, 200, 3
     reg = SystemPromptRegistry(max_prompts=max_prompts, max_prompt_tokens=64)
     errors: list[BaseException] = []
+    acquired: list[int] = []
     barrier = threading.Barrier(n_threads)
 
     def worker(t: int) -> None:
@@ -212,6 +213,7 @@ def test_threads_register_acquire_release():
                 except ValueError:
                     continue  # unregistered by another thread in between
                 reg.release(name)
+                acquired.append(1)
                 try:
                     reg.unregister(name)
                 except ValueError:
@@ -225,6 +227,7 @@ def test_threads_register_acquire_release():
     for th in threads:
         th.join()
     assert not errors
+    assert acquired, "no thread ever registered and acquired a prompt: the test tested nothing"
     prompts = reg.prompts()
     assert all(p.refcount == 0 for p in prompts)
     slots = [p.slot for p in prompts]

@@ -107,7 +107,9 @@ class RelayAttentionImpl(FlashAttentionImpl):
         if step is not None:
             capture_fill(step, key, value, self.k_sys, self.v_sys)
         plan = getattr(attn_metadata, "relay_plan", None)
-        if plan is None or output_scale is not None or output_block_scale is not None:
+        if plan is not None and (output_scale is not None or output_block_scale is not None):
+            raise NotImplementedError("fused output quantization is not supported by relay")
+        if plan is None:
             return super().forward(layer, query, key, value, kv_cache, attn_metadata, output,
                                    output_scale, output_block_scale)
         n = attn_metadata.num_actual_tokens

@@ -54,9 +54,17 @@ def allocate_system_store(num_kv_heads: int, head_size: int):
     from vllm.config import get_current_vllm_config
 
     vllm_config = get_current_vllm_config()
+    model_config = vllm_config.model_config
+    unsupported = []
     if vllm_config.speculative_config is not None:
-        raise NotImplementedError("The relay attention backend does not support speculative decoding "
-                                  "yet: its drafters do not shift system-prompt positions.")
+        unsupported.append("speculative decoding (its drafters do not shift system-prompt positions)")
+    if model_config.uses_mrope or getattr(model_config, "uses_xdrope_dim", 0):
+        unsupported.append("M-RoPE / XD-RoPE position encodings (only plain positions are shifted)")
+    if vllm_config.cache_config.cache_dtype not in ("auto", str(model_config.dtype).removeprefix("torch.")):
+        unsupported.append(f"kv_cache_dtype={vllm_config.cache_config.cache_dtype!r} other than the "
+                           f"model's {model_config.dtype} (the system store holds the model dtype)")
+    if unsupported:
+        raise NotImplementedError(f"The relay attention backend does not support: {'; '.join(unsupported)}.")
     cfg = relay_config()
     shape = (cfg.max_prompts, cfg.max_prompt_tokens, num_kv_heads, head_size)
     dtype, device = vllm_config.model_config.dtype, vllm_config.device_config.device

@@ -34,7 +34,12 @@ _current: RelayStep | None = None
 def current(num_actual_tokens: int) -> RelayStep | None:
     """The step's relay facts, if the metadata being built is for the step the runner prepared."""
     step = _current
-    return step if step is not None and step.num_tokens == num_actual_tokens else None
+    if step is not None and step.num_tokens != num_actual_tokens:
+        # Padded or split batches (full CUDA graphs, micro-batching) would silently lose the
+        # system part of relay tokens; relay declares no support for them, so this is a bug.
+        raise RuntimeError(f"vllm-relay: attention metadata for {num_actual_tokens} tokens, but the "
+                           f"step prepared {step.num_tokens}")
+    return step
 
 
 def clear() -> None:

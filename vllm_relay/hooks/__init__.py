@@ -6,8 +6,9 @@ from vllm_relay.hooks._patch import applied_patches, revert_all  # noqa: F401
 def apply_all() -> None:
     """Apply every patch; idempotent (vLLM loads plugins several times per process).
 
-    Each patched function checks `protocol.relay_enabled(vllm_config)` first and otherwise behaves
-    exactly as the original, so an engine that did not ask for relay is untouched.
+    Each patched function behaves exactly as the original unless relay is enabled for that engine
+    (`protocol.relay_enabled`, or a RelayEngine attached to the engine core / scheduler); the
+    spawned engine core's entry point only loads plugins first when the CUSTOM backend is selected.
     """
     from vllm_relay.hooks import engine, platform, runner
 

@@ -53,7 +53,8 @@ def relay_eligible(request) -> bool:
     """Whether an EngineCoreRequest may be routed: a plain generate request over token ids.
 
     Not routed: prompt embeddings, multimodal inputs, LoRA (its KV differs), pooling, prompt
-    logprobs (they would be needed for the system tokens), streaming-input sessions, requests
+    logprobs (they would be needed for the system tokens), a repetition penalty (vLLM applies it
+    to prompt tokens too, and the workers would see only the suffix), streaming-input sessions, requests
     aborted on arrival, KV/encoder transfer (P/D: the transferred KV would lack the system part).
     """
     sp = request.sampling_params
@@ -67,6 +68,7 @@ def relay_eligible(request) -> bool:
         and request.lora_request is None
         and request.pooling_params is None
         and sp.prompt_logprobs is None
+        and sp.repetition_penalty == 1.0
         and not request.resumable
         and not request.abort_immediately
         and "kv_transfer_params" not in extra
@@ -104,9 +106,13 @@ def _run_engine_core(*args, **kwargs):
     # loaded there: load them (idempotent; vLLM does it again inside EngineCore.__init__, too late
     # for the patch of that same __init__), then run vLLM's own entry point.
     from vllm.plugins import load_general_plugins
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
     from vllm.v1.engine.core import EngineCoreProc
 
-    load_general_plugins()
+    # Before plugins load here, CUSTOM cannot yet resolve to us: the member alone is the signal.
+    config = kwargs.get("vllm_config")
+    if getattr(getattr(config, "attention_config", None), "backend", None) == AttentionBackendEnum.CUSTOM:
+        load_general_plugins()
     return original(EngineCoreProc, "run_engine_core")(*args, **kwargs)
 
 

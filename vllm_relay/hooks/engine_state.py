@@ -232,6 +232,10 @@ class RelayEngine:
     def _register(self, name: str, spec: Any) -> SystemPrompt:
         tools = self._text_tools() if not isinstance(spec, list) else (None, None)
         ids = prompt_token_ids(f"system prompt {name!r}", spec, self.config.max_prompt_tokens, *tools)
+        vocab = self.core.vllm_config.model_config.get_vocab_size()
+        if max(ids) >= vocab:
+            raise ValueError(f"system prompt {name!r}: token id {max(ids)} is out of the model's "
+                             f"vocabulary (size {vocab})")
         self._check_schedulable(name, len(ids))
         prompt = self.registry.register(name, ids)
         if prompt.state == "filling" and fill_request_id(prompt) not in self._fills:

@@ -1,6 +1,6 @@
 """System prompts: which ones the KV store holds (registry) and which one a request uses (routing).
 
-Pure Python, importable without vLLM or torch, so the API server can route requests cheaply.
+Pure Python, importable without vLLM or torch, so the engine core can route requests cheaply.
 """
 
 from vllm_relay.system_prompts.registry import PromptState, SystemPrompt, SystemPromptRegistry

@@ -5,8 +5,8 @@ whoever computes the KV calls `mark_ready`; requests `acquire` it while they run
 when they finish; `unregister` frees the slot once nobody holds it. A prompt that is filling or
 held cannot be changed or removed: its slot's KV is being written, or read by running requests.
 
-The API server (routing new requests) and the engine (filling slots, finishing requests) call in
-from different threads, so every method takes one lock. Nothing here imports vLLM or torch.
+The engine core's input thread (routing new requests) and its busy loop (filling slots, finishing
+requests) call in from different threads, so every method takes one lock. No vLLM or torch here.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ that is a proper prefix of the request: longest, because nested prompts (A a pre
 share as much precomputed KV as possible; proper, because the engine must compute at least one
 token of the request itself.
 
-Pure Python: this runs in the API server for every request, before any tensor exists.
+Pure Python: this runs in the engine core (its input thread) for every request, before any tensor exists.
 """
 
 from __future__ import annotations
