@@ -23,5 +23,7 @@ for step in "$@"; do
               --configs noprefix,v1,bench --out "$out/ref_2048.json" ;;
     noprefix) $bt --model "$m2" --prefix-len 2048 --num-prompts 1000 --max-model-len 4096 \
               --configs noprefix,noprefix-relay --out "$out/noprefix.json" ;;
+    quick) $bt --model "$m2" --prefix-len 2048 --num-prompts 300 --max-model-len 4096 \
+              --configs relay --out "$out/quick.json" ;;
   esac
 done

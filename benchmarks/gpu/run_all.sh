@@ -11,7 +11,7 @@ nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv | tee
 for step in "$@"; do
   case $step in
     smoke) timeout 420 bash benchmarks/gpu/serve_smoke.sh llama-2-7b-shape "$out/serve_smoke.log" 2>&1 | tee "$out/smoke.txt" ;;
-    tests) timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider tests 2>&1 | tee "$out/gpu_tests.txt" | tail -25 ;;
+    tests) timeout 420 python3 -m pytest -m gpu -q -s -p no:cacheprovider tests 2>&1 | tee "$out/gpu_tests.txt" | grep -E "relay vs FA|relay stats|passed|failed|Error" | tail -25 ;;
     bench) timeout 500 python3 benchmarks/bench_ops.py --out "$out" 2>&1 | tee "$out/bench.txt" | tail -60 ;;
     bench-quick) timeout 300 python3 benchmarks/bench_ops.py --quick --out "$out" 2>&1 | tee "$out/bench.txt" | tail -60 ;;
   esac

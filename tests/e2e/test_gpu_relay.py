@@ -1,0 +1,55 @@
+"""RelayAttention end to end on CUDA (FlashAttention 3), on the tiny models with real random weights.
+
+bf16 cannot be bit-exact across attention implementations, so the yardstick is another of vLLM's own
+backends: relay may differ from FLASH_ATTN by at most twice what TRITON_ATTN does (the flash-attn
+tests' rule), on the same mixed workload as the CPU exactness test, and relay must have fired.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.engine_runner import run_engine
+from tests.e2e.test_relay_exactness import workload
+from vllm_relay.testing.models import get_model
+
+pytestmark = [pytest.mark.gpu, pytest.mark.engine]
+
+
+def divergence(got: list, want: list) -> tuple[float, float]:
+    """(fraction of requests with identical greedy tokens, worst top-5 logprob difference over the
+    positions before each request's first differing token)."""
+    same, worst = 0, 0.0
+    for g, w in zip(got, want, strict=True):
+        same += g["tokens"] == w["tokens"]
+        for gt, wt, gs, ws in zip(g["tokens"], w["tokens"], g["logprobs"], w["logprobs"]):
+            worst = max([worst] + [abs(gs[k] - ws[k]) for k in gs.keys() & ws.keys()])
+            if gt != wt:
+                break
+    return same / len(got), worst
+
+
+@pytest.mark.parametrize("name", ["tiny-llama-mha", "tiny-llama-gqa"])
+def test_relay_matches_flash_attention_on_cuda(name, tmp_path):
+    model = get_model(name)
+    vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
+    systems, prompts, num_relay = workload(vocab, seed=3)
+    base = {"model": model, "dtype": "bfloat16", "max_model_len": 512, "max_num_batched_tokens": 64}
+    relay_config = {"relay": {"system_prompts": systems, "max_prompts": 2, "max_prompt_tokens": 256,
+                              "page_size": 64}}
+    spec = {"prompts": prompts, "max_tokens": 16}
+    relay, log = run_engine({**spec, "engine": {**base, "attention_backend": "relay",
+                                                "additional_config": relay_config}}, tmp_path, "relay")
+    flash, _ = run_engine({**spec, "engine": {**base, "attention_backend": "FLASH_ATTN"}}, tmp_path, "flash")
+    triton, _ = run_engine({**spec, "engine": {**base, "attention_backend": "TRITON_ATTN"}}, tmp_path, "triton")
+
+    assert "implementation: cuda-flash-attn-3" in log
+    print(name, "relay stats:", relay["relay_stats"])
+    assert relay["relay_stats"]["relay_requests"] == num_relay, relay["relay_stats"]  # no sampled_prompts here
+    relay_same, relay_err = divergence(relay["outputs"], flash["outputs"])
+    ref_same, ref_err = divergence(triton["outputs"], flash["outputs"])
+    print(f"{name}: relay vs FA: {relay_same:.0%} identical, max diff {relay_err:.3g}; "
+          f"TRITON vs FA: {ref_same:.0%}, {ref_err:.3g}")
+    assert relay_err <= 2 * ref_err + 1e-3, (relay_err, ref_err)
+    assert relay_same >= ref_same - 0.15, (relay_same, ref_same)
