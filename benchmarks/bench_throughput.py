@@ -20,11 +20,15 @@ logprobs over the first 8 generated tokens). Usage (GPU host):
 """
 
 import argparse
+import functools
 import json
 import os
 import subprocess
 import sys
 import time
+
+
+from vllm_relay.system_prompts.fill import common_prefix
 
 
 def sample_requests(args):
@@ -37,17 +41,6 @@ def sample_requests(args):
         tokenizer=tok, num_requests=args.num_prompts, prefix_len=args.prefix_len,
         input_len=args.input_len, output_len=args.output_len)
     return [tok.encode(r.prompt) for r in reqs], [r.expected_output_len for r in reqs]
-
-
-def common_prefix(seqs):
-    first = seqs[0]
-    n = min(len(s) for s in seqs)
-    for s in seqs[1:]:
-        i = 0
-        while i < n and s[i] == first[i]:
-            i += 1
-        n = i
-    return first[:n]
 
 
 def engine_kwargs(args, config, system_ids):
@@ -73,7 +66,7 @@ def worker(args):
     from vllm.inputs import TokensPrompt
 
     prompts, out_lens = sample_requests(args)
-    system_ids = common_prefix(prompts)
+    system_ids = functools.reduce(common_prefix, prompts)  # the shared prefix of all requests
     if args.worker.startswith("noprefix"):  # the same requests without the shared prefix
         prompts = [p[:1] + p[len(system_ids):] for p in prompts]
     accuracy = args.worker.startswith("accuracy")

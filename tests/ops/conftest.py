@@ -15,10 +15,6 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
-def interpreter_on() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
