@@ -1,6 +1,6 @@
 """Relay counters (kept by the engine core) and front-end helpers to register prompts and read them.
 
-The engine core exposes four utility calls (see `vllm_relay.hooks.engine_state.RelayEngine`):
+The engine core exposes four utility calls (see `vllm_relay.engine.RelayEngine`):
 `relay_register_system_prompt(name, prompt)`, `relay_unregister_system_prompt(name)`,
 `relay_system_prompts()` and `relay_stats()`. The helpers below make them for a `vllm.LLM`
 (`call_utility`, or a direct call when vLLM runs the engine in-process) and for an `AsyncLLM`

@@ -1,7 +1,7 @@
 """Engine-core hooks: route requests to system prompts, hold them while a prompt fills, fill prompts.
 
 Everything here runs in the EngineCore process (or in the front end's process when vLLM runs the
-engine in-process). A `RelayEngine` (hooks/engine_state.py) is attached to the EngineCore and its
+engine in-process). A `RelayEngine` (vllm_relay/engine/core.py) is attached to the EngineCore and its
 scheduler at start-up when relay is enabled; each patched vLLM function looks for it and otherwise
 runs the original unchanged. The patches (listed in patches/README.md) only forward to it:
 
@@ -19,80 +19,11 @@ runs the original unchanged. The patches (listed in patches/README.md) only forw
 
 from __future__ import annotations
 
-import copy
-from dataclasses import dataclass
 from typing import Any
 
-import msgspec
-
+from vllm_relay.engine.requests import ENGINE_ATTR
 from vllm_relay.hooks._patch import original, patch
-from vllm_relay.protocol import TAG_KEY, relay_enabled
-from vllm_relay.system_prompts import SystemPrompt
-
-# Attribute names on vLLM objects: the RelayEngine on EngineCore and Scheduler, per-request
-# info on Request.
-ENGINE_ATTR = "vllm_relay"
-INFO_ATTR = "_vllm_relay"
-
-
-@dataclass(slots=True)
-class RelayInfo:
-    """What the engine core knows about a request it tagged (kept on vLLM's Request)."""
-
-    prompt: SystemPrompt
-    fill: bool = False
-    # Matched a prompt that is still filling: waits in the engine core until it is ready.
-    held: bool = False
-    # A held request keeps the request as sent, to run it the ordinary way if the fill fails.
-    original: Any = None
-    # Holds one reference on `prompt`, released exactly once, when the request is freed.
-    acquired: bool = False
-
-
-def relay_eligible(request) -> bool:
-    """Whether an EngineCoreRequest may be routed: a plain generate request over token ids.
-
-    Not routed: prompt embeddings, multimodal inputs, LoRA (its KV differs), pooling, prompt
-    logprobs (they would be needed for the system tokens), a repetition penalty (vLLM applies it
-    to prompt tokens too, and the workers would see only the suffix), streaming-input sessions, requests
-    aborted on arrival, KV/encoder transfer (P/D: the transferred KV would lack the system part).
-    """
-    sp = request.sampling_params
-    extra = (sp.extra_args or {}) if sp is not None else {}
-    return (
-        sp is not None
-        and request.prompt_token_ids is not None
-        and request.prompt_embeds is None
-        and request.prompt_is_token_ids is None
-        and not request.mm_features
-        and request.lora_request is None
-        and request.pooling_params is None
-        and sp.prompt_logprobs is None
-        and sp.repetition_penalty == 1.0
-        and not request.resumable
-        and not request.abort_immediately
-        and "kv_transfer_params" not in extra
-        and "ec_transfer_params" not in extra
-    )
-
-
-def with_sampling(request, sampling_params, **changes):
-    """A copy of an EngineCoreRequest with other sampling params (and fields); never mutates."""
-    return msgspec.structs.replace(request, sampling_params=sampling_params, **changes)
-
-
-def strip_forged_tag(request):
-    """Drop a relay tag sent by a client (e.g. through vllm_xargs): only the engine core tags.
-
-    A forged tag would make the workers shift positions, read a slot, or overwrite one (fill).
-    """
-    sp = request.sampling_params
-    if sp is None or not sp.extra_args or TAG_KEY not in sp.extra_args:
-        return request
-    sp = copy.copy(sp)
-    sp.extra_args = {k: v for k, v in sp.extra_args.items() if k != TAG_KEY} or None
-    return with_sampling(request, sp)
-
+from vllm_relay.protocol import relay_enabled
 
 # ---- patches: forward to the RelayEngine when there is one, else run vLLM's code ------------
 
@@ -119,7 +50,7 @@ def _run_engine_core(*args, **kwargs):
 def _engine_core_init(self, vllm_config, *args, **kwargs):
     original(_EngineCore, "__init__")(self, vllm_config, *args, **kwargs)
     if relay_enabled(vllm_config):
-        from vllm_relay.hooks.engine_state import RelayEngine
+        from vllm_relay.engine import RelayEngine
 
         RelayEngine.attach(self)
 

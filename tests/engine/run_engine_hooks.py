@@ -1,4 +1,4 @@
-"""Start one relay engine (vllm.LLM) and dump what test_engine_hooks.py checks, as JSON.
+"""Start one relay engine (vllm.LLM) and dump what tests/engine/test_core.py checks, as JSON.
 
 Run in its own process, as vLLM's CPU build spawns its engine core and workers.
 Usage: python run_engine_hooks.py MODEL_DIR OUT_JSON

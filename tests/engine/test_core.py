@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import vllm_relay
-from vllm_relay.hooks.engine import ENGINE_ATTR, INFO_ATTR, relay_eligible
-from vllm_relay.hooks.engine_state import RelayEngine
+from vllm_relay.engine.requests import ENGINE_ATTR, INFO_ATTR, relay_eligible
+from vllm_relay.engine import RelayEngine
 from vllm_relay.protocol import TAG_KEY, read_tag
 from vllm_relay.system_prompts.fill import fill_request_id
 from vllm_relay.testing.models import get_model
@@ -306,7 +306,7 @@ def test_without_relay_the_hooks_run_vllm_code(model_path):
 
 
 def test_summary_logged_only_when_changed(core, monkeypatch):
-    from vllm_relay.hooks import engine_state
+    from vllm_relay.engine import core as engine_state
 
     lines = []
 

@@ -1,6 +1,6 @@
 """`RelayEngine`: the engine core's system prompts, the requests routed to them, and counters.
 
-The patches in hooks/engine.py forward to it. A request's path:
+The patches in hooks/engine.py only forward to it; it never imports them. A request's path:
 
 1. `preprocess` (the engine core's input thread): route by longest registered prefix. A ready
    prompt is acquired and the request rewritten to its own tokens, a relay tag and a relay salt;
@@ -25,7 +25,7 @@ from typing import Any
 
 from vllm_relay.config import RelayConfig, check_prompt_spec
 from vllm_relay.hooks._patch import original
-from vllm_relay.hooks.engine import (
+from vllm_relay.engine.requests import (
     ENGINE_ATTR,
     INFO_ATTR,
     RelayInfo,

@@ -1,0 +1,80 @@
+"""What the engine core knows about the requests it routes: eligibility, copies, the tag on vLLM's Request.
+
+Pure helpers over vLLM's request structs; the RelayEngine (engine/core.py) uses them, and the
+hooks (hooks/engine.py) only forward to it.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from vllm_relay.protocol import TAG_KEY
+from vllm_relay.system_prompts import SystemPrompt
+
+# Attribute names on vLLM objects: the RelayEngine on EngineCore and Scheduler, per-request
+# info on Request.
+ENGINE_ATTR = "vllm_relay"
+INFO_ATTR = "_vllm_relay"
+
+
+@dataclass(slots=True)
+class RelayInfo:
+    """What the engine core knows about a request it tagged (kept on vLLM's Request)."""
+
+    prompt: SystemPrompt
+    fill: bool = False
+    # Matched a prompt that is still filling: waits in the engine core until it is ready.
+    held: bool = False
+    # A held request keeps the request as sent, to run it the ordinary way if the fill fails.
+    original: Any = None
+    # Holds one reference on `prompt`, released exactly once, when the request is freed.
+    acquired: bool = False
+
+
+def relay_eligible(request) -> bool:
+    """Whether an EngineCoreRequest may be routed: a plain generate request over token ids.
+
+    Not routed: prompt embeddings, multimodal inputs, LoRA (its KV differs), pooling, prompt
+    logprobs (they would be needed for the system tokens), a repetition penalty (vLLM applies it
+    to prompt tokens too, and the workers would see only the suffix), streaming-input sessions, requests
+    aborted on arrival, KV/encoder transfer (P/D: the transferred KV would lack the system part).
+    """
+    sp = request.sampling_params
+    extra = (sp.extra_args or {}) if sp is not None else {}
+    return (
+        sp is not None
+        and request.prompt_token_ids is not None
+        and request.prompt_embeds is None
+        and request.prompt_is_token_ids is None
+        and not request.mm_features
+        and request.lora_request is None
+        and request.pooling_params is None
+        and sp.prompt_logprobs is None
+        and sp.repetition_penalty == 1.0
+        and not request.resumable
+        and not request.abort_immediately
+        and "kv_transfer_params" not in extra
+        and "ec_transfer_params" not in extra
+    )
+
+
+def with_sampling(request, sampling_params, **changes):
+    """A copy of an EngineCoreRequest with other sampling params (and fields); never mutates."""
+    return msgspec.structs.replace(request, sampling_params=sampling_params, **changes)
+
+
+def strip_forged_tag(request):
+    """Drop a relay tag sent by a client (e.g. through vllm_xargs): only the engine core tags.
+
+    A forged tag would make the workers shift positions, read a slot, or overwrite one (fill).
+    """
+    sp = request.sampling_params
+    if sp is None or not sp.extra_args or TAG_KEY not in sp.extra_args:
+        return request
+    sp = copy.copy(sp)
+    sp.extra_args = {k: v for k, v in sp.extra_args.items() if k != TAG_KEY} or None
+    return with_sampling(request, sp)
