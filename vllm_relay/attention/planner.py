@@ -26,12 +26,15 @@ from vllm_relay.config import RelayConfig
 from vllm_relay.ops import SHARED_MAX_QUERY_LEN, SharedLevel, choose_shared, group_rows, prefix_block_table
 
 # The shared path's threshold: a slot's decode requests take it when at least this many share the
-# slot in the step (else each reads the system pages itself, through the prefix path).
-# NOTE: inside a full CUDA graph the shared level's launches are captured whether or not they
-# have work, so one request already pays for it; eager steps pay Python launch overhead for it.
-# Measured on the H200, see benchmarks/results/rule_h200.md.
-MIN_SHARED_GROUP_GRAPH = 2
-MIN_SHARED_GROUP_EAGER = 8
+# slot in the step (else each reads the system pages itself, through the prefix path). A full CUDA
+# graph captures the shared level's launches only if its (padded) batch can hold such a group:
+# smaller graphs are exactly vLLM's (one FlashAttention call per layer), larger ones replay the
+# level's launches also when it has no rows. Eager steps pay the level's Python launches instead.
+# NOTE: measured on the H200 (benchmarks/results/layer_h200.md): with an empty level costing its
+# launches in every captured step, the shared path wins from about these group sizes at S=2048.
+MIN_SHARED_GROUP_GRAPH = 8
+MIN_SHARED_GROUP_GRAPH_GQA = 32
+MIN_SHARED_GROUP_EAGER = 64
 NEVER = 1 << 30
 
 
@@ -54,8 +57,8 @@ def worker_stats(_worker=None) -> dict:
 class StepPlan:
     context: object  # CommonAttentionMetadata over the context tables
     level: SharedLevel  # the system level (its buffers are always written)
-    run_level: bool  # whether eager code must run it (always when capturing a graph)
-    graph: bool  # planned for a full-CUDA-graph step (fixed launch shapes)
+    run_level: bool  # whether eager code must run it (always when capturing a graph with a level)
+    graph: bool  # a full-CUDA-graph step whose graph holds the level: it reads the plan, rows or not
 
 
 class RelayPlanner:
@@ -68,7 +71,10 @@ class RelayPlanner:
         self.pages = relay_step.slot_pages_for(cfg, self.page_size)
         self.num_slots, self.max_pages = self.pages.pages.shape
         self._pages_version = -1
-        self.min_group = {"auto": (MIN_SHARED_GROUP_GRAPH, MIN_SHARED_GROUP_EAGER), "always": (1, 1),
+        gqa = model.get_num_attention_heads(vllm_config.parallel_config) != model.get_num_kv_heads(
+            vllm_config.parallel_config)
+        graph_min = MIN_SHARED_GROUP_GRAPH_GQA if gqa else MIN_SHARED_GROUP_GRAPH
+        self.min_group = {"auto": (graph_min, MIN_SHARED_GROUP_EAGER), "always": (1, 1),
                           "never": (NEVER, NEVER)}[cfg.shared_path]
         mode = getattr(comp, "cudagraph_mode", None)
         self.full_graphs = bool(mode is not None and mode.has_full_cudagraphs())
@@ -108,13 +114,17 @@ class RelayPlanner:
         if step is None and not graph:
             return None
         B, T, G = cm.num_reqs, cm.num_actual_tokens, self.num_slots
+        min_group = self.min_group[0 if graph else 1]
+        # A graph whose size cannot hold a shared group has no level (a function of T alone, so the
+        # captured graph and every step replaying it agree).
+        with_level = not graph or T >= min_group
         req_slot = np.full(B, -1, dtype=np.int32)
         req_shift = np.zeros(B, dtype=np.int32)
         q_lens = np.zeros(B, dtype=np.int32)
         if step is not None:
             n = step.num_reqs
             req_slot[:n], req_shift[:n], q_lens[:n] = step.req_slot, step.req_shift, step.q_lens
-        shared = choose_shared(req_slot, q_lens, self.min_group[0 if graph else 1])
+        shared = choose_shared(req_slot, q_lens, min_group if with_level else NEVER)
         req_pages = np.where((req_slot >= 0) & ~shared, req_shift // self.page_size, 0).astype(np.int32)
         token_group = np.full(T, -1, dtype=np.int32)
         taken = np.repeat(np.where(shared, req_slot, -1), q_lens)
@@ -134,8 +144,10 @@ class RelayPlanner:
         prefix_block_table(cm.block_table_tensor[:B], cm.seq_lens[:B], self.req_pages[:B], self.req_slot[:B],
                            self.slot_pages, self.page_size, ctx_table, ctx_lens)
         max_seq_len = cm.max_seq_len + int(req_pages.max(initial=0)) * self.page_size
-        context = dataclasses.replace(cm, seq_lens=ctx_lens, block_table_tensor=ctx_table,
-                                      max_seq_len=max_seq_len)
+        # Host copies and caches derived from the own lengths would be stale: drop them.
+        context = dataclasses.replace(cm, seq_lens=ctx_lens, block_table_tensor=ctx_table, max_seq_len=max_seq_len,
+                                      seq_lens_cpu_upper_bound=None, _seq_lens_cpu=None,
+                                      _num_computed_tokens_cpu=None, _num_computed_tokens_cache=None)
         if not capture:
             self.stats["planned_steps"] += 1
             self.stats["graph_steps"] += graph
@@ -148,7 +160,8 @@ class RelayPlanner:
                     block_table=self.slot_pages)
         level = SharedLevel(perm=self.perm[:rows], row_index=self.row_index[:T], call=call,
                             q_buf=self.q_buf[:rows], out_buf=self.out_buf[:rows])
-        return StepPlan(context, level, run_level=capture or perm.shape[0] > 0, graph=graph)
+        run_level = (capture and with_level) or perm.shape[0] > 0
+        return StepPlan(context, level, run_level=run_level, graph=graph and with_level)
 
     def _stage(self, arrays, B: int, rows: int, T: int) -> None:
         """Write the host arrays into the staging buffer (perm padded with token 0 up to `rows`,

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from vllm_relay.ops.relay_fusion import relay_fusion
+from vllm_relay.ops.relay_fusion import fuse_in_place
 
 
 @dataclass
@@ -106,6 +106,5 @@ def relay_attention(q, k_cache, v_cache, plan: RelayPlan, out, softmax_scale: fl
                                      softmax_scale=softmax_scale, causal=False,
                                      return_softmax_lse=True, **level.call, **extra)
         # In place: `out` holds the merged state so far; its LSE is updated for the next level.
-        relay_fusion(o_level, lse_level, out, lse, out=out, out_lse=None if i == last else lse,
-                     sys_index=level.row_index)
+        fuse_in_place(out, lse, o_level, lse_level, level.row_index, update_lse=i != last)
     return out
