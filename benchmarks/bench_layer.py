@@ -155,9 +155,9 @@ def eager_ms(fn):
 
 
 def bench_rule():
-    ns = (1, 2, 4, 8, 16, 64) if ARGS.quick else (1, 2, 3, 4, 6, 8, 12, 16, 32, 64, 128)
+    ns = (1, 2, 4, 8, 16, 64) if ARGS.quick else (1, 2, 4, 8, 16, 32, 64, 128)
     Ss = (2048,) if ARGS.quick else (512, 2048, 8192)
-    cs = (128,) if ARGS.quick else (128, 512)
+    cs = (128,)
     fa, rows = FA(), []
     for name, (hq, hkv) in MODELS.items():
         for S in Ss:
