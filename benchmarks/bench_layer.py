@@ -44,6 +44,7 @@ def args_():
     p.add_argument("--quick", action="store_true")
     p.add_argument("--old-src", help="a checkout of the previous vllm_relay (for the 'before' host row)")
     p.add_argument("--rep", type=int, default=60)
+    p.add_argument("--only", choices=["splits", "rule", "host"], help="run one part only")
     return p.parse_args()
 
 
@@ -91,7 +92,7 @@ class Layer:
         self.plain_step = relay_step.RelayStep(n, n, np.full(n, -1, np.int32), np.zeros(n, np.int32),
                                                np.ones(n, np.int32))
 
-    def plan(self, shared_path, graph, plain=False, level_splits=None):
+    def plan(self, shared_path, graph, plain=False, level_splits=None, static=False):
         planner = RelayPlanner(config(self.hq, self.hkv, shared_path, max(self.n, 256), full_graphs=graph),
                                SimpleNamespace(block_size=BLOCK), "cuda")
         step = self.plain_step if plain else self.step
@@ -108,7 +109,7 @@ class Layer:
         level = p.level
         lsplits = splits if level_splits is None else level_splits
         level.call["num_splits"] = lsplits
-        if run_level:
+        if run_level and not static:  # static: exactly `level_splits` splits, no AOT schedule
             c = level.call
             level.call["scheduler_metadata"] = self.fa.schedule(2, c["cu_seqlens_q"], max(c["max_seqlen_q"], 1),
                                                                 c["seqused_k"], c["max_seqlen_k"], False, self.hq,
@@ -137,6 +138,14 @@ class FA:
 
 
 def graph_ms(fn):
+    try:
+        return _graph_ms(fn)
+    except Exception as e:  # noqa: BLE001 - report and go on with the other rows
+        print(f"  (graph timing failed: {type(e).__name__}: {str(e)[:200]})", flush=True)
+        return float("nan")
+
+
+def _graph_ms(fn):
     fn()
     torch.cuda.synchronize()
     stream = torch.cuda.Stream()
@@ -185,16 +194,20 @@ def bench_rule():
 
 
 def bench_splits():
-    """The shared level's FlashAttention call at several split counts (inside a graph)."""
+    """The shared level's FlashAttention call at several split counts (inside a graph): FA3's
+    dynamic split (AOT schedule, the count an upper bound) and static splits (no AOT schedule)."""
     fa, rows = FA(), []
     for name, (hq, hkv) in MODELS.items():
-        for n in (16, 64, 256):
-            layer = Layer(fa, hq, hkv, n, 2048, 128)
-            row = dict(model=name, S=2048, c=128, n=n)
-            for splits in (1, 4, 8, 16, 32, 64):
-                row[f"splits_{splits}_us"] = graph_ms(layer.call(layer.plan("always", True, level_splits=splits)[0])) * 1e3
+        for S, n in ((2048, 16), (2048, 64), (2048, 256), (8192, 64), (8192, 256)):
+            layer = Layer(fa, hq, hkv, n, S, 128)
+            row = dict(model=name, S=S, c=128, n=n)
+            row["noprompt_us"] = graph_ms(layer.call(layer.plan("never", True, plain=True)[0])) * 1e3
+            row["dynamic16_us"] = graph_ms(layer.call(layer.plan("always", True, level_splits=16)[0])) * 1e3
+            for splits in (1, 2, 4, 8, 16, 32):
+                row[f"static_{splits}_us"] = graph_ms(
+                    layer.call(layer.plan("always", True, level_splits=splits, static=True)[0])) * 1e3
             rows.append(row)
-            print(f"{name} n={n}: " + " ".join(f"{k}={v:.1f}" for k, v in row.items() if k.startswith("splits")),
+            print(f"{name} S={S} n={n}: " + " ".join(f"{k}={v:.1f}" for k, v in row.items() if k.endswith("_us")),
                   flush=True)
             del layer
             torch.cuda.empty_cache()
@@ -311,11 +324,11 @@ def markdown(env, rule_rows, th, host_rows, split_rows):
     for r in host_rows:
         lines.append(f"| {r['path']} | {r['host_us']:.1f} | {r['launches']:.1f} | {r['eager_us']:.1f} |")
     if split_rows:
-        keys = [k for k in split_rows[0] if k.startswith("splits_")]
-        lines += ["", "## The shared level's split count (graph us, S=2048, c=128)", "",
-                  "| model | n | " + " | ".join(k[7:-3] for k in keys) + " |", "|---|---|" + "---|" * len(keys)]
+        keys = [k for k in split_rows[0] if k.endswith("_us")]
+        lines += ["", "## The shared level's split count (whole layer, graph us, c=128)", "",
+                  "| model | S | n | " + " | ".join(k[:-3] for k in keys) + " |", "|---|---|---|" + "---|" * len(keys)]
         for r in split_rows:
-            lines.append(f"| {r['model']} | {r['n']} | " + " | ".join(f"{r[k]:.1f}" for k in keys) + " |")
+            lines.append(f"| {r['model']} | {r['S']} | {r['n']} | " + " | ".join(f"{r[k]:.1f}" for k in keys) + " |")
     lines += ["", "Inside a full CUDA graph (decode steps) a layer costs no host time: the step's plan is "
               "written once (one host-to-device copy and one block-table kernel) and the graph replayed."]
     return "\n".join(lines) + "\n"
@@ -327,9 +340,10 @@ def main():
     start = time.time()
     torch.manual_seed(0)
     env = dict(gpu=torch.cuda.get_device_name(), vllm=vllm.__version__, fa=FA().version, quick=ARGS.quick)
-    host_rows = host_profile()
-    split_rows = bench_splits() if not ARGS.quick else []
-    rule_rows = bench_rule()
+    only = ARGS.only
+    host_rows = host_profile() if only in (None, "host") else []
+    split_rows = bench_splits() if (only == "splits" or (only is None and not ARGS.quick)) else []
+    rule_rows = bench_rule() if only in (None, "rule") else []
     th = thresholds(rule_rows)
     env["seconds"] = time.time() - start
     os.makedirs(ARGS.out, exist_ok=True)

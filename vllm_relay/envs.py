@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     VLLM_RELAY_MAX_PROMPT_TOKENS: int | None = None
     VLLM_RELAY_SYSTEM_PROMPTS_FILE: str | None = None
     VLLM_RELAY_CACHE: str | None = None
+    VLLM_RELAY_LEVEL_SPLITS: int | None = None
 
 
 def _str(name: str) -> str | None:
@@ -41,6 +42,10 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # Path of a JSON file {name: text | [token ids] | {"chat_system": text}} merged into RelayConfig.system_prompts
     # (its entries win on a name clash). Long prompts do not fit comfortably in a CLI flag.
     "VLLM_RELAY_SYSTEM_PROMPTS_FILE": lambda: _str("VLLM_RELAY_SYSTEM_PROMPTS_FILE"),
+    # Tuning knob for benchmarks: the system level's FlashAttention-3 call with exactly this many
+    # KV splits and no ahead-of-time schedule (0 or unset: FA3's own dynamic split, bounded by
+    # vLLM's CUDA-graph cap). Results are the same either way; only the speed changes.
+    "VLLM_RELAY_LEVEL_SPLITS": lambda: _int("VLLM_RELAY_LEVEL_SPLITS"),
     # Folder for the test fixtures' built models (vllm_relay.testing); unset: see
     # vllm_relay.testing.models.cache_root.
     "VLLM_RELAY_CACHE": lambda: _str("VLLM_RELAY_CACHE"),
