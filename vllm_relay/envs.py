@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     VLLM_RELAY_SYSTEM_PROMPTS_FILE: str | None = None
     VLLM_RELAY_CACHE: str | None = None
     VLLM_RELAY_LEVEL_SPLITS: int | None = None
+    VLLM_RELAY_LEVEL_KERNEL: str | None = None
 
 
 def _str(name: str) -> str | None:
@@ -46,6 +47,10 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # KV splits and no ahead-of-time schedule (0 or unset: FA3's own dynamic split, bounded by
     # vLLM's CUDA-graph cap). Results are the same either way; only the speed changes.
     "VLLM_RELAY_LEVEL_SPLITS": lambda: _int("VLLM_RELAY_LEVEL_SPLITS"),
+    # Which kernel runs the system level: "triton" (one fused launch: gather, split-K attention
+    # over the slot's pages, LSE merge; the default) or "flash" (a gather, FlashAttention-3, the
+    # relay fusion). For benchmarks and as a fallback; the results are the same.
+    "VLLM_RELAY_LEVEL_KERNEL": lambda: _str("VLLM_RELAY_LEVEL_KERNEL"),
     # Folder for the test fixtures' built models (vllm_relay.testing); unset: see
     # vllm_relay.testing.models.cache_root.
     "VLLM_RELAY_CACHE": lambda: _str("VLLM_RELAY_CACHE"),

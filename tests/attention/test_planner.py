@@ -123,9 +123,16 @@ def random_batch(rng, n):
     return batch
 
 
+KERNELS = {  # the system level: fused launch (its torch twin, or the Triton kernel interpreted), or flash
+    "fused-torch": {}, "fused-triton": {"TRITON_INTERPRET": "1"}, "flash": {"VLLM_RELAY_LEVEL_KERNEL": "flash"}}
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("shared_path", ["auto", "always", "never"])
 @pytest.mark.parametrize("seed", range(4))
-def test_plan_is_exact_on_random_mixed_batches(shared_path, seed):
+def test_plan_is_exact_on_random_mixed_batches(kernel, shared_path, seed, monkeypatch):
+    for name, value in KERNELS[kernel].items():
+        monkeypatch.setenv(name, value)
     rng = np.random.default_rng(seed)
     world = World(random_batch(rng, int(rng.integers(1, 12))), torch.float32, "cpu", seed)
     world.record_fills()
@@ -219,14 +226,16 @@ def test_step_with_fewer_requests_than_prepared_raises():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("kernel", ["triton", "flash"])
 @pytest.mark.parametrize("group", [1, 4])
-def test_graph_replay_equals_eager_on_cuda(group):
+def test_graph_replay_equals_eager_on_cuda(group, kernel, monkeypatch):
     """Capture relay attention once (as vLLM captures a decode graph: plan with no relay request),
     then for random decode batches write each plan into the same buffers and replay: bit-identical to
     running the same plan eagerly, and close to the fp32 reference."""
     pytest.importorskip("vllm")
     from vllm.vllm_flash_attn import flash_attn_varlen_func
 
+    monkeypatch.setenv("VLLM_RELAY_LEVEL_KERNEL", kernel)
     global H_KV, GROUP
     H_KV, GROUP = 8 // group, group
     try:

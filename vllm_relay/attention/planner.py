@@ -21,9 +21,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from vllm_relay import envs
 from vllm_relay.attention import step as relay_step
 from vllm_relay.config import RelayConfig
 from vllm_relay.ops import SHARED_MAX_QUERY_LEN, SharedLevel, choose_shared, group_rows, prefix_block_table
+from vllm_relay.ops.level_attention import max_tiles, plan_tiles, tile_tokens, workspace
 
 # The shared path's threshold: a slot's decode requests take it when at least this many share the
 # slot in the step (else each reads the system pages itself, through the prefix path). A full CUDA
@@ -36,6 +38,16 @@ MIN_SHARED_GROUP_GRAPH = 8
 MIN_SHARED_GROUP_GRAPH_GQA = 32
 MIN_SHARED_GROUP_EAGER = 64
 NEVER = 1 << 30
+# The fused level kernel splits a tile's keys into at most this many slices, so that few rows
+# still give the GPU about two programs per multiprocessor.
+MAX_LEVEL_SPLITS = 8
+
+
+def level_splits(rows: int, gqa: int, num_kv_heads: int, num_sms: int) -> int:
+    """Key slices per tile of the fused level kernel for `rows` grouped tokens (about two
+    programs per multiprocessor, at most MAX_LEVEL_SPLITS)."""
+    tiles = max(1, -(-rows // tile_tokens(gqa)))
+    return max(1, min(MAX_LEVEL_SPLITS, -(-2 * num_sms // (tiles * num_kv_heads))))
 
 
 # Every planner of this worker process, for `worker_stats`.
@@ -67,37 +79,48 @@ class RelayPlanner:
     def __init__(self, vllm_config, kv_cache_spec, device) -> None:
         cfg = RelayConfig.from_vllm(vllm_config.additional_config)
         model, sched, comp = vllm_config.model_config, vllm_config.scheduler_config, vllm_config.compilation_config
+        hq = model.get_num_attention_heads(vllm_config.parallel_config)
+        self.hkv = model.get_num_kv_heads(vllm_config.parallel_config)
+        self.gqa = hq // self.hkv
         self.page_size = kv_cache_spec.block_size
         self.pages = relay_step.slot_pages_for(cfg, self.page_size)
         self.num_slots, self.max_pages = self.pages.pages.shape
         self._pages_version = -1
-        gqa = model.get_num_attention_heads(vllm_config.parallel_config) != model.get_num_kv_heads(
-            vllm_config.parallel_config)
-        graph_min = MIN_SHARED_GROUP_GRAPH_GQA if gqa else MIN_SHARED_GROUP_GRAPH
+        graph_min = MIN_SHARED_GROUP_GRAPH_GQA if self.gqa > 1 else MIN_SHARED_GROUP_GRAPH
         self.min_group = {"auto": (graph_min, MIN_SHARED_GROUP_EAGER), "always": (1, 1),
                           "never": (NEVER, NEVER)}[cfg.shared_path]
         mode = getattr(comp, "cudagraph_mode", None)
         self.full_graphs = bool(mode is not None and mode.has_full_cudagraphs())
         self.max_graph_tokens = comp.max_cudagraph_capture_size or 0
         self.device = torch.device(device)
+        self.num_sms = torch.cuda.get_device_properties(self.device).multi_processor_count \
+            if self.device.type == "cuda" else 1
+        self.level_kernel = envs.VLLM_RELAY_LEVEL_KERNEL or "triton"
         # Full graphs pad a decode batch up to a capture size, in requests as in tokens.
         max_reqs = max(sched.max_num_seqs, self.max_graph_tokens)
         max_tokens = max(sched.max_num_batched_tokens, max_reqs)
         self.max_rows = max_reqs * SHARED_MAX_QUERY_LEN
         G = self.num_slots
-        # One int32 staging buffer and its device twin: [req_pages | req_slot | perm | cu | lens | row_index].
-        sizes = [max_reqs, max_reqs, self.max_rows, G + 1, G, max_tokens]
+        self.tile_cap = max_tiles(self.max_rows, G, self.gqa)
+        # One int32 staging buffer and its device twin:
+        # [req_pages | req_slot | perm | cu | lens | tiles (fused level) | row_index].
+        sizes = [max_reqs, max_reqs, self.max_rows, G + 1, G, 3 * self.tile_cap, max_tokens]
         self._offsets = np.concatenate(([0], np.cumsum(sizes)))
-        pin = self.device.type == "cuda"
-        self._host = torch.zeros(int(self._offsets[-1]), dtype=torch.int32, pin_memory=pin)
+        self._host = torch.zeros(int(self._offsets[-1]), dtype=torch.int32, pin_memory=self.device.type == "cuda")
         self._host_np = self._host.numpy()
         self._dev = torch.zeros_like(self._host, device=self.device)
         views = [self._dev[a:b] for a, b in zip(self._offsets[:-1], self._offsets[1:])]
-        self.req_pages, self.req_slot, self.perm, self.cu, self.lens, self.row_index = views
+        self.req_pages, self.req_slot, self.perm, self.cu, self.lens, tiles, self.row_index = views
+        self.tiles = tiles.view(self.tile_cap, 3)
         self.slot_pages = torch.zeros(G, self.max_pages, dtype=torch.int32, device=self.device)
-        hq = model.get_num_attention_heads(vllm_config.parallel_config)
-        self.q_buf = torch.empty(self.max_rows, hq, model.get_head_size(), dtype=model.dtype, device=self.device)
-        self.out_buf = torch.empty_like(self.q_buf)
+        self.q_buf = self.out_buf = self.ws = None
+        if self.level_kernel == "flash":  # a gather, an attention call and the fusion: their buffers
+            self.q_buf = torch.empty(self.max_rows, hq, model.get_head_size(), dtype=model.dtype, device=self.device)
+            self.out_buf = torch.empty_like(self.q_buf)
+        else:  # one fused launch: its split-K workspace, for the most tiles x slices any step uses
+            cap = max(max_tiles(r, G, self.gqa) * level_splits(r, self.gqa, self.hkv, self.num_sms)
+                      for r in range(1, self.max_rows + 1))
+            self.ws = workspace(cap, self.hkv, 1, model.get_head_size(), self.device)
         self.ctx_table: torch.Tensor | None = None  # [max_reqs, W], W = vLLM's block-table width
         self.ctx_lens = torch.zeros(max_reqs, dtype=torch.int32, device=self.device)
         self.stats = dict.fromkeys(("planned_steps", "graph_steps", "prefix_requests", "shared_tokens"), 0)
@@ -135,7 +158,12 @@ class RelayPlanner:
         rows = min(T, self.max_rows) if graph else perm.shape[0]
         if perm.shape[0] > self.max_rows:
             raise RuntimeError(f"vllm-relay: {perm.shape[0]} shared rows, more than {self.max_rows}")
-        self._stage([req_pages, req_slot, perm, cu, lens, row_index], B, rows, T)
+        tiles = n_tiles = splits = None
+        if self.level_kernel != "flash":
+            n_tiles = max_tiles(rows, G, self.gqa)
+            splits = level_splits(rows, self.gqa, self.hkv, self.num_sms)
+            tiles = plan_tiles(cu, n_tiles, self.gqa)
+        self._stage([req_pages, req_slot, perm, cu, lens, tiles, row_index], B, rows, T)
         self._sync_slot_pages()
         if self.ctx_table is None:
             self.ctx_table = torch.zeros(self.ctx_lens.shape[0], cm.block_table_tensor.shape[1],
@@ -158,8 +186,13 @@ class RelayPlanner:
                     max_seqlen_q=rows if graph else int(group_sizes.max(initial=0)),
                     max_seqlen_k=self.max_pages * self.page_size if graph else int(lens.max(initial=0)),
                     block_table=self.slot_pages)
-        level = SharedLevel(perm=self.perm[:rows], row_index=self.row_index[:T], call=call,
-                            q_buf=self.q_buf[:rows], out_buf=self.out_buf[:rows])
+        if self.level_kernel == "flash":
+            level = SharedLevel(perm=self.perm[:rows], row_index=self.row_index[:T], call=call,
+                                q_buf=self.q_buf[:rows], out_buf=self.out_buf[:rows])
+        else:
+            fused = dict(perm=self.perm[:rows], tiles=self.tiles[:n_tiles], group_pages=self.slot_pages,
+                         group_lens=self.lens, ws=self.ws, num_splits=splits)
+            level = SharedLevel(perm=self.perm[:rows], row_index=self.row_index[:T], call=call, fused=fused)
         run_level = (capture and with_level) or perm.shape[0] > 0
         return StepPlan(context, level, run_level=run_level, graph=graph and with_level)
 
@@ -167,15 +200,17 @@ class RelayPlanner:
         """Write the host arrays into the staging buffer (perm padded with token 0 up to `rows`,
         row_index with -1 up to T) and copy the used span to the device in one transfer."""
         host, off = self._host_np, self._offsets
-        req_pages, req_slot, perm, cu, lens, row_index = arrays
+        req_pages, req_slot, perm, cu, lens, tiles, row_index = arrays
         host[off[0]: off[0] + B] = req_pages
         host[off[1]: off[1] + B] = req_slot
         host[off[2]: off[2] + rows] = 0
         host[off[2]: off[2] + perm.shape[0]] = perm
         host[off[3]: off[4]] = cu
         host[off[4]: off[5]] = lens
-        host[off[5]: off[5] + T] = row_index
-        end = int(off[5]) + T
+        if tiles is not None:
+            host[off[5]: off[5] + tiles.size] = tiles.reshape(-1)
+        host[off[6]: off[6] + T] = row_index
+        end = int(off[6]) + T
         self._dev[:end].copy_(self._host[:end], non_blocking=self.device.type == "cuda")
 
     def _sync_slot_pages(self) -> None:
