@@ -78,6 +78,19 @@ def level_attention_torch(q, k_cache, v_cache, out, lse, perm, tiles, group_page
     return out
 
 
+# Triton's standard-library helpers (tl.zeros, tl.max, tl.sum, tl.cdiv) are themselves jitted; the
+# kernel uses builtins and its own combine functions only, so `_interpreted` can run it on CPU
+# tensors whenever TRITON_INTERPRET is set, also after this module was imported.
+@triton.jit
+def _max_op(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
+def _add_op(a, b):
+    return a + b
+
+
 @triton.jit
 def _level_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, perm_ptr, tiles_ptr, pages_ptr, lens_ptr,
@@ -110,13 +123,13 @@ def _level_kernel(
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0)
 
     # This program's slice of the group's keys: whole blocks of BLOCK_N.
-    blocks = tl.cdiv(seq, BLOCK_N)
-    per_split = tl.cdiv(blocks, num_splits)
+    blocks = (seq + BLOCK_N - 1) // BLOCK_N
+    per_split = (blocks + num_splits - 1) // num_splits
     k_lo = split * per_split * BLOCK_N
     k_hi = tl.minimum(seq, k_lo + per_split * BLOCK_N)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    l_i = tl.full([BLOCK_M], 0.0, tl.float32)
+    acc = tl.full([BLOCK_M, BLOCK_D], 0.0, tl.float32)
     qk_scale = scale * 1.4426950408889634  # exp2
     n = tl.arange(0, BLOCK_N)
     for start in range(k_lo, k_hi, BLOCK_N):
@@ -132,11 +145,11 @@ def _level_kernel(
         else:
             s = tl.dot(q, tl.trans(k)) * qk_scale
         s = tl.where(j_ok[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_new = tl.maximum(m_i, tl.reduce(s, 1, _max_op))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp2(m_i - m_safe)
         p = tl.exp2(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
+        l_i = l_i * alpha + tl.reduce(p, 1, _add_op)
         v = tl.load(v_ptr + page[:, None] * stride_vb + off[:, None] * stride_vp + kvh * stride_vh + d[None, :],
                     mask=kv_mask, other=0.0)
         if DOT_F32:

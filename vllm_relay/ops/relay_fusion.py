@@ -200,13 +200,22 @@ def _interpreted(kernel):
     `triton.jit` picks compiled or interpreted when the module is imported; a test run may import
     this module before TRITON_INTERPRET is set, so the interpreted twin is built on demand here.
     """
+    import types
+
     from triton.runtime.interpreter import InterpretedFunction
 
     if isinstance(kernel, InterpretedFunction):
         return kernel
     cached = getattr(kernel, "_relay_interpreted", None)
     if cached is None:
-        cached = InterpretedFunction(kernel.fn)
+        fn = kernel.fn
+        # The @triton.jit helpers it calls must be interpreted too: rebind them in a copy of its globals.
+        helpers = {name: _interpreted(obj) for name, obj in fn.__globals__.items()
+                   if isinstance(obj, triton.runtime.JITFunction) and name in fn.__code__.co_names}
+        if helpers:
+            fn = types.FunctionType(fn.__code__, {**fn.__globals__, **helpers}, fn.__name__, fn.__defaults__,
+                                    fn.__closure__)
+        cached = InterpretedFunction(fn)
         kernel._relay_interpreted = cached
     return cached
 
