@@ -129,7 +129,7 @@ def test_per_prompt_counters(core):
 
 def test_texts_and_sources(core):
     add_ready(core, "chat", RT, "messages", "You are terse.")
-    assert core.relay_prompt_texts() == {"chat": {"generation": 2, "text": "You are terse.", "source": "messages"}}
+    assert core.relay_prompt_texts() == {"chat": {"generation": 2, "text": "You are terse.", "chat": True}}
     assert by_name(core)["chat"]["source"] == "messages"
 
 

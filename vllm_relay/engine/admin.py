@@ -46,6 +46,7 @@ class PromptUsage:
     created_at: float
     source: str
     text: str | None  # the chat system message or completion text it was given as, if any
+    chat: bool  # `text` is a chat system message (else completion text, or no text)
     requests: int = 0
     tokens_reused: int = 0
     chat_mismatches: int = 0
@@ -119,7 +120,7 @@ class RelayAdmin:
             return error(409 if "cannot re-register" in str(e) else 422, str(e))
         usage = self._usage[prompt.generation]
         if usage.source != "config" or source == "config":
-            usage.source, usage.text = source, text
+            usage.source, usage.text, usage.chat = source, text, source != "text"
         self._failed.pop(name, None)
         return {"prompt": self.entry(prompt)}
 
@@ -156,8 +157,8 @@ class RelayAdmin:
         return [self.entry(p) for p in prompts] + list(self._failed.values())
 
     def texts(self) -> dict[str, dict]:
-        """{name: {"generation", "text", "source"}} of the routable prompts given as text."""
-        return {p.name: {"generation": p.generation, "text": u.text, "source": u.source}
+        """{name: {"generation", "text", "chat"}} of the routable prompts given as text."""
+        return {p.name: {"generation": p.generation, "text": u.text, "chat": u.chat}
                 for p in self.relay.registry.prompts()
                 if p.state != "draining" and (u := self._usage.get(p.generation)) and u.text}
 
@@ -184,7 +185,7 @@ class RelayAdmin:
             source = "config"
         else:
             source = "text" if isinstance(spec, str) else "messages" if isinstance(spec, dict) else "token_ids"
-        self._usage[prompt.generation] = PromptUsage(time.time(), source, text)
+        self._usage[prompt.generation] = PromptUsage(time.time(), source, text, isinstance(spec, dict))
         self._forget_gone(self.relay.registry.prompts())
 
     def on_admitted(self, prompt: SystemPrompt) -> None:
@@ -248,7 +249,7 @@ class RelayAdmin:
         u.warned = True
         at = first_difference(ids, P)
         k = MISMATCH_CONTEXT_TOKENS
-        if u.source == "text":
+        if not u.chat:
             why = ("it was registered as completion text, not as a chat system message (register it "
                    "with \"messages\" or {\"chat_system\": ...})")
         elif at >= S - k:
@@ -267,7 +268,7 @@ class RelayAdmin:
 
     def _adopt(self, p: SystemPrompt) -> PromptUsage:
         # A registration made before this admin existed (cannot happen once attached).
-        u = PromptUsage(self.started_at, "config", None)
+        u = PromptUsage(self.started_at, "config", None, False)
         self._usage[p.generation] = u
         return u
 
