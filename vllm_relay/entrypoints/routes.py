@@ -37,7 +37,8 @@ def build_router(serving: RelayServing, admin: bool) -> APIRouter:
     async def list_prompts() -> JSONResponse:
         if (off := serving.unavailable()) is not None:
             return off
-        return JSONResponse(list_object(await serving.listing()))
+        limits = {"max_prompts": serving.config.max_prompts, "max_prompt_tokens": serving.config.max_prompt_tokens}
+        return JSONResponse({**list_object(await serving.listing()), **limits})
 
     @router.get(PATH + "/{name}")
     async def get_prompt(name: str) -> JSONResponse:
