@@ -16,6 +16,9 @@ from tests.entrypoints.server import GREETER, PROMPTS, wait_for
 pytestmark = pytest.mark.engine
 
 SUPPORT = "You are the support assistant of a shipping company. Answer briefly and politely."
+# Tokens per stream in the delete test: enough that all 32 are still running when the delete
+# comes, also on a GPU (the delete follows every stream's first chunk).
+STREAM_TOKENS = 128
 
 
 @pytest.fixture
@@ -170,7 +173,7 @@ def test_delete_while_32_streams_are_in_flight(server):
     assert deleted["state"] == "draining" and deleted["deleted"] is True and deleted["live_requests"] >= 1
     assert again["state"] == "ready" and again["slot"] != first["slot"] and again["generation"] > first["generation"]
     assert [o["finish_reason"] for o in outputs] == ["length"] * 32
-    assert all(o["completion_tokens"] == 24 and o["text"] for o in outputs)
+    assert all(o["completion_tokens"] == STREAM_TOKENS and o["text"] for o in outputs)
     # Once the streams are done the old registration leaves its slot.
     def drained():
         _, listing = server.call("GET", PROMPTS)
@@ -198,7 +201,8 @@ async def streams_then_delete(server, n):
 
     async def stream(session, i):
         nonlocal first_chunks
-        body = {"model": server.model, "max_tokens": 24, "temperature": 0.0, "ignore_eos": True, "stream": True,
+        body = {"model": server.model, "max_tokens": STREAM_TOKENS, "temperature": 0.0, "ignore_eos": True,
+                "stream": True,
                 "stream_options": {"include_usage": True},
                 "messages": [{"role": "system", "content": SUPPORT}, {"role": "user", "content": f"Parcel {i}?"}]}
         text, finish, usage, counted_first = "", None, None, False
