@@ -36,8 +36,11 @@ from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
 THROUGHPUT_PNG = "throughput_vs_prompt_len.png"
-LATENCIES = (("ttft_ms", "time to first token (ms)"), ("tpot_ms", "time per output token (ms)"),
-             ("e2e_ms", "end-to-end latency (ms)"))
+LATENCIES = (
+    ("ttft_ms", "time to first token (ms)"),
+    ("tpot_ms", "time per output token (ms)"),
+    ("e2e_ms", "end-to-end latency (ms)"),
+)
 COLORS = {"relay": "tab:blue", "default": "tab:orange", "noprefix": "tab:gray"}
 
 
@@ -55,22 +58,32 @@ def load(results: Path) -> tuple[list[tuple[Path, dict]], list[tuple[Path, dict]
             continue
         if isinstance(data.get("configs"), dict):
             serving.append((path, data))
-        elif isinstance(data.get("args"), dict) and "prefix_len" in data["args"] and any(
-                isinstance(v, dict) and "requests_per_s" in v for v in data.values()):
+        elif (
+            isinstance(data.get("args"), dict)
+            and "prefix_len" in data["args"]
+            and any(isinstance(v, dict) and "requests_per_s" in v for v in data.values())
+        ):
             throughput.append((path, data))
     return throughput, serving
 
 
-def throughput_points(files: list[tuple[Path, dict]]) -> tuple[dict[str, dict[int, float]], float | None, str]:
+def throughput_points(
+    files: list[tuple[Path, dict]],
+) -> tuple[dict[str, dict[int, float]], float | None, str]:
     """({"relay"|"default": {P: requests/s}}, ceiling requests/s or None, workload label)."""
     series: dict[str, dict[int, float]] = {"relay": {}, "default": {}}
     ceiling, workloads = [], set()
     for _path, data in files:
         a = data["args"]
         P = int(a["prefix_len"])
-        workloads.add(f"{model_label(a['model'])}, {a.get('input_len', '?')} in / {a.get('output_len', '?')} out")
-        for config, (name, at) in {"relay": ("relay", P), "default": ("default", P),
-                                   "noprefix-relay": ("relay", 0)}.items():
+        workloads.add(
+            f"{model_label(a['model'])}, {a.get('input_len', '?')} in / {a.get('output_len', '?')} out"
+        )
+        for config, (name, at) in {
+            "relay": ("relay", P),
+            "default": ("default", P),
+            "noprefix-relay": ("relay", 0),
+        }.items():
             if config in data:
                 series[name][at] = float(data[config]["requests_per_s"])
         if "noprefix" in data:
@@ -84,8 +97,10 @@ def throughput_points(files: list[tuple[Path, dict]]) -> tuple[dict[str, dict[in
 def plot_throughput(files: list[tuple[Path, dict]], out: Path) -> Path | None:
     series, ceiling, workload = throughput_points(files)
     if not any(len(points) > 1 for points in series.values()):
-        print(f"[plot] skip {THROUGHPUT_PNG}: no bench_throughput.py results with relay or default at two "
-              f"system-prompt lengths")
+        print(
+            f"[plot] skip {THROUGHPUT_PNG}: no bench_throughput.py results with relay or default at two "
+            f"system-prompt lengths"
+        )
         return None
     import matplotlib.pyplot as plt
 
@@ -97,10 +112,17 @@ def plot_throughput(files: list[tuple[Path, dict]], out: Path) -> Path | None:
             ax.plot(xs, ys, "o-", color=COLORS[name], label=label)
             for x, y in points:  # the higher of the two values at x labelled above, the lower below
                 above = y >= max(other.get(x, y) for other in series.values())
-                ax.annotate(f"{y:.1f}", (x, y), textcoords="offset points", xytext=(8, 6 if above else -13),
-                            fontsize=8)
+                ax.annotate(
+                    f"{y:.1f}",
+                    (x, y),
+                    textcoords="offset points",
+                    xytext=(8, 6 if above else -13),
+                    fontsize=8,
+                )
     if ceiling is not None:
-        ax.axhline(ceiling, color=COLORS["noprefix"], linestyle="--", label=f"no system prompt ({ceiling:.1f})")
+        ax.axhline(
+            ceiling, color=COLORS["noprefix"], linestyle="--", label=f"no system prompt ({ceiling:.1f})"
+        )
     ax.set_xlabel("system-prompt length P (tokens)")
     ax.set_ylabel("throughput (requests/s)")
     ax.set_title(f"Throughput vs system-prompt length ({workload} tokens per request)", fontsize=10)
@@ -120,7 +142,9 @@ def check_serving(path: Path, data: dict) -> None:
             raise ValueError(f"{path}: configs[{name!r}] must be a non-empty list of rows")
         for row in rows:
             missing = [k for k in ("rate", "req_per_s", *(m for m, _ in LATENCIES)) if k not in row]
-            missing += [f"{m}.{q}" for m, _ in LATENCIES if m in row for q in ("p50", "p99") if q not in row[m]]
+            missing += [
+                f"{m}.{q}" for m, _ in LATENCIES if m in row for q in ("p50", "p99") if q not in row[m]
+            ]
             if missing:
                 raise ValueError(f"{path}: configs[{name!r}] row {row.get('rate')!r} lacks {missing}")
 
@@ -136,7 +160,9 @@ def plot_serving(path: Path, data: dict, out: Path) -> Path:
         color = COLORS.get(name, f"C{i}")
         for ax, (metric, label) in zip(axes, LATENCIES):
             ax.plot(rates, [r[metric]["p50"] for r in rows], "o-", color=color, label=f"{name} p50")
-            ax.plot(rates, [r[metric]["p99"] for r in rows], "s--", color=color, alpha=0.6, label=f"{name} p99")
+            ax.plot(
+                rates, [r[metric]["p99"] for r in rows], "s--", color=color, alpha=0.6, label=f"{name} p99"
+            )
             ax.set_ylabel(label)
         axes[3].plot(rates, [r["req_per_s"] for r in rows], "o-", color=color, label=name)
     axes[3].plot(axes[3].get_xlim(), axes[3].get_xlim(), ":", color="black", alpha=0.4, label="offered")
@@ -166,8 +192,10 @@ def main(argv: list[str] | None = None) -> int:
     throughput, serving = load(args.results)
     written = [plot_throughput(throughput, out)]
     if not serving:
-        print(f"[plot] skip the latency plots: no serving benchmark JSON ({{\"model\", \"configs\": ...}}) "
-              f"in {args.results}")
+        print(
+            f'[plot] skip the latency plots: no serving benchmark JSON ({{"model", "configs": ...}}) '
+            f"in {args.results}"
+        )
     written += [plot_serving(path, data, out) for path, data in serving]
     for png in filter(None, written):
         print(f"[plot] wrote {png}")

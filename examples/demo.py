@@ -83,7 +83,8 @@ def main() -> int:
         client = OpenAI(base_url=f"{server.url}/v1", api_key="unused")
         reply = client.chat.completions.create(
             model=MODEL,
-            messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Where is my parcel?"}],
+            messages=[{"role": "system", "content": SYSTEM},
+                      {"role": "user", "content": "Where is my parcel?"}],
             max_tokens=24, temperature=0.0,
         )
         print("[demo] reply (random weights, so nonsense is expected):")

@@ -14,9 +14,11 @@ import sys
 SUPPORT = "You are the support assistant of a shipping company. Answer in one sentence."
 BILLING = "You answer billing questions for a shipping company. Be precise about amounts and dates."
 RETURNS = "You explain the returns policy of a shipping company: 30 days, original packaging, free pickup."
-QUESTIONS = {SUPPORT: ["Where is my parcel?", "Can I change the delivery address?"],
-             BILLING: ["Why was I charged twice?"],
-             RETURNS: ["How do I send a parcel back?", "Is the pickup really free?"]}
+QUESTIONS = {
+    SUPPORT: ["Where is my parcel?", "Can I change the delivery address?"],
+    BILLING: ["Why was I charged twice?"],
+    RETURNS: ["How do I send a parcel back?", "Is the pickup really free?"],
+}
 
 
 def main() -> int:
@@ -34,23 +36,43 @@ def main() -> int:
 
     from vllm_relay.stats import register_system_prompt, relay_stats
 
-    relay = {"system_prompts": {"support": {"chat_system": SUPPORT}, "billing": {"chat_system": BILLING}},
-             "max_prompts": 3, "max_prompt_tokens": 1024, "page_size": 64}
-    llm = LLM(model=args.model, dtype=args.dtype or "auto", attention_backend="relay", max_model_len=2048,
-              enforce_eager=True, additional_config={"relay": relay})  # returns once both are filled
+    relay = {
+        "system_prompts": {"support": {"chat_system": SUPPORT}, "billing": {"chat_system": BILLING}},
+        "max_prompts": 3,
+        "max_prompt_tokens": 1024,
+        "page_size": 64,
+    }
+    llm = LLM(
+        model=args.model,
+        dtype=args.dtype or "auto",
+        attention_backend="relay",
+        max_model_len=2048,
+        enforce_eager=True,
+        additional_config={"relay": relay},
+    )  # returns once both are filled
     registered = register_system_prompt(llm, "returns", {"chat_system": RETURNS})  # at run time; waits
-    print(f"registered {registered['name']!r} at run time: {registered['tokens']} tokens, slot {registered['slot']}")
+    print(
+        f"registered {registered['name']!r} at run time: {registered['tokens']} tokens, "
+        f"slot {registered['slot']}"
+    )
 
-    chats = [[{"role": "system", "content": system}, {"role": "user", "content": q}]
-             for system, questions in QUESTIONS.items() for q in questions]
+    chats = [
+        [{"role": "system", "content": system}, {"role": "user", "content": q}]
+        for system, questions in QUESTIONS.items()
+        for q in questions
+    ]
     outputs = llm.chat(chats, SamplingParams(temperature=0.0, max_tokens=24), use_tqdm=False)
     for chat, out in zip(chats, outputs):
-        print(f"[{chat[1]['content']}] -> {out.outputs[0].text!r} ({len(out.prompt_token_ids)} prompt tokens)")
+        print(
+            f"[{chat[1]['content']}] -> {out.outputs[0].text!r} ({len(out.prompt_token_ids)} prompt tokens)"
+        )
 
     stats = relay_stats(llm)
-    print(f"relay requests {stats['relay_requests']} of {len(chats)}, system tokens reused "
-          f"{stats['system_tokens_reused']}; prompts: "
-          + ", ".join(f"{p['name']} ({p['tokens']} tokens, {p['state']})" for p in stats["prompts"]))
+    print(
+        f"relay requests {stats['relay_requests']} of {len(chats)}, system tokens reused "
+        f"{stats['system_tokens_reused']}; prompts: "
+        + ", ".join(f"{p['name']} ({p['tokens']} tokens, {p['state']})" for p in stats["prompts"])
+    )
     return 0 if stats["relay_requests"] == len(chats) else 1
 
 

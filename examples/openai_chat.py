@@ -13,8 +13,10 @@ import sys
 
 import openai
 
-SYSTEM = ("You are the support assistant of a shipping company. Answer in two sentences at most, "
-          "and ask for the tracking number when you need it.")
+SYSTEM = (
+    "You are the support assistant of a shipping company. Answer in two sentences at most, "
+    "and ask for the tracking number when you need it."
+)
 
 
 def main() -> int:
@@ -28,15 +30,23 @@ def main() -> int:
     client = openai.OpenAI(base_url=args.base_url, api_key=args.api_key)
     model = args.model or client.models.list().data[0].id
     try:  # register it (waits until its KV is filled); an existing one of that name is fine too
-        prompt = client.post("/relay/system_prompts", cast_to=object,
-                             body={"name": args.name, "messages": [{"role": "system", "content": SYSTEM}]})
+        prompt = client.post(
+            "/relay/system_prompts",
+            cast_to=object,
+            body={"name": args.name, "messages": [{"role": "system", "content": SYSTEM}]},
+        )
         print(f"registered {prompt['name']!r}: {prompt['tokens']} tokens in slot {prompt['slot']}")
     except openai.ConflictError as e:
         print(f"already registered: {e.body['message'] if isinstance(e.body, dict) else e}")
 
     stream = client.chat.completions.create(
-        model=model, max_tokens=48, temperature=0.0, stream=True, stream_options={"include_usage": True},
-        messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Where is my parcel?"}])
+        model=model,
+        max_tokens=48,
+        temperature=0.0,
+        stream=True,
+        stream_options={"include_usage": True},
+        messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Where is my parcel?"}],
+    )
     usage = None
     print("reply: ", end="", flush=True)
     for chunk in stream:
@@ -45,11 +55,16 @@ def main() -> int:
         usage = chunk.usage or usage
     print()
     cached = usage.prompt_tokens_details.cached_tokens if usage.prompt_tokens_details else 0
-    print(f"usage: {usage.prompt_tokens} prompt tokens ({cached} not recomputed), {usage.completion_tokens} completion")
+    print(
+        f"usage: {usage.prompt_tokens} prompt tokens ({cached} not recomputed), "
+        f"{usage.completion_tokens} completion"
+    )
 
     entry = client.get(f"/relay/system_prompts/{args.name}", cast_to=object)
-    print(f"{entry['name']!r}: {entry['requests_served']} request(s) served by relay, "
-          f"{entry['tokens_reused']} system tokens reused")
+    print(
+        f"{entry['name']!r}: {entry['requests_served']} request(s) served by relay, "
+        f"{entry['tokens_reused']} system tokens reused"
+    )
     return 0 if entry["requests_served"] > 0 else 1
 
 

@@ -22,11 +22,18 @@ def serving(rates=(1.0, 4.0, 8.0)):
         def lat(ms):
             return {"p50": ms * scale * rate, "p99": 2.5 * ms * scale * rate}
 
-        return {"rate": rate, "ttft_ms": lat(10.0), "tpot_ms": lat(2.0), "e2e_ms": lat(500.0),
-                "req_per_s": min(rate, 6.0 / scale)}
+        return {
+            "rate": rate,
+            "ttft_ms": lat(10.0),
+            "tpot_ms": lat(2.0),
+            "e2e_ms": lat(500.0),
+            "req_per_s": min(rate, 6.0 / scale),
+        }
 
-    return {"model": "/x/llama-2-7b-shape-9c37a19155",
-            "configs": {"relay": [row(r, 1.0) for r in rates], "default": [row(r, 3.0) for r in rates]}}
+    return {
+        "model": "/x/llama-2-7b-shape-9c37a19155",
+        "configs": {"relay": [row(r, 1.0) for r in rates], "default": [row(r, 3.0) for r in rates]},
+    }
 
 
 def test_repository_results_give_the_throughput_plot(tmp_path, capsys):
@@ -35,8 +42,11 @@ def test_repository_results_give_the_throughput_plot(tmp_path, capsys):
     assert png.read_bytes().startswith(PNG) and png.stat().st_size > 10_000
     series, ceiling, workload = plot.throughput_points(plot.load(BENCH / "results")[0])
     # From e2e_tp_2048/8192.json, e2e_noprefix.json and e2e_ref_2048.json.
-    assert series["relay"] == {0: pytest.approx(43.36, abs=0.01), 2048: pytest.approx(38.42, abs=0.01),
-                               8192: pytest.approx(35.27, abs=0.01)}
+    assert series["relay"] == {
+        0: pytest.approx(43.36, abs=0.01),
+        2048: pytest.approx(38.42, abs=0.01),
+        8192: pytest.approx(35.27, abs=0.01),
+    }
     assert series["default"][2048] == pytest.approx(14.68, abs=0.01) and series["default"][0] == ceiling
     assert ceiling == pytest.approx((44.31 + 44.73) / 2, abs=0.01)
     assert workload == "llama-2-7b-shape, 128 in / 256 out"

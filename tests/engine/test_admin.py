@@ -7,13 +7,28 @@ slot), delete while filling, failed fills in the listing, per-prompt counters, c
 
 import pytest
 
-from tests.engine.test_core import (  # noqa: F401 - model_path is a fixture
-    OWN, RT, SYS, ecr, make_core, model_path, relay_of, run_until_idle, run_until_idle_or, step, submit,
+from tests.engine.test_core import (
+    OWN,
+    RT,
+    SYS,
+    ecr,
+    make_core,
+    relay_of,
+    run_until_idle,
+    run_until_idle_or,
+    step,
+    submit,
 )
 from vllm_relay.engine.admin import CHAT_EXPECT_KEY
 from vllm_relay.engine.requests import INFO_ATTR
 from vllm_relay.protocol import read_tag
 from vllm_relay.system_prompts.fill import fill_request_id
+from vllm_relay.testing.models import get_model
+
+
+@pytest.fixture(scope="module")
+def model_path():
+    return str(get_model("tiny-llama-gqa"))
 
 
 @pytest.fixture
@@ -34,15 +49,27 @@ def add_ready(core, name, ids, source="token_ids", text=None):
 
 def test_listing_fields_and_startup_source(core):
     (entry,) = core.relay_prompt_list()
-    assert entry == {"name": "sys", "state": "ready", "tokens": 40, "slot": 0, "live_requests": 0,
-                     "requests_served": 0, "tokens_reused": 0, "chat_mismatches": 0,
-                     "created_at": entry["created_at"], "source": "config", "generation": 1}
+    assert entry == {
+        "name": "sys",
+        "state": "ready",
+        "tokens": 40,
+        "slot": 0,
+        "live_requests": 0,
+        "requests_served": 0,
+        "tokens_reused": 0,
+        "chat_mismatches": 0,
+        "created_at": entry["created_at"],
+        "source": "config",
+        "generation": 1,
+    }
     assert isinstance(entry["created_at"], int) and entry["created_at"] > 1_700_000_000
 
 
 def test_add_errors_carry_status_and_limit(core, model_path):
     assert core.relay_prompt_add("sys", RT, "token_ids")["error"] == {
-        "status": 409, "message": "system prompt 'sys' already exists (ready, slot 0); delete it first"}
+        "status": 409,
+        "message": "system prompt 'sys' already exists (ready, slot 0); delete it first",
+    }
     cases = [
         ("a/b", RT, 400, "allowed characters are"),
         ("e", [], 422, "empty token ids"),
@@ -72,7 +99,10 @@ def test_delete_drains_then_frees_and_the_name_is_reused_in_another_slot(core):
     new = add_ready(core, "sys", SYS)
     assert new["slot"] == 1 and new["generation"] > 1
     listing = core.relay_prompt_list()
-    assert [(p["name"], p["state"], p["slot"]) for p in listing] == [("sys", "draining", 0), ("sys", "ready", 1)]
+    assert [(p["name"], p["state"], p["slot"]) for p in listing] == [
+        ("sys", "draining", 0),
+        ("sys", "ready", 1),
+    ]
     b = submit(core, ecr("b", SYS + OWN, max_tokens=2))
     assert read_tag(b.sampling_params).slot == 1 and read_tag(a.sampling_params).slot == 0
     assert a.cache_salt != b.cache_salt
@@ -86,7 +116,10 @@ def test_delete_drains_then_frees_and_the_name_is_reused_in_another_slot(core):
 def test_delete_idle_is_removed_and_unknown_is_404(core):
     assert core.relay_prompt_delete("sys")["prompt"]["state"] == "removed"
     assert core.relay_prompt_list() == [] and relay_of(core).registry.free_slots() == [0, 1]
-    assert core.relay_prompt_delete("sys")["error"] == {"status": 404, "message": "no system prompt named 'sys'"}
+    assert core.relay_prompt_delete("sys")["error"] == {
+        "status": 404,
+        "message": "no system prompt named 'sys'",
+    }
 
 
 def test_delete_while_filling_cancels_the_fill_and_releases_held_requests(core):
@@ -135,6 +168,13 @@ def test_texts_and_sources(core):
 
 def test_replace_keeps_identical_tokens_and_replaces_others(core):
     assert core.relay_prompt_add("sys", SYS, "config", None, True)["prompt"]["generation"] == 1
+    submit(core, ecr("r", SYS + OWN, max_tokens=50))
+    err = core.relay_prompt_add("sys", SYS[:-1], "config", None, True)["error"]
+    assert err == {
+        "status": 409,
+        "message": "cannot replace system prompt 'sys': it is ready with 1 request(s) running on it",
+    }
+    core.abort_requests(["r"])
     out = core.relay_prompt_add("sys", SYS[:-1], "config", None, True)["prompt"]
     assert out["generation"] == 2 and out["state"] == "filling" and out["tokens"] == len(SYS) - 1
 
@@ -151,7 +191,10 @@ def test_chat_mismatch_is_counted_and_warned_once(core, monkeypatch):
     monkeypatch.setattr(admin, "_logger", Logger)
     add_ready(core, "chat", RT, "messages", "You are terse.")
     ok = submit(core, ecr("ok", RT + OWN, extra_args={CHAT_EXPECT_KEY: "chat", "mine": 1}))
-    assert ok.sampling_params.extra_args.get("mine") == 1 and CHAT_EXPECT_KEY not in ok.sampling_params.extra_args
+    assert (
+        ok.sampling_params.extra_args.get("mine") == 1
+        and CHAT_EXPECT_KEY not in ok.sampling_params.extra_args
+    )
     assert getattr(ok, INFO_ATTR).prompt.name == "chat"
     boundary = RT[:-1] + [999] + OWN
     for i in range(2):
@@ -159,7 +202,9 @@ def test_chat_mismatch_is_counted_and_warned_once(core, monkeypatch):
         assert bad.sampling_params.extra_args is None and getattr(bad, INFO_ATTR, None) is None
     other = submit(core, ecr("other", [5] + RT + OWN, extra_args={CHAT_EXPECT_KEY: "chat"}))
     assert getattr(other, INFO_ATTR, None) is None
-    assert by_name(core)["chat"]["chat_mismatches"] == 3 and core.relay_serving_stats()["chat_mismatches"] == 3
+    assert (
+        by_name(core)["chat"]["chat_mismatches"] == 3 and core.relay_serving_stats()["chat_mismatches"] == 3
+    )
     assert len(warnings) == 1
     assert "carries the system message of prompt 'chat' but does not start with its 20 tokens" in warnings[0]
     assert "first difference at token 19" in warnings[0] and "tokenizer boundary" in warnings[0]

@@ -23,8 +23,14 @@ from vllm_relay import envs
 API_KEY = "relay-test-key"
 SERVED_NAME = "tiny-relay"
 GREETER = "You are the greeter of a small shipping company. Greet the customer in one sentence."
-RELAY = {"max_prompts": 4, "max_prompt_tokens": 512, "page_size": 64, "log_stats_interval_s": 0,
-         "metrics_interval_s": 0.2, "system_prompts": {"greeter": {"chat_system": GREETER}}}
+RELAY = {
+    "max_prompts": 4,
+    "max_prompt_tokens": 512,
+    "page_size": 64,
+    "log_stats_interval_s": 0,
+    "metrics_interval_s": 0.2,
+    "system_prompts": {"greeter": {"chat_system": GREETER}},
+}
 ARGS = ["--max-model-len", "1024", "--enable-prompt-tokens-details"]
 PROMPTS = "/v1/relay/system_prompts"
 
@@ -46,16 +52,26 @@ class Server:
 
     def call(self, method: str, path: str, body=None, key: str | None = "default", raw: bytes | None = None):
         """(status, JSON body) of one request."""
-        r = requests.request(method, self.url + path, json=body, data=raw, headers=self.headers(key), timeout=600)
+        r = requests.request(
+            method, self.url + path, json=body, data=raw, headers=self.headers(key), timeout=600
+        )
         try:
             return r.status_code, r.json()
         except ValueError:
             return r.status_code, r.text
 
     def chat(self, system: str, user: str, max_tokens: int = 8, **extra) -> dict:
-        status, body = self.call("POST", "/v1/chat/completions", {
-            "model": self.model, "max_tokens": max_tokens, "temperature": 0.0,
-            "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}], **extra})
+        status, body = self.call(
+            "POST",
+            "/v1/chat/completions",
+            {
+                "model": self.model,
+                "max_tokens": max_tokens,
+                "temperature": 0.0,
+                "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
+                **extra,
+            },
+        )
         assert status == 200, body
         return body
 
@@ -64,13 +80,18 @@ class Server:
         from prometheus_client.parser import text_string_to_metric_families
 
         text = requests.get(self.url + "/metrics", timeout=60).text
-        return {(s.name, tuple(sorted(s.labels.items()))): s.value
-                for family in text_string_to_metric_families(text) for s in family.samples}
+        return {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+        }
 
     def relay_metric(self, sample: str, **labels) -> float:
         """The sum of `sample`'s values on this server's model whose labels include `labels`."""
         want = {"model_name": self.model, **labels}
-        return sum(v for (n, ls), v in self.metrics().items() if n == sample and want.items() <= dict(ls).items())
+        return sum(
+            v for (n, ls), v in self.metrics().items() if n == sample and want.items() <= dict(ls).items()
+        )
 
     def prompt(self, name: str) -> dict | None:
         status, body = self.call("GET", f"{PROMPTS}/{name}")
@@ -98,7 +119,9 @@ def wait_for(check: Callable[[], object], timeout_s: float = 30.0, what: str = "
 def relay_server() -> Iterator[Server]:
     if (url := envs.VLLM_RELAY_TEST_SERVER) is not None:
         key = envs.VLLM_RELAY_TEST_API_KEY or ""
-        models = requests.get(url.rstrip("/") + "/v1/models", headers={"Authorization": f"Bearer {key}"}, timeout=60)
+        models = requests.get(
+            url.rstrip("/") + "/v1/models", headers={"Authorization": f"Bearer {key}"}, timeout=60
+        )
         models.raise_for_status()
         yield Server(url.rstrip("/"), key, models.json()["data"][0]["id"], None)
         return

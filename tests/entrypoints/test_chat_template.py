@@ -10,8 +10,10 @@ from vllm_relay.system_prompts.chat import common_prefix
 pytestmark = pytest.mark.engine
 
 # Plain-text headers, nothing like the model's own template (tests/testing: special-token turns).
-TEMPLATE = ("{{ bos_token }}{% for m in messages %}### {{ m['role'] | capitalize }}:\n{{ m['content'] }}\n\n"
-            "{% endfor %}{% if add_generation_prompt %}### Assistant:\n{% endif %}")
+TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}### {{ m['role'] | capitalize }}:\n{{ m['content'] }}\n\n"
+    "{% endfor %}{% if add_generation_prompt %}### Assistant:\n{% endif %}"
+)
 GREETER = "You greet customers of the shipping company in one short sentence."
 SUPPORT = "You answer questions about parcels, briefly."
 
@@ -23,8 +25,14 @@ def server(tmp_path_factory):
 
     template = tmp_path_factory.mktemp("template") / "chat.jinja"
     template.write_text(TEMPLATE)
-    relay = {"max_prompts": 3, "max_prompt_tokens": 512, "page_size": 64, "log_stats_interval_s": 0,
-             "metrics_interval_s": 0.2, "system_prompts": {"greeter": {"chat_system": GREETER}}}
+    relay = {
+        "max_prompts": 3,
+        "max_prompt_tokens": 512,
+        "page_size": 64,
+        "log_stats_interval_s": 0,
+        "metrics_interval_s": 0.2,
+        "system_prompts": {"greeter": {"chat_system": GREETER}},
+    }
     args = ["--max-model-len", "1024", "--chat-template", str(template), "--trust-request-chat-template"]
     with RelayServer(get_model("tiny-llama-gqa"), SERVED_NAME, relay=relay, args=args, api_key=API_KEY) as s:
         yield Server(s.url, API_KEY, SERVED_NAME, s.log_text)
@@ -37,10 +45,18 @@ def rendered(system, template=TEMPLATE):
     from vllm_relay.testing.models import get_model
 
     tok = AutoTokenizer.from_pretrained(get_model("tiny-llama-gqa"))
-    renders = [tok.encode(tok.apply_chat_template([{"role": "system", "content": system},
-                                                   {"role": "user", "content": u}], chat_template=template,
-                                                  tokenize=False, add_generation_prompt=True),
-                          add_special_tokens=False) for u in ("Hello.", "42?")]
+    renders = [
+        tok.encode(
+            tok.apply_chat_template(
+                [{"role": "system", "content": system}, {"role": "user", "content": u}],
+                chat_template=template,
+                tokenize=False,
+                add_generation_prompt=True,
+            ),
+            add_special_tokens=False,
+        )
+        for u in ("Hello.", "42?")
+    ]
     return common_prefix(*renders)
 
 
@@ -51,18 +67,23 @@ def test_startup_chat_prompt_is_rendered_with_the_server_template(server):
     assert greeter["tokens"] == len(rendered(GREETER)) != len(rendered(GREETER, template=None))
     assert "system prompt 'greeter' rendered with this server's chat template" in server.log()
     server.chat(GREETER, "Hello!")
-    wait_for(lambda: server.prompt("greeter")["requests_served"] == 1, 30, "the greeter chat to be served by relay")
+    wait_for(
+        lambda: server.prompt("greeter")["requests_served"] == 1, 30, "the greeter chat to be served by relay"
+    )
 
 
 def test_http_chat_prompt_matches_chats_rendered_with_the_server_template(server):
-    status, created = server.call("POST", PROMPTS, {"name": "support",
-                                                    "messages": [{"role": "system", "content": SUPPORT}]})
+    status, created = server.call(
+        "POST", PROMPTS, {"name": "support", "messages": [{"role": "system", "content": SUPPORT}]}
+    )
     assert status == 201 and created["tokens"] == len(rendered(SUPPORT)), created
     before = server.relay_metric("vllm_relay_requests_total")
     reply = server.chat(SUPPORT, "Where is my parcel?")
     assert reply["usage"]["prompt_tokens"] > created["tokens"]
     wait_for(lambda: server.relay_metric("vllm_relay_requests_total") == before + 1, 30, "relay to fire")
-    assert server.prompt("support")["requests_served"] == 1 and server.prompt("support")["chat_mismatches"] == 0
+    assert (
+        server.prompt("support")["requests_served"] == 1 and server.prompt("support")["chat_mismatches"] == 0
+    )
 
 
 def test_request_with_another_template_is_a_reported_mismatch(server):
@@ -74,9 +95,15 @@ def test_request_with_another_template_is_a_reported_mismatch(server):
     before = server.prompt("greeter")
     for _ in range(2):
         server.chat(GREETER, "Hello!", chat_template=model_template)
-    after = wait_for(lambda: (p := server.prompt("greeter"))["chat_mismatches"] == 2 and p, 30, "2 mismatches")
+    after = wait_for(
+        lambda: (p := server.prompt("greeter"))["chat_mismatches"] == 2 and p, 30, "2 mismatches"
+    )
     assert after["requests_served"] == before["requests_served"]  # both ran the ordinary way
-    wait_for(lambda: server.relay_metric("vllm_relay_chat_mismatches_total") == 2, 30, "the metric to count them")
-    warnings = [line for line in server.log().splitlines() if "carries the system message of prompt 'greeter'" in line]
+    wait_for(
+        lambda: server.relay_metric("vllm_relay_chat_mismatches_total") == 2, 30, "the metric to count them"
+    )
+    warnings = [
+        line for line in server.log().splitlines() if "carries the system message of prompt 'greeter'" in line
+    ]
     assert len(warnings) == 1 and "first difference at token 1" in warnings[0]
     assert "likely another chat template" in warnings[0]

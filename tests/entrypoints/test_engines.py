@@ -6,15 +6,27 @@ from vllm_relay.entrypoints.engines import call_each, first_error, merge_listing
 
 
 def entry(name, state="ready", served=1, generation=1, slot=0, created=100):
-    return {"name": name, "state": state, "slot": slot, "generation": generation, "live_requests": 1,
-            "requests_served": served, "tokens_reused": 10 * served, "chat_mismatches": 0, "created_at": created}
+    return {
+        "name": name,
+        "state": state,
+        "slot": slot,
+        "generation": generation,
+        "live_requests": 1,
+        "requests_served": served,
+        "tokens_reused": 10 * served,
+        "chat_mismatches": 0,
+        "created_at": created,
+    }
 
 
 def test_merge_sums_counters_and_keeps_the_least_advanced_state():
-    merged = merge_listings([[entry("a", served=2, created=50), entry("b")],
-                             [entry("a", served=3), entry("b", state="filling")]])
+    merged = merge_listings(
+        [[entry("a", served=2, created=50), entry("b")], [entry("a", served=3), entry("b", state="filling")]]
+    )
     assert [(e["name"], e["state"], e["requests_served"], e["live_requests"]) for e in merged] == [
-        ("a", "ready", 5, 2), ("b", "filling", 2, 2)]
+        ("a", "ready", 5, 2),
+        ("b", "filling", 2, 2),
+    ]
     assert merged[0]["created_at"] == 50 and merged[0]["tokens_reused"] == 50
     assert len(merge_listings([[entry("a", generation=1)], [entry("a", generation=2, slot=1)]])) == 2
 

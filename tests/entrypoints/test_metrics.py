@@ -7,14 +7,32 @@ from vllm_relay.entrypoints.metrics import RelayMetrics
 
 
 def reading(requests=0, reused=0, prompts=(), **extra):
-    return {"relay_requests": requests, "system_tokens_reused": reused, "relay_tokens": 0, "fill_tokens": 0,
-            "chat_mismatches": 0, "fills_completed": 1, "fills_failed": 0, "fills_cancelled": 0,
-            "held_requests": 0, "prompts": list(prompts), **extra}
+    return {
+        "relay_requests": requests,
+        "system_tokens_reused": reused,
+        "relay_tokens": 0,
+        "fill_tokens": 0,
+        "chat_mismatches": 0,
+        "fills_completed": 1,
+        "fills_failed": 0,
+        "fills_cancelled": 0,
+        "held_requests": 0,
+        "prompts": list(prompts),
+        **extra,
+    }
 
 
 def prompt(name, slot, generation, served=0, state="ready", live=0):
-    return {"name": name, "slot": slot, "generation": generation, "state": state, "requests_served": served,
-            "tokens_reused": 10 * served, "live_requests": live, "tokens": 10}
+    return {
+        "name": name,
+        "slot": slot,
+        "generation": generation,
+        "state": state,
+        "requests_served": served,
+        "tokens_reused": 10 * served,
+        "live_requests": live,
+        "tokens": 10,
+    }
 
 
 def scrape(registry):
@@ -36,7 +54,9 @@ def test_counters_follow_the_engine_totals():
     m.update(0, reading(3, 30, [prompt("a", 0, 1, served=3)]))
     m.update(0, reading(5, 50, [prompt("a", 0, 1, served=5, live=2)], held_requests=4))
     s = scrape(registry)
-    assert value(s, "vllm_relay_requests_total") == 5 and value(s, "vllm_relay_prompt_tokens_reused_total") == 50
+    assert (
+        value(s, "vllm_relay_requests_total") == 5 and value(s, "vllm_relay_prompt_tokens_reused_total") == 50
+    )
     assert value(s, "vllm_relay_fills_total", result="ok") == 1 and value(s, "vllm_relay_held_requests") == 4
     assert value(s, "vllm_relay_system_prompts", state="ready") == 1
     assert value(s, "vllm_relay_system_prompts", state="draining") == 0
@@ -66,4 +86,6 @@ def test_engines_are_labelled_separately():
     m.update(0, reading(2))
     m.update(1, reading(7))
     s = scrape(registry)
-    assert value(s, "vllm_relay_requests_total") == 2 and value(s, "vllm_relay_requests_total", engine="1") == 7
+    assert (
+        value(s, "vllm_relay_requests_total") == 2 and value(s, "vllm_relay_requests_total", engine="1") == 7
+    )

@@ -11,13 +11,20 @@ BY_TEXT = {"You are terse.": "terse"}
 
 
 def chat(system, **extra):
-    return json.dumps({"model": "m", "messages": [{"role": "system", "content": system},
-                                                  {"role": "user", "content": "Hi"}], **extra}).encode()
+    return json.dumps(
+        {
+            "model": "m",
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": "Hi"}],
+            **extra,
+        }
+    ).encode()
 
 
 def test_tags_the_registered_text_and_keeps_other_xargs():
     body = json.loads(tag_body(chat("You are terse.", vllm_xargs={"mine": 1}), BY_TEXT))
-    assert body["vllm_xargs"] == {"mine": 1, CHAT_EXPECT_KEY: "terse"} and body["messages"][1]["content"] == "Hi"
+    assert (
+        body["vllm_xargs"] == {"mine": 1, CHAT_EXPECT_KEY: "terse"} and body["messages"][1]["content"] == "Hi"
+    )
     parts = [{"type": "text", "text": "You are"}, {"type": "text", "text": "terse."}]
     assert tag_body(chat(parts), {"You are\nterse.": "t2"}) is not None  # text parts join with "\n"
 
@@ -35,9 +42,11 @@ def test_leaves_other_requests_alone_and_drops_a_forged_tag():
 def test_message_text_helpers():
     assert message_text("x") == "x" and message_text([{"type": "image_url", "image_url": {}}]) is None
     assert system_message_text([{"role": "system", "content": "S"}]) == "S"
-    for bad, why in (([{"role": "user", "content": "S"}], "exactly one message"),
-                     ([{"role": "system", "content": ""}], "non-empty text"),
-                     ([], "got roles []")):
+    for bad, why in (
+        ([{"role": "user", "content": "S"}], "exactly one message"),
+        ([{"role": "system", "content": ""}], "non-empty text"),
+        ([], "got roles []"),
+    ):
         try:
             system_message_text(bad)
         except ValueError as e:
@@ -63,8 +72,12 @@ def run_asgi(middleware, body: bytes, path="/v1/chat/completions"):
             return {"type": "http.request", "body": body[10:], "more_body": False}
         return {"type": "http.disconnect"}
 
-    scope = {"type": "http", "method": "POST", "path": path,
-             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]}
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": path,
+        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+    }
     asyncio.run(ChatExpectationMiddleware(app, middleware)(scope, receive_from_client, None))
     return seen
 

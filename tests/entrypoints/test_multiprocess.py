@@ -21,10 +21,21 @@ def server():
     from vllm_relay.testing.models import get_model
     from vllm_relay.testing.server import RelayServer
 
-    relay = {"max_prompts": 2, "max_prompt_tokens": 512, "page_size": 64, "log_stats_interval_s": 0,
-             "metrics_interval_s": 0.2}
-    with RelayServer(get_model("tiny-llama-gqa"), SERVED_NAME, relay=relay, args=["--max-model-len", "1024"],
-                     api_key=API_KEY, api_server_count=2) as s:
+    relay = {
+        "max_prompts": 2,
+        "max_prompt_tokens": 512,
+        "page_size": 64,
+        "log_stats_interval_s": 0,
+        "metrics_interval_s": 0.2,
+    }
+    with RelayServer(
+        get_model("tiny-llama-gqa"),
+        SERVED_NAME,
+        relay=relay,
+        args=["--max-model-len", "1024"],
+        api_key=API_KEY,
+        api_server_count=2,
+    ) as s:
         yield Server(s.url, API_KEY, SERVED_NAME, s.log_text)
 
 
@@ -33,13 +44,17 @@ def test_two_api_servers_count_each_request_once(server):
     names = {name for name, _ in server.metrics()}
     # Multiprocess mode is on: its collector reads the processes' files, which keep no _created.
     assert "vllm_relay_requests_total" in names and "vllm_relay_requests_created" not in names
-    status, body = server.call("POST", PROMPTS, {"name": "bakery", "messages": [{"role": "system", "content": SYSTEM}]})
+    status, body = server.call(
+        "POST", PROMPTS, {"name": "bakery", "messages": [{"role": "system", "content": SYSTEM}]}
+    )
     assert status == 201, body
     status, body = server.call("POST", PROMPTS, {"name": "pirate", "text": PIRATE})
     assert status == 201, body
     for i in range(8):  # a new connection each: both processes get some
         server.chat(SYSTEM, f"Do you sell bread number {i}?", max_tokens=4)
-    wait_for(lambda: server.relay_metric("vllm_relay_requests_total") == 8, 30, "8 relay requests in /metrics")
+    wait_for(
+        lambda: server.relay_metric("vllm_relay_requests_total") == 8, 30, "8 relay requests in /metrics"
+    )
     assert server.relay_metric("vllm_relay_system_prompt_requests_total", name="bakery") == 8
     assert server.prompt("bakery")["requests_served"] == 8
     import time
@@ -47,7 +62,9 @@ def test_two_api_servers_count_each_request_once(server):
     time.sleep(1.0)  # both processes have read the registrations (metrics_interval_s = 0.2)
     for _ in range(6):
         server.chat(PIRATE, "Ahoy?", max_tokens=2)
-    wait_for(lambda: server.prompt("pirate")["chat_mismatches"] == 6, 30, "6 mismatches, tagged by either process")
+    wait_for(
+        lambda: server.prompt("pirate")["chat_mismatches"] == 6, 30, "6 mismatches, tagged by either process"
+    )
     wait_for(lambda: server.relay_metric("vllm_relay_chat_mismatches_total") == 6, 30, "the metric")
     time.sleep(1.0)
     assert server.relay_metric("vllm_relay_requests_total") == 8  # still: one exporter

@@ -14,9 +14,19 @@ PATH = "/v1/relay/system_prompts"
 
 
 def entry(state, generation=1):
-    return {"name": "p", "state": state, "tokens": 3, "slot": 0, "live_requests": 0, "requests_served": 0,
-            "tokens_reused": 0, "chat_mismatches": 0, "created_at": 1, "source": "token_ids",
-            "generation": generation}
+    return {
+        "name": "p",
+        "state": state,
+        "tokens": 3,
+        "slot": 0,
+        "live_requests": 0,
+        "requests_served": 0,
+        "tokens_reused": 0,
+        "chat_mismatches": 0,
+        "created_at": 1,
+        "source": "token_ids",
+        "generation": generation,
+    }
 
 
 class ScriptedEngineCore:
@@ -51,8 +61,12 @@ def fast_polls(monkeypatch):
 
 
 def test_register_waits_until_ready():
-    client, serving = client_for({"relay_prompt_add": [{"prompt": entry("filling")}],
-                                  "relay_prompt_list": [[entry("filling")], [entry("filling")], [entry("ready")]]})
+    client, serving = client_for(
+        {
+            "relay_prompt_add": [{"prompt": entry("filling")}],
+            "relay_prompt_list": [[entry("filling")], [entry("filling")], [entry("ready")]],
+        }
+    )
     r = client.post(PATH, json={"name": "p", "token_ids": [1, 2, 3]})
     assert r.status_code == 201 and r.json() == {"object": "relay.system_prompt", **entry("ready")}
     calls = serving.engine_client.engine_core.calls
@@ -66,29 +80,44 @@ def test_register_without_waiting_is_accepted():
     assert r.status_code == 202 and r.json()["state"] == "filling"
 
 
-@pytest.mark.parametrize("listing, status, message", [
-    ([entry("failed")], 500, "the fill of system prompt 'p' failed"),
-    ([], 409, "was deleted while it was filling"),
-])
+@pytest.mark.parametrize(
+    "listing, status, message",
+    [
+        ([entry("failed")], 500, "the fill of system prompt 'p' failed"),
+        ([], 409, "was deleted while it was filling"),
+    ],
+)
 def test_register_reports_a_failed_or_deleted_fill(listing, status, message):
-    client, _ = client_for({"relay_prompt_add": [{"prompt": entry("filling")}], "relay_prompt_list": [listing]})
+    client, _ = client_for(
+        {"relay_prompt_add": [{"prompt": entry("filling")}], "relay_prompt_list": [listing]}
+    )
     r = client.post(PATH, json={"name": "p", "token_ids": [1]})
     assert r.status_code == status and message in r.json()["error"]["message"]
 
 
 def test_engine_errors_keep_their_status_and_name_the_field():
-    client, _ = client_for({"relay_prompt_add": [{"error": {"status": 413, "message": "too long"}}],
-                            "relay_prompt_delete": [{"error": {"status": 404, "message": "no system prompt"}}]})
+    client, _ = client_for(
+        {
+            "relay_prompt_add": [{"error": {"status": 413, "message": "too long"}}],
+            "relay_prompt_delete": [{"error": {"status": 404, "message": "no system prompt"}}],
+        }
+    )
     r = client.post(PATH, json={"name": "p", "token_ids": [1]})
-    assert r.status_code == 413 and r.json() == {"error": {"message": "too long", "type": "RequestTooLargeError",
-                                                           "param": "token_ids", "code": 413}}
+    assert r.status_code == 413 and r.json() == {
+        "error": {"message": "too long", "type": "RequestTooLargeError", "param": "token_ids", "code": 413}
+    }
     r = client.delete(PATH + "/p")
     assert r.status_code == 404 and r.json()["error"]["type"] == "NotFoundError"
 
 
 def test_list_get_and_delete():
-    client, serving = client_for({"relay_prompt_list": [[entry("draining"), entry("ready", generation=2)]],
-                                  "relay_prompt_delete": [{"prompt": entry("draining")}]}, relay={"max_prompts": 3})
+    client, serving = client_for(
+        {
+            "relay_prompt_list": [[entry("draining"), entry("ready", generation=2)]],
+            "relay_prompt_delete": [{"prompt": entry("draining")}],
+        },
+        relay={"max_prompts": 3},
+    )
     r = client.get(PATH)
     assert r.status_code == 200 and [e["state"] for e in r.json()["data"]] == ["draining", "ready"]
     assert r.json()["max_prompts"] == 3 and r.json()["max_prompt_tokens"] == 8192

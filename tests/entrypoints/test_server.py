@@ -74,8 +74,14 @@ def test_register_then_chat_with_openai_sdk_streaming_and_aiohttp(server):
     # Usage counts the full prompt; the system part was not recomputed.
     assert reply.usage.prompt_tokens > created["tokens"]
     assert reply.usage.prompt_tokens_details.cached_tokens >= created["tokens"]
-    stream = client.chat.completions.create(model=server.model, messages=messages, max_tokens=8, temperature=0,
-                                            stream=True, stream_options={"include_usage": True})
+    stream = client.chat.completions.create(
+        model=server.model,
+        messages=messages,
+        max_tokens=8,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == reply.choices[0].message.content  # greedy: the same reply, streamed
@@ -91,8 +97,12 @@ def test_register_then_chat_with_openai_sdk_streaming_and_aiohttp(server):
 async def aiohttp_chat(server, system, user, max_tokens=8):
     import aiohttp
 
-    body = {"model": server.model, "max_tokens": max_tokens, "temperature": 0.0,
-            "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}]}
+    body = {
+        "model": server.model,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
+    }
     async with aiohttp.ClientSession(headers=server.headers()) as session:
         async with session.post(server.url + "/v1/chat/completions", json=body) as r:
             assert r.status == 200, await r.text()
@@ -107,7 +117,9 @@ def test_metrics_count_each_request_once(server):
         server.chat(GREETER, f"Hello, I am customer {i}.")
     server.chat("Not a registered system prompt.", "Hello.")  # the ordinary path: not counted
     counted(server, "vllm_relay_requests_total", before + 4, "4 relay chats")
-    assert server.relay_metric("vllm_relay_system_prompt_requests_total", name="greeter") == greeter_before + 4
+    assert (
+        server.relay_metric("vllm_relay_system_prompt_requests_total", name="greeter") == greeter_before + 4
+    )
     tokens = server.prompt("greeter")["tokens"]
     assert server.relay_metric("vllm_relay_prompt_tokens_reused_total") == reused_before + 4 * tokens
     assert server.relay_metric("vllm_relay_system_prompts", state="ready") >= 1
@@ -120,7 +132,9 @@ def test_error_statuses(server):
     def error(status, body=None, raw=None, method="POST", path=PROMPTS):
         got, answer = server.call(method, path, body, raw=raw)
         assert got == status, answer
-        assert set(answer["error"]) == {"message", "type", "param", "code"} and answer["error"]["code"] == status
+        assert (
+            set(answer["error"]) == {"message", "type", "param", "code"} and answer["error"]["code"] == status
+        )
         return answer["error"]
 
     assert "not valid JSON" in error(400, raw=b"{nope")["message"]
@@ -134,16 +148,27 @@ def test_error_statuses(server):
     assert "max_prompt_tokens=512" in error(413, {"name": "long", "text": "word " * 600})["message"]
     assert "max_model_len" in error(413, {"name": "long", "text": "word " * 20000})["message"]
     assert "vocabulary" in error(422, {"name": "vocab", "token_ids": [1, 10**7]})["message"]
-    assert "exactly one message" in error(422, {"name": "m", "messages": [{"role": "user", "content": "x"}]})["message"]
+    assert (
+        "exactly one message"
+        in error(422, {"name": "m", "messages": [{"role": "user", "content": "x"}]})["message"]
+    )
     assert error(422, {"name": "e", "text": ""})["param"] == "text"
     assert "no system prompt named 'nope'" in error(404, method="DELETE", path=f"{PROMPTS}/nope")["message"]
     assert error(404, method="GET", path=f"{PROMPTS}/nope")["type"] == "NotFoundError"
     for i in range(3):  # slots 1..3 (the start-up prompt holds slot 0)
         register(server, f"fill{i}", token_ids=[7 + i, 8, 9])
     e = error(507, {"name": "fill3", "token_ids": [1, 2]})
-    assert "no free slot, all max_prompts=4 are taken" in e["message"] and e["type"] == "InsufficientStorageError"
+    assert (
+        "no free slot, all max_prompts=4 are taken" in e["message"]
+        and e["type"] == "InsufficientStorageError"
+    )
     _, listing = server.call("GET", PROMPTS)
-    assert sorted(p["name"] for p in listing["data"]) == ["fill0", "fill1", "fill2", "greeter"]  # nothing lost
+    assert sorted(p["name"] for p in listing["data"]) == [
+        "fill0",
+        "fill1",
+        "fill2",
+        "greeter",
+    ]  # nothing lost
 
 
 def test_text_prompt_and_chat_mismatch_are_reported(server):
@@ -158,11 +183,18 @@ def test_text_prompt_and_chat_mismatch_are_reported(server):
     assert server.relay_metric("vllm_relay_requests_total") == relay_before
     assert server.prompt("pirate")["chat_mismatches"] == 2
     if server.local:
-        warnings = [line for line in server.log().splitlines() if "carries the system message of prompt 'pirate'" in line]
+        warnings = [
+            line
+            for line in server.log().splitlines()
+            if "carries the system message of prompt 'pirate'" in line
+        ]
         assert len(warnings) == 1 and "registered as completion text" in warnings[0]
     # A completion with the text itself is served by relay.
-    status, body = server.call("POST", "/v1/completions", {"model": server.model, "prompt": text + " Ahoy?",
-                                                          "max_tokens": 4, "temperature": 0.0})
+    status, body = server.call(
+        "POST",
+        "/v1/completions",
+        {"model": server.model, "prompt": text + " Ahoy?", "max_tokens": 4, "temperature": 0.0},
+    )
     assert status == 200, body
     counted(server, "vllm_relay_requests_total", relay_before + 1, "the completion")
 
@@ -171,9 +203,14 @@ def test_delete_while_32_streams_are_in_flight(server):
     first = register(server, "drain", messages=[{"role": "system", "content": SUPPORT}])
     outputs, deleted, again = asyncio.run(streams_then_delete(server, 32))
     assert deleted["state"] == "draining" and deleted["deleted"] is True and deleted["live_requests"] >= 1
-    assert again["state"] == "ready" and again["slot"] != first["slot"] and again["generation"] > first["generation"]
+    assert (
+        again["state"] == "ready"
+        and again["slot"] != first["slot"]
+        and again["generation"] > first["generation"]
+    )
     assert [o["finish_reason"] for o in outputs] == ["length"] * 32
     assert all(o["completion_tokens"] == STREAM_TOKENS and o["text"] for o in outputs)
+
     # Once the streams are done the old registration leaves its slot.
     def drained():
         _, listing = server.call("GET", PROMPTS)
@@ -201,10 +238,15 @@ async def streams_then_delete(server, n):
 
     async def stream(session, i):
         nonlocal first_chunks
-        body = {"model": server.model, "max_tokens": STREAM_TOKENS, "temperature": 0.0, "ignore_eos": True,
-                "stream": True,
-                "stream_options": {"include_usage": True},
-                "messages": [{"role": "system", "content": SUPPORT}, {"role": "user", "content": f"Parcel {i}?"}]}
+        body = {
+            "model": server.model,
+            "max_tokens": STREAM_TOKENS,
+            "temperature": 0.0,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "messages": [{"role": "system", "content": SUPPORT}, {"role": "user", "content": f"Parcel {i}?"}],
+        }
         text, finish, usage, counted_first = "", None, None, False
         async with session.post(server.url + "/v1/chat/completions", json=body) as r:
             assert r.status == 200, await r.text()
@@ -229,8 +271,12 @@ async def streams_then_delete(server, n):
         tasks = [asyncio.create_task(stream(session, i)) for i in range(n)]
         await asyncio.wait_for(started.wait(), 300)
         deleted = await asyncio.to_thread(server.call, "DELETE", f"{PROMPTS}/drain")
-        again = await asyncio.to_thread(server.call, "POST", PROMPTS,
-                                        {"name": "drain", "messages": [{"role": "system", "content": SUPPORT}]})
+        again = await asyncio.to_thread(
+            server.call,
+            "POST",
+            PROMPTS,
+            {"name": "drain", "messages": [{"role": "system", "content": SUPPORT}]},
+        )
         outputs = await asyncio.gather(*tasks)
     assert deleted[0] == 200 and again[0] == 201, (deleted, again)
     return outputs, deleted[1], again[1]

@@ -35,7 +35,9 @@ def test_openai_chat(server):
     args = ["--base-url", server.url + "/v1", "--api-key", server.api_key, "--name", "example-support"]
     out = run(sys.executable, str(EXAMPLES / "openai_chat.py"), *args)
     assert re.search(r"registered 'example-support': \d+ tokens in slot \d", out), out
-    assert re.search(r"^reply: .+$", out, re.M) and "'example-support': 1 request(s) served by relay" in out, out
+    assert (
+        re.search(r"^reply: .+$", out, re.M) and "'example-support': 1 request(s) served by relay" in out
+    ), out
     usage = re.search(r"usage: (\d+) prompt tokens \((\d+) not recomputed\), 48 completion", out)
     assert usage and int(usage.group(1)) > int(usage.group(2)) > 10, out
     again = run(sys.executable, str(EXAMPLES / "openai_chat.py"), *args)  # a second run: 409, still served

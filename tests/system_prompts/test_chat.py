@@ -10,7 +10,9 @@ def char_tokens(text):  # one token per character
 
 
 def renders_of(template, system_text="S"):
-    return {key: char_tokens(template(messages)) for key, messages in probe_conversations(system_text).items()}
+    return {
+        key: char_tokens(template(messages)) for key, messages in probe_conversations(system_text).items()
+    }
 
 
 def tagged(messages):  # system first, each turn closed by "|": a well-behaved template
@@ -29,13 +31,17 @@ def test_template_that_drops_the_system_message_is_refused():
     def drops(messages):
         return tagged([m for m in messages if m["role"] != "system"])
 
-    with pytest.raises(ValueError, match=r"p: would never match .* renders the same 6 leading tokens without it"):
+    with pytest.raises(
+        ValueError, match=r"p: would never match .* renders the same 6 leading tokens without it"
+    ):
         chat_prompt_ids("p", renders_of(drops))
 
 
 def test_template_that_renders_the_system_message_after_the_user_turn_is_refused():
     def system_last(messages):
-        return tagged([m for m in messages if m["role"] != "system"] + [m for m in messages if m["role"] == "system"])
+        return tagged(
+            [m for m in messages if m["role"] != "system"] + [m for m in messages if m["role"] == "system"]
+        )
 
     with pytest.raises(ValueError, match="without it"):
         chat_prompt_ids("p", renders_of(system_last))
@@ -49,8 +55,11 @@ def test_tokenizer_boundary_is_refused_with_the_position():
 
     renders = renders_of(glued)
     renders["question"] = [1000] + renders["question"][2:]  # "SW" -> one token
-    with pytest.raises(ValueError, match=r"with another user message the rendered tokens differ from "
-                                         r"the system part at token 0 of 1 \(a tokenizer boundary"):
+    with pytest.raises(
+        ValueError,
+        match=r"with another user message the rendered tokens differ from "
+        r"the system part at token 0 of 1 \(a tokenizer boundary",
+    ):
         chat_prompt_ids("p", renders)
 
 

@@ -83,8 +83,9 @@ class RelayAdmin:
 
     # ---- utility calls -----------------------------------------------------------------------
 
-    def add(self, name: str, token_ids: list[int], source: str, text: str | None = None,
-            replace: bool = False) -> dict:
+    def add(
+        self, name: str, token_ids: list[int], source: str, text: str | None = None, replace: bool = False
+    ) -> dict:
         """Register `token_ids` as `name` and start its fill; {"prompt": entry} or {"error"}.
 
         An existing name is a conflict (409) unless `replace` (the server re-rendering a start-up
@@ -99,8 +100,11 @@ class RelayAdmin:
             return error(400, f"source {source!r}: must be one of {list(SOURCES)}")
         current = registry.get(name)
         if current is not None and not replace:
-            return error(409, f"system prompt {name!r} already exists ({current.state}, slot "
-                              f"{current.slot}); delete it first")
+            return error(
+                409,
+                f"system prompt {name!r} already exists ({current.state}, slot "
+                f"{current.slot}); delete it first",
+            )
         what = f"system prompt {name!r}"
         if not isinstance(token_ids, list) or not token_ids:
             return error(422, f"{what}: empty token ids (a system prompt needs at least 1 token)")
@@ -108,16 +112,28 @@ class RelayAdmin:
         if n > limit:
             return error(413, f"{what}: {n} tokens, more than max_prompt_tokens={limit}")
         if n >= max_len:
-            return error(413, f"{what}: {n} tokens leave no room for a request's own tokens "
-                              f"within max_model_len={max_len}")
+            return error(
+                413,
+                f"{what}: {n} tokens leave no room for a request's own tokens within max_model_len={max_len}",
+            )
+        busy = current is not None and (current.state != "ready" or current.refcount > 0)
+        if busy and current.token_ids != tuple(token_ids):
+            return error(
+                409,
+                f"cannot replace {what}: it is {current.state} with {current.refcount} "
+                f"request(s) running on it",
+            )
         if current is None and not registry.free_slots():
             taken = [p.name for p in registry.prompts()]
-            return error(507, f"cannot register {what}: no free slot, all max_prompts="
-                              f"{relay.config.max_prompts} are taken by {taken}; delete one first")
+            return error(
+                507,
+                f"cannot register {what}: no free slot, all max_prompts="
+                f"{relay.config.max_prompts} are taken by {taken}; delete one first",
+            )
         try:
             prompt = relay._register(name, token_ids)
-        except ValueError as e:
-            return error(409 if "cannot re-register" in str(e) else 422, str(e))
+        except ValueError as e:  # e.g. token ids outside the vocabulary
+            return error(422, str(e))
         usage = self._usage[prompt.generation]
         if usage.source != "config" or source == "config":
             usage.source, usage.text, usage.chat = source, text, source != "text"
@@ -133,7 +149,9 @@ class RelayAdmin:
             if (failed := self._failed.pop(name, None)) is not None:
                 return {"prompt": {**failed, "state": "removed"}}
             draining = sum(p.refcount for p in registry.prompts() if p.name == name)
-            more = f" (its last registration is draining: {draining} request(s) in flight)" if draining else ""
+            more = (
+                f" (its last registration is draining: {draining} request(s) in flight)" if draining else ""
+            )
             return error(404, f"no system prompt named {name!r}{more}")
         if prompt.state == "filling":
             # Abort its fill: the engine drops the prompt and frees the slot when the fill request
@@ -145,8 +163,9 @@ class RelayAdmin:
                 return {"prompt": self.entry(prompt, state="removed")}
             self._cancelled.discard(rid)  # its fill had finished already: drain it instead
             if prompt.state == "filling":
-                return error(409, f"system prompt {name!r} is filling and its fill could not be "
-                                  f"aborted; retry")
+                return error(
+                    409, f"system prompt {name!r} is filling and its fill could not be aborted; retry"
+                )
         registry.drain(name)
         return {"prompt": self.entry(prompt, state="draining" if prompt.refcount else "removed")}
 
@@ -158,21 +177,36 @@ class RelayAdmin:
 
     def texts(self) -> dict[str, dict]:
         """{name: {"generation", "text", "chat"}} of the routable prompts given as text."""
-        return {p.name: {"generation": p.generation, "text": u.text, "chat": u.chat}
-                for p in self.relay.registry.prompts()
-                if p.state != "draining" and (u := self._usage.get(p.generation)) and u.text}
+        return {
+            p.name: {"generation": p.generation, "text": u.text, "chat": u.chat}
+            for p in self.relay.registry.prompts()
+            if p.state != "draining" and (u := self._usage.get(p.generation)) and u.text
+        }
 
     def serving_stats(self) -> dict:
         """What the server's /metrics shows: the engine's counters, held requests, prompts."""
-        return {**self.relay.stats(), "fills_cancelled": self.fills_cancelled,
-                "chat_mismatches": self.chat_mismatches, "prompts": self.listing()}
+        return {
+            **self.relay.stats(),
+            "fills_cancelled": self.fills_cancelled,
+            "chat_mismatches": self.chat_mismatches,
+            "prompts": self.listing(),
+        }
 
     def entry(self, p: SystemPrompt, state: str | None = None) -> dict:
         u = self._usage.get(p.generation) or self._adopt(p)
-        return {"name": p.name, "state": state or p.state, "tokens": p.num_tokens, "slot": p.slot,
-                "live_requests": p.refcount, "requests_served": u.requests,
-                "tokens_reused": u.tokens_reused, "chat_mismatches": u.chat_mismatches,
-                "created_at": int(u.created_at), "source": u.source, "generation": p.generation}
+        return {
+            "name": p.name,
+            "state": state or p.state,
+            "tokens": p.num_tokens,
+            "slot": p.slot,
+            "live_requests": p.refcount,
+            "requests_served": u.requests,
+            "tokens_reused": u.tokens_reused,
+            "chat_mismatches": u.chat_mismatches,
+            "created_at": int(u.created_at),
+            "source": u.source,
+            "generation": p.generation,
+        }
 
     # ---- events from the RelayEngine (busy loop) ---------------------------------------------
 
@@ -180,11 +214,15 @@ class RelayAdmin:
         """A registration (start-up, offline helper or `add`): record when and how it was given."""
         if prompt.generation in self._usage:
             return  # the same tokens again: the same registration
-        text = spec if isinstance(spec, str) else spec.get(CHAT_SYSTEM_KEY) if isinstance(spec, dict) else None
+        text = (
+            spec if isinstance(spec, str) else spec.get(CHAT_SYSTEM_KEY) if isinstance(spec, dict) else None
+        )
         if self.relay.config.system_prompts.get(prompt.name) == spec:
             source = "config"
         else:
-            source = "text" if isinstance(spec, str) else "messages" if isinstance(spec, dict) else "token_ids"
+            source = (
+                "text" if isinstance(spec, str) else "messages" if isinstance(spec, dict) else "token_ids"
+            )
         self._usage[prompt.generation] = PromptUsage(time.time(), source, text, isinstance(spec, dict))
         self._forget_gone(self.relay.registry.prompts())
 
@@ -250,19 +288,31 @@ class RelayAdmin:
         at = first_difference(ids, P)
         k = MISMATCH_CONTEXT_TOKENS
         if not u.chat:
-            why = ("it was registered as completion text, not as a chat system message (register it "
-                   "with \"messages\" or {\"chat_system\": ...})")
+            why = (
+                "it was registered as completion text, not as a chat system message (register it "
+                'with "messages" or {"chat_system": ...})'
+            )
         elif at >= S - k:
-            why = ("likely a tokenizer boundary: the text after the system message (e.g. a user message "
-                   "starting with a space or newline) changes how its last tokens are tokenized")
+            why = (
+                "likely a tokenizer boundary: the text after the system message (e.g. a user message "
+                "starting with a space or newline) changes how its last tokens are tokenized"
+            )
         else:
-            why = ("likely another chat template: the request's chat_template, chat_template_kwargs or "
-                   "tools, or a server started without the relay endpoint plugin's rendering")
+            why = (
+                "likely another chat template: the request's chat_template, chat_template_kwargs or "
+                "tools, or a server started without the relay endpoint plugin's rendering"
+            )
         _logger().warning(
-            "vllm-relay: a chat request carries the system message of prompt %r but does not start with its "
-            "%d tokens (first difference at token %d: request %s vs prompt %s); %s. It runs the ordinary way; "
-            "counted in vllm_relay_chat_mismatches_total. Logged once per registration.",
-            expected, S, at, ids[at:at + k], P[at:at + k], why)
+            "vllm-relay: a chat request carries the system message of prompt %r but does not start with "
+            "its %d tokens (first difference at token %d: request %s vs prompt %s); %s. It runs the "
+            "ordinary way; counted in vllm_relay_chat_mismatches_total. Logged once per registration.",
+            expected,
+            S,
+            at,
+            ids[at : at + k],
+            P[at : at + k],
+            why,
+        )
 
     # ---- helpers -----------------------------------------------------------------------------
 

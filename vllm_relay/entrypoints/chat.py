@@ -17,7 +17,9 @@ def message_text(content: Any) -> str | None:
     if isinstance(content, str):
         return content
     if isinstance(content, list) and content:
-        texts = [part.get("text") for part in content if isinstance(part, dict) and part.get("type") == "text"]
+        texts = [
+            part.get("text") for part in content if isinstance(part, dict) and part.get("type") == "text"
+        ]
         if len(texts) == len(content) and all(isinstance(t, str) for t in texts):
             return "\n".join(texts)
     return None
@@ -28,7 +30,7 @@ def system_message_text(messages: Sequence[Any]) -> str:
     non-empty text; ValueError saying what is wrong otherwise."""
     roles = [m.get("role") if isinstance(m, dict) else type(m).__name__ for m in messages]
     if len(messages) != 1 or roles != ["system"]:
-        raise ValueError(f"messages must hold exactly one message with role \"system\"; got roles {roles}")
+        raise ValueError(f'messages must hold exactly one message with role "system"; got roles {roles}')
     text = message_text(messages[0].get("content"))
     if not text:
         raise ValueError("the system message's content must be non-empty text (a string or text parts)")
@@ -50,6 +52,8 @@ async def render_tokens(online_renderer, messages: list[dict]) -> list[int]:
 async def chat_system_prompt_ids(online_renderer, what: str, system_text: str) -> list[int]:
     """The system prompt's token ids for chats with this system message on this server;
     ValueError with the reason when it would never match one (see system_prompts/chat.py)."""
-    renders = {key: await render_tokens(online_renderer, messages)
-               for key, messages in probe_conversations(system_text).items()}
+    renders = {
+        key: await render_tokens(online_renderer, messages)
+        for key, messages in probe_conversations(system_text).items()
+    }
     return chat_prompt_ids(what, renders)

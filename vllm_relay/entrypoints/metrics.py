@@ -23,19 +23,32 @@ STATES = ("filling", "ready", "draining", "failed")
 FILL_RESULTS = {"ok": "fills_completed", "failed": "fills_failed", "cancelled": "fills_cancelled"}
 # Engine-wide counters: series name (without _total) -> key of relay_serving_stats.
 COUNTERS = {
-    "vllm_relay_requests": ("relay_requests", "Requests served with relay attention (routed to a system prompt)."),
+    "vllm_relay_requests": (
+        "relay_requests",
+        "Requests served with relay attention (routed to a system prompt).",
+    ),
     "vllm_relay_prompt_tokens_reused": (
-        "system_tokens_reused", "System-prompt tokens relay requests did not compute (its length per request start)."),
-    "vllm_relay_scheduled_tokens": ("relay_tokens", "Tokens of relay requests computed with relay attention."),
+        "system_tokens_reused",
+        "System-prompt tokens relay requests did not compute (its length per request start).",
+    ),
+    "vllm_relay_scheduled_tokens": (
+        "relay_tokens",
+        "Tokens of relay requests computed with relay attention.",
+    ),
     "vllm_relay_fill_tokens": ("fill_tokens", "Tokens computed to fill system prompts into the store."),
     "vllm_relay_chat_mismatches": (
-        "chat_mismatches", "Chat requests whose system message is a registered prompt's text but whose tokens do not "
-                           "start with it (see the engine log for why)."),
+        "chat_mismatches",
+        "Chat requests whose system message is a registered prompt's text but whose tokens do not "
+        "start with it (see the engine log for why).",
+    ),
 }
 # Per-prompt series: name (without _total) -> (key of a listing entry, documentation).
 PROMPT_COUNTERS = {
     "vllm_relay_system_prompt_requests": ("requests_served", "Requests served by this system prompt."),
-    "vllm_relay_system_prompt_tokens_reused": ("tokens_reused", "System tokens reused by this prompt's requests."),
+    "vllm_relay_system_prompt_tokens_reused": (
+        "tokens_reused",
+        "System tokens reused by this prompt's requests.",
+    ),
 }
 PROMPT_GAUGES = {
     "vllm_relay_system_prompt_live_requests": ("live_requests", "Requests running on this system prompt."),
@@ -44,28 +57,56 @@ PROMPT_GAUGES = {
 
 
 class RelayMetrics:
-    def __init__(self, model_name: str, engines: list[int], max_prompts: int,
-                 registry: CollectorRegistry = REGISTRY) -> None:
+    def __init__(
+        self, model_name: str, engines: list[int], max_prompts: int, registry: CollectorRegistry = REGISTRY
+    ) -> None:
         if registry is REGISTRY:
             _unregister_ours(registry)  # a second server app in this process (tests) starts afresh
         self.model_name = model_name
         labels = ["model_name", "engine"]
-        self.counters = {name: Counter(name, doc, labels, registry=registry) for name, (_, doc) in COUNTERS.items()}
-        self.fills = Counter("vllm_relay_fills", "System-prompt fills by result: ok, failed, or cancelled (deleted "
-                             "while filling).", [*labels, "result"], registry=registry)
-        self.held = Gauge("vllm_relay_held_requests", "Requests waiting for their system prompt's fill.", labels,
-                          registry=registry, multiprocess_mode="mostrecent")
-        self.prompts = Gauge("vllm_relay_system_prompts", "System prompts by state.", [*labels, "state"],
-                             registry=registry, multiprocess_mode="mostrecent")
-        self.slots = Gauge("vllm_relay_system_prompt_slots", "Slots of the system-prompt store (max_prompts).",
-                           labels, registry=registry, multiprocess_mode="mostrecent")
+        self.counters = {
+            name: Counter(name, doc, labels, registry=registry) for name, (_, doc) in COUNTERS.items()
+        }
+        self.fills = Counter(
+            "vllm_relay_fills",
+            "System-prompt fills by result: ok, failed, or cancelled (deleted while filling).",
+            [*labels, "result"],
+            registry=registry,
+        )
+        self.held = Gauge(
+            "vllm_relay_held_requests",
+            "Requests waiting for their system prompt's fill.",
+            labels,
+            registry=registry,
+            multiprocess_mode="mostrecent",
+        )
+        self.prompts = Gauge(
+            "vllm_relay_system_prompts",
+            "System prompts by state.",
+            [*labels, "state"],
+            registry=registry,
+            multiprocess_mode="mostrecent",
+        )
+        self.slots = Gauge(
+            "vllm_relay_system_prompt_slots",
+            "Slots of the system-prompt store (max_prompts).",
+            labels,
+            registry=registry,
+            multiprocess_mode="mostrecent",
+        )
         prompt_labels = [*labels, "name", "slot"]
-        self.prompt_counters = {name: Counter(name, doc, prompt_labels, registry=registry)
-                                for name, (_, doc) in PROMPT_COUNTERS.items()}
-        self.prompt_gauges = {name: Gauge(name, doc, prompt_labels, registry=registry, multiprocess_mode="mostrecent")
-                              for name, (_, doc) in PROMPT_GAUGES.items()}
+        self.prompt_counters = {
+            name: Counter(name, doc, prompt_labels, registry=registry)
+            for name, (_, doc) in PROMPT_COUNTERS.items()
+        }
+        self.prompt_gauges = {
+            name: Gauge(name, doc, prompt_labels, registry=registry, multiprocess_mode="mostrecent")
+            for name, (_, doc) in PROMPT_GAUGES.items()
+        }
         self._last: dict[tuple, float] = {}  # (engine, series key) -> last cumulative value read
-        self._live: dict[int, dict[tuple[str, str], int]] = {e: {} for e in engines}  # (name, slot) -> generation
+        self._live: dict[int, dict[tuple[str, str], int]] = {
+            e: {} for e in engines
+        }  # (name, slot) -> generation
         for engine in engines:
             self.slots.labels(model_name, str(engine)).set(max_prompts)
 

@@ -33,7 +33,11 @@ def tag_body(body: bytes, prompt_by_text: dict[str, str]) -> bytes | None:
         return None
     messages = request.get("messages")
     first = messages[0] if isinstance(messages, list) and messages else None
-    text = message_text(first.get("content")) if isinstance(first, dict) and first.get("role") == "system" else None
+    text = (
+        message_text(first.get("content"))
+        if isinstance(first, dict) and first.get("role") == "system"
+        else None
+    )
     name = prompt_by_text.get(text) if text else None
     if name is None:
         if CHAT_EXPECT_KEY not in xargs:
@@ -71,8 +75,11 @@ class ChatExpectationMiddleware:
         tagged = tag_body(body, by_text)
         if tagged is not None:
             body = tagged
-            scope = {**scope, "headers": [(k, v) for k, v in scope["headers"] if k != b"content-length"]
-                     + [(b"content-length", str(len(body)).encode())]}
+            scope = {
+                **scope,
+                "headers": [(k, v) for k, v in scope["headers"] if k != b"content-length"]
+                + [(b"content-length", str(len(body)).encode())],
+            }
         replay = _replay([{"type": "http.request", "body": body, "more_body": False}], receive)
         return await self.app(scope, replay, send)
 

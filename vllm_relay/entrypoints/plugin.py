@@ -25,7 +25,13 @@ from fastapi.responses import JSONResponse
 
 from vllm_relay.config import CHAT_SYSTEM_KEY, RelayConfig
 from vllm_relay.entrypoints.chat import chat_system_prompt_ids, system_message_text
-from vllm_relay.entrypoints.engines import call_each, engine_ranks, first_error, is_first_front_end, merge_listings
+from vllm_relay.entrypoints.engines import (
+    call_each,
+    engine_ranks,
+    first_error,
+    is_first_front_end,
+    merge_listings,
+)
 from vllm_relay.entrypoints.protocol import RequestError, error_body
 
 # How often a registration that waits for its fill asks whether it is done, and for how long.
@@ -87,7 +93,9 @@ class RelayServing:
 
     def unavailable(self) -> JSONResponse | None:
         if self.engine_client is None:
-            body = error_body(404, "relay attention is not enabled on this server (--attention-backend relay)")
+            body = error_body(
+                404, "relay attention is not enabled on this server (--attention-backend relay)"
+            )
             return JSONResponse(body, status_code=404)
         return None
 
@@ -109,20 +117,26 @@ class RelayServing:
         except VLLMValidationError as e:
             if e.parameter in ("input_text", "input_tokens"):
                 limit = self.config.max_prompt_tokens
-                raise RequestError(413, f"{what}: longer than max_model_len={self.engine_client.model_config.max_model_len}"
-                                        f" tokens (a system prompt may have up to max_prompt_tokens={limit})",
-                                   reg.form) from None
+                raise RequestError(
+                    413,
+                    f"{what}: longer than max_model_len={self.engine_client.model_config.max_model_len}"
+                    f" tokens (a system prompt may have up to max_prompt_tokens={limit})",
+                    reg.form,
+                ) from None
             raise RequestError(422, f"{what}: {e}", reg.form) from None
         except ValueError as e:
             raise RequestError(422, str(e), reg.form) from None
 
-    async def wait_filled(self, name: str, generation: int, timeout_s: float = MAX_FILL_WAIT_S) -> dict | None:
+    async def wait_filled(
+        self, name: str, generation: int, timeout_s: float = MAX_FILL_WAIT_S
+    ) -> dict | None:
         """The registration's entry once ready or failed (or still filling after `timeout_s`);
         None if it was deleted meanwhile."""
         deadline = time.monotonic() + timeout_s
         while True:
-            entry = next((e for e in await self.listing() if e["name"] == name and e["generation"] == generation),
-                         None)
+            entry = next(
+                (e for e in await self.listing() if e["name"] == name and e["generation"] == generation), None
+            )
             if entry is None or entry["state"] != "filling" or time.monotonic() > deadline:
                 return entry
             await asyncio.sleep(FILL_POLL_INTERVAL_S)
@@ -146,8 +160,12 @@ class RelayServing:
         if self.metrics is not None:
             for engine, reading in stats.items():
                 self.metrics.update(engine, reading)
-        seen = frozenset((p["name"], p["generation"]) for reading in stats.values() for p in reading["prompts"]
-                         if p["state"] in ("filling", "ready"))
+        seen = frozenset(
+            (p["name"], p["generation"])
+            for reading in stats.values()
+            for p in reading["prompts"]
+            if p["state"] in ("filling", "ready")
+        )
         if seen != self._seen:
             texts = next(iter((await call_each(self.engine_client, "relay_prompt_texts")).values()))
             by_text: dict[str, str] = {}
@@ -184,16 +202,25 @@ class RelayServing:
             if not isinstance(spec, dict):
                 continue
             text = spec[CHAT_SYSTEM_KEY]
-            ids = await chat_system_prompt_ids(self.online_renderer, f"RelayConfig.system_prompts[{name!r}]", text)
+            ids = await chat_system_prompt_ids(
+                self.online_renderer, f"RelayConfig.system_prompts[{name!r}]", text
+            )
             results = await call_each(self.engine_client, "relay_prompt_add", name, ids, "config", text, True)
             if (err := first_error(results)) is not None:
-                raise RuntimeError(f"vllm-relay: system prompt {name!r} with the server's chat template: "
-                                   f"{err['message']}")
+                raise RuntimeError(
+                    f"vllm-relay: system prompt {name!r} with the server's chat template: {err['message']}"
+                )
             entry = next(iter(results.values()))["prompt"]
             if entry["state"] == "filling":
-                _logger().info("vllm-relay: system prompt %r rendered with this server's chat template: %d tokens; "
-                               "filling it again", name, len(ids))
+                _logger().info(
+                    "vllm-relay: system prompt %r rendered with this server's chat template: %d tokens; "
+                    "filling it again",
+                    name,
+                    len(ids),
+                )
                 entry = await self.wait_filled(name, entry["generation"])
                 if entry is None or entry["state"] != "ready":
-                    raise RuntimeError(f"vllm-relay: system prompt {name!r} with the server's chat template: "
-                                       f"its fill did not complete ({entry and entry['state']})")
+                    raise RuntimeError(
+                        f"vllm-relay: system prompt {name!r} with the server's chat template: "
+                        f"its fill did not complete ({entry and entry['state']})"
+                    )

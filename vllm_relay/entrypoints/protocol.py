@@ -25,9 +25,16 @@ FORMS = ("text", "token_ids", "messages")
 FIELDS = ("name", *FORMS, "wait")
 OBJECT = "relay.system_prompt"
 # OpenAI SDK error class names by status (the SDK raises e.g. openai.ConflictError for 409).
-ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 409: "ConflictError",
-               413: "RequestTooLargeError", 422: "UnprocessableEntityError", 500: "InternalServerError",
-               507: "InsufficientStorageError"}
+ERROR_TYPES = {
+    400: "BadRequestError",
+    401: "AuthenticationError",
+    404: "NotFoundError",
+    409: "ConflictError",
+    413: "RequestTooLargeError",
+    422: "UnprocessableEntityError",
+    500: "InternalServerError",
+    507: "InsufficientStorageError",
+}
 
 
 class RequestError(Exception):
@@ -66,8 +73,11 @@ def parse_registration(body: bytes) -> Registration:
     form, value = given[0], request[given[0]]
     expected = {"text": str, "token_ids": list, "messages": list}[form]
     if not isinstance(value, expected):
-        raise RequestError(400, f"'{form}' must be a {'string' if expected is str else 'list'}, "
-                                f"got {type(value).__name__}", form)
+        raise RequestError(
+            400,
+            f"'{form}' must be a {'string' if expected is str else 'list'}, got {type(value).__name__}",
+            form,
+        )
     if form == "token_ids":
         bad = next((t for t in value if isinstance(t, bool) or not isinstance(t, int) or t < 0), None)
         if bad is not None:
@@ -90,5 +100,11 @@ def list_object(entries: list[dict]) -> dict:
 
 
 def error_body(status: int, message: str, param: str | None = None) -> dict:
-    return {"error": {"message": message, "type": ERROR_TYPES.get(status, "APIError"), "param": param,
-                      "code": status}}
+    return {
+        "error": {
+            "message": message,
+            "type": ERROR_TYPES.get(status, "APIError"),
+            "param": param,
+            "code": status,
+        }
+    }

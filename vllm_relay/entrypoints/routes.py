@@ -37,7 +37,10 @@ def build_router(serving: RelayServing, admin: bool) -> APIRouter:
     async def list_prompts() -> JSONResponse:
         if (off := serving.unavailable()) is not None:
             return off
-        limits = {"max_prompts": serving.config.max_prompts, "max_prompt_tokens": serving.config.max_prompt_tokens}
+        limits = {
+            "max_prompts": serving.config.max_prompts,
+            "max_prompt_tokens": serving.config.max_prompt_tokens,
+        }
         return JSONResponse({**list_object(await serving.listing()), **limits})
 
     @router.get(PATH + "/{name}")
@@ -62,9 +65,13 @@ def build_router(serving: RelayServing, admin: bool) -> APIRouter:
             token_ids, text = await serving.token_ids(reg)
         except RequestError as e:
             return error_response(e.status, e.message, e.param)
-        results = await call_each(serving.engine_client, "relay_prompt_add", reg.name, token_ids, reg.form, text)
+        results = await call_each(
+            serving.engine_client, "relay_prompt_add", reg.name, token_ids, reg.form, text
+        )
         if (err := first_error(results)) is not None:
-            return error_response(err["status"], err["message"], reg.form if err["status"] in (413, 422) else None)
+            return error_response(
+                err["status"], err["message"], reg.form if err["status"] in (413, 422) else None
+            )
         entry = next(iter(results.values()))["prompt"]
         serving.remember_text(reg.name, text, chat=reg.form == "messages")
         if reg.wait:
@@ -72,7 +79,9 @@ def build_router(serving: RelayServing, admin: bool) -> APIRouter:
             if entry is None:
                 return error_response(409, f"system prompt {reg.name!r} was deleted while it was filling")
             if entry["state"] == "failed":
-                return error_response(500, f"the fill of system prompt {reg.name!r} failed (see the server log)")
+                return error_response(
+                    500, f"the fill of system prompt {reg.name!r} failed (see the server log)"
+                )
         return JSONResponse(prompt_object(entry), status_code=201 if entry["state"] == "ready" else 202)
 
     @router.delete(PATH + "/{name}")

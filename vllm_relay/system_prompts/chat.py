@@ -42,9 +42,12 @@ def probe_conversations(system_text: str) -> dict[str, list[Message]]:
         "probe_a": [system, {"role": "user", "content": CHAT_PROBES[0]}],
         "probe_b": [system, {"role": "user", "content": CHAT_PROBES[1]}],
         "question": [system, {"role": "user", "content": "What is the capital of France?"}],
-        "multi_turn": [system, {"role": "user", "content": "Hi."},
-                       {"role": "assistant", "content": "Hello! How can I help?"},
-                       {"role": "user", "content": "Tell me more."}],
+        "multi_turn": [
+            system,
+            {"role": "user", "content": "Hi."},
+            {"role": "assistant", "content": "Hello! How can I help?"},
+            {"role": "user", "content": "Tell me more."},
+        ],
         "no_system": [{"role": "user", "content": CHAT_PROBES[0]}],
     }
 

@@ -32,19 +32,48 @@ def free_port() -> int:
 class RelayServer:
     """An OpenAI server with `--attention-backend relay` and the relay endpoint plugin."""
 
-    def __init__(self, model: str, served_name: str, relay: dict | None = None, args: list[str] = (),
-                 api_key: str | None = None, api_server_count: int = 1, env: dict | None = None) -> None:
+    def __init__(
+        self,
+        model: str,
+        served_name: str,
+        relay: dict | None = None,
+        args: list[str] = (),
+        api_key: str | None = None,
+        api_server_count: int = 1,
+        env: dict | None = None,
+    ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.api_key, self.served_name = api_key, served_name
-        entry = (["-m", "vllm.entrypoints.openai.api_server", "--model", model] if api_server_count == 1 else
-                 ["-m", "vllm_relay.testing.serve", model, "--api-server-count", str(api_server_count)])
-        self.cmd = [sys.executable, *entry, "--served-model-name", served_name, "--attention-backend", "relay",
-                    "--host", "127.0.0.1", "--port", str(self.port), "--dtype", "float32", "--enforce-eager",
-                    *(["--api-key", api_key] if api_key else []),
-                    *(["--additional-config", json.dumps({"relay": relay})] if relay is not None else []), *args]
-        self.env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
-                    "VLLM_PLUGINS": "relay", **(env or {})}
+        entry = (
+            ["-m", "vllm.entrypoints.openai.api_server", "--model", model]
+            if api_server_count == 1
+            else ["-m", "vllm_relay.testing.serve", model, "--api-server-count", str(api_server_count)]
+        )
+        self.cmd = [
+            sys.executable,
+            *entry,
+            "--served-model-name",
+            served_name,
+            "--attention-backend",
+            "relay",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--dtype",
+            "float32",
+            "--enforce-eager",
+            *(["--api-key", api_key] if api_key else []),
+            *(["--additional-config", json.dumps({"relay": relay})] if relay is not None else []),
+            *args,
+        ]
+        self.env = {
+            **os.environ,
+            "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+            "VLLM_PLUGINS": "relay",
+            **(env or {}),
+        }
         self.log = tempfile.NamedTemporaryFile("w+", prefix="vllm-relay-server-", suffix=".log", delete=False)
         self.proc: subprocess.Popen | None = None
 
@@ -56,13 +85,16 @@ class RelayServer:
         return self.log_path.read_text(errors="replace")
 
     def start(self, timeout_s: float = STARTUP_TIMEOUT_S) -> RelayServer:
-        self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT, env=self.env,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            self.cmd, stdout=self.log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
+        )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"the server exited with code {self.proc.returncode} before it was healthy; "
-                                   f"log tail:\n{self.log_text()[-4000:]}")
+                raise RuntimeError(
+                    f"the server exited with code {self.proc.returncode} before it was healthy; "
+                    f"log tail:\n{self.log_text()[-4000:]}"
+                )
             try:
                 with urllib.request.urlopen(f"{self.url}/health", timeout=2) as r:
                     if r.status == 200:
@@ -71,7 +103,9 @@ class RelayServer:
                 pass
             time.sleep(1)
         self.stop()
-        raise RuntimeError(f"the server was not healthy within {timeout_s} s; log tail:\n{self.log_text()[-4000:]}")
+        raise RuntimeError(
+            f"the server was not healthy within {timeout_s} s; log tail:\n{self.log_text()[-4000:]}"
+        )
 
     def stop(self) -> None:
         """Stop the server's process group (API servers, engine core, workers)."""
