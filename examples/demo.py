@@ -18,7 +18,7 @@ import urllib.request
 
 MODEL = "tiny-llama-gqa"
 SYSTEM = "You are a terse assistant for a shipping company. Answer in one sentence."
-RELAY_CONFIG = {"max_prompts": 1, "max_prompt_tokens": 512, "page_size": 64, "log_stats_interval_s": 0.5,
+RELAY_CONFIG = {"max_prompts": 1, "max_prompt_tokens": 512, "log_stats_interval_s": 0.5,
                 "metrics_interval_s": 0.2}
 METRIC = "vllm_relay_requests_total"
 

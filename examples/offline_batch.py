@@ -40,7 +40,6 @@ def main() -> int:
         "system_prompts": {"support": {"chat_system": SUPPORT}, "billing": {"chat_system": BILLING}},
         "max_prompts": 3,
         "max_prompt_tokens": 1024,
-        "page_size": 64,
     }
     llm = LLM(
         model=args.model,

@@ -26,7 +26,6 @@ GREETER = "You are the greeter of a small shipping company. Greet the customer i
 RELAY = {
     "max_prompts": 4,
     "max_prompt_tokens": 512,
-    "page_size": 64,
     "log_stats_interval_s": 0,
     "metrics_interval_s": 0.2,
     "system_prompts": {"greeter": {"chat_system": GREETER}},

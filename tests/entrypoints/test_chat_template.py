@@ -28,7 +28,6 @@ def server(tmp_path_factory):
     relay = {
         "max_prompts": 3,
         "max_prompt_tokens": 512,
-        "page_size": 64,
         "log_stats_interval_s": 0,
         "metrics_interval_s": 0.2,
         "system_prompts": {"greeter": {"chat_system": GREETER}},

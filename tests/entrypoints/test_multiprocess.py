@@ -24,7 +24,6 @@ def server():
     relay = {
         "max_prompts": 2,
         "max_prompt_tokens": 512,
-        "page_size": 64,
         "log_stats_interval_s": 0,
         "metrics_interval_s": 0.2,
     }

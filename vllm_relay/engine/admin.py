@@ -167,6 +167,7 @@ class RelayAdmin:
                     409, f"system prompt {name!r} is filling and its fill could not be aborted; retry"
                 )
         registry.drain(name)
+        self.relay.pages.sweep(registry)  # an idle prompt gives its pages back now
         return {"prompt": self.entry(prompt, state="draining" if prompt.refcount else "removed")}
 
     def listing(self) -> list[dict]:
@@ -198,6 +199,7 @@ class RelayAdmin:
             "name": p.name,
             "state": state or p.state,
             "tokens": p.num_tokens,
+            "shared_tokens": self.relay.pages.relay_len(p),
             "slot": p.slot,
             "live_requests": p.refcount,
             "requests_served": u.requests,

@@ -26,6 +26,7 @@ from typing import Any
 from vllm_relay.config import RelayConfig, check_prompt_spec
 from vllm_relay.engine.admin import RelayAdmin
 from vllm_relay.hooks._patch import original
+from vllm_relay.engine.pages import PromptPages
 from vllm_relay.engine.requests import (
     ENGINE_ATTR,
     INFO_ATTR,
@@ -88,7 +89,8 @@ class RelayEngine:
         self._fills: dict[str, SystemPrompt] = {}  # fill request id -> prompt, while in flight
         self._fill_ids: set[str] = set()  # fill ids whose outputs must still be hidden
         self._fill_outcomes: list[tuple[str, SystemPrompt, bool]] = []
-        self._system_lens: dict[str, int] = {}  # tagged request in the scheduler -> S (0: fill)
+        self.pages = PromptPages(core.scheduler, core.vllm_config.cache_config.block_size)
+        self._system_lens: dict[str, int] = {}  # tagged request in the scheduler -> tokens stripped (0: fill)
         self._freed: dict[str, int] = {}  # the same, for requests freed since the last outputs
         self._tokenizer: Any = None
         self._last_line = ""
@@ -145,6 +147,7 @@ class RelayEngine:
 
     def unregister_system_prompt(self, name: str) -> None:
         self.registry.unregister(name)
+        self.pages.sweep(self.registry)
 
     def system_prompts(self) -> list[dict]:
         return [describe(p) for p in self.registry.prompts()]
@@ -191,7 +194,7 @@ class RelayEngine:
         max_tokens is capped where the full prompt would reach max_model_len: the scheduler
         sees only the suffix, so it cannot apply that cap itself.
         """
-        S, full_len = prompt.num_tokens, len(request.prompt_token_ids)
+        S, full_len = self.pages.relay_len(prompt), len(request.prompt_token_ids)
         sp = copy.copy(request.sampling_params)
         sp.extra_args = tag(sp.extra_args, RelayTag(prompt.slot, S))
         if sp.max_tokens is not None:
@@ -222,7 +225,7 @@ class RelayEngine:
         except BaseException:
             self._release(info)
             raise
-        self._system_lens[request.request_id] = 0 if info.fill else info.prompt.num_tokens
+        self._system_lens[request.request_id] = 0 if info.fill else self.pages.relay_len(info.prompt)
         if not info.fill:
             self.counters.relay_requests += 1
             self.admin.on_admitted(info.prompt)
@@ -243,6 +246,7 @@ class RelayEngine:
                              f"vocabulary (size {vocab})")
         self._check_schedulable(name, len(ids))
         prompt = self.registry.register(name, ids)
+        self.pages.sweep(self.registry)  # a replaced registration gives its blocks back
         self.admin.on_registered(prompt, spec)
         if prompt.state == "filling" and fill_request_id(prompt) not in self._fills:
             try:
@@ -254,6 +258,11 @@ class RelayEngine:
 
     def _check_schedulable(self, name: str, num_tokens: int) -> None:
         sched = self.core.vllm_config.scheduler_config
+        if num_tokens < self.pages.block_size:
+            raise ValueError(
+                f"system prompt {name!r}: {num_tokens} tokens, fewer than one KV cache block "
+                f"({self.pages.block_size} tokens): relay shares whole blocks, so it would share nothing"
+            )
         if num_tokens >= self.max_model_len:
             raise ValueError(
                 f"system prompt {name!r}: {num_tokens} tokens leave no room for a request's own "
@@ -349,6 +358,8 @@ class RelayEngine:
             from vllm.v1.request import RequestStatus
 
             ok = request.status in (RequestStatus.FINISHED_LENGTH_CAPPED, RequestStatus.FINISHED_STOPPED)
+            if ok:  # its blocks now hold the prompt's KV: keep them as the prompt's pages
+                self.pages.keep(info.prompt, rid)
             self._fill_outcomes.append((rid, info.prompt, ok))
         else:
             self._release(info)
@@ -372,6 +383,7 @@ class RelayEngine:
                     stats.num_local_cached_tokens += S
         self._freed.clear()
         self.finish_fills()
+        self.pages.sweep(self.registry)  # prompts that left their slot give their blocks back
 
     def _release(self, info: RelayInfo) -> None:
         if info.acquired:

@@ -109,6 +109,12 @@ class SystemPromptRegistry:
             chosen = [p for p in self._by_name.values() if p.state == state]
             return self._version, sorted(chosen, key=lambda p: p.slot)
 
+    def owns_slot(self, prompt: SystemPrompt) -> bool:
+        """Whether `prompt` (this very record) still holds its slot, so its KV must be kept:
+        it is the registration of its name, or it is draining (requests still read it)."""
+        with self._lock:
+            return self._by_name.get(prompt.name) is prompt or any(p is prompt for p in self._draining)
+
     def free_slots(self) -> list[int]:
         with self._lock:
             return self._free_slots()
