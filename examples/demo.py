@@ -59,7 +59,9 @@ def main() -> int:
 
     t0 = time.monotonic()
     server = RelayServer(get_model(MODEL), MODEL, relay=RELAY_CONFIG,
-                         args=["--max-model-len", "2048", "--enable-prompt-tokens-details"])
+                         # Blocks of 16 (vLLM's CPU default is 128): relay shares whole blocks.
+                         args=["--max-model-len", "2048", "--enable-prompt-tokens-details",
+                               "--block-size", "16"])
     print(f"[demo] starting: VLLM_PLUGINS=relay {shlex.join(['python', *server.cmd[1:]])}\n"
           f"[demo] server log: {server.log_path}", flush=True)
     previous = signal.signal(signal.SIGTERM, lambda *_: (server.stop(), sys.exit(143)))

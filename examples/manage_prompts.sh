@@ -18,7 +18,7 @@ call GET ""
 # A chat system message, rendered with the server's own chat template (201 once its KV is filled).
 call POST "" '{"name": "support", "messages": [{"role": "system", "content": "You are the support assistant of a shipping company."}]}'
 # Completion text (tokenized like a completion prompt), registered without waiting: 202, "filling".
-call POST "" '{"name": "manual", "text": "Shipping manual, chapter 1: parcels.", "wait": false}'
+call POST "" '{"name": "manual", "text": "Shipping manual, chapter 1: parcels, their sizes and weights.", "wait": false}'
 call GET /manual
 # The same name again: 409. Token ids work too.
 call POST "" '{"name": "support", "token_ids": [1, 2, 3]}'

@@ -10,6 +10,7 @@ import pytest
 from tests.engine.test_core import (
     OWN,
     RT,
+    SHARED,
     SYS,
     ecr,
     make_core,
@@ -53,6 +54,7 @@ def test_listing_fields_and_startup_source(core):
         "name": "sys",
         "state": "ready",
         "tokens": 40,
+        "shared_tokens": SHARED,  # its whole blocks of 16
         "slot": 0,
         "live_requests": 0,
         "requests_served": 0,
@@ -89,10 +91,14 @@ def test_add_errors_carry_status_and_limit(core, model_path):
 
 
 def test_delete_drains_then_frees_and_the_name_is_reused_in_another_slot(core):
+    pages, old = relay_of(core).pages, relay_of(core).registry.get("sys")
+    old_blocks = pages._kept[old]
     a = submit(core, ecr("a", SYS + OWN, max_tokens=50))
     step(core)
     out = core.relay_prompt_delete("sys")["prompt"]
     assert out["state"] == "draining" and out["live_requests"] == 1 and out["slot"] == 0
+    step(core)
+    assert pages._kept[old] is old_blocks  # "a" still reads its pages
     late = submit(core, ecr("late", SYS + OWN, max_tokens=2))
     assert read_tag(late.sampling_params) is None and late.prompt_token_ids == SYS + OWN  # ordinary
     # The same name again, same tokens: a new registration in another slot, its own salt.
@@ -110,12 +116,14 @@ def test_delete_drains_then_frees_and_the_name_is_reused_in_another_slot(core):
     run_until_idle(core)
     assert [(p["name"], p["slot"]) for p in core.relay_prompt_list()] == [("sys", 1)]
     assert relay_of(core).registry.free_slots() == [0]
+    assert old not in pages._kept and all(b.ref_cnt == 0 for b in old_blocks)  # given back
     assert by_name(core)["sys"]["requests_served"] == 1
 
 
 def test_delete_idle_is_removed_and_unknown_is_404(core):
     assert core.relay_prompt_delete("sys")["prompt"]["state"] == "removed"
     assert core.relay_prompt_list() == [] and relay_of(core).registry.free_slots() == [0, 1]
+    assert not relay_of(core).pages._kept  # its pages went back to the pool at once
     assert core.relay_prompt_delete("sys")["error"] == {
         "status": 404,
         "message": "no system prompt named 'sys'",
@@ -154,10 +162,10 @@ def test_per_prompt_counters(core):
     submit(core, ecr("r", RT + OWN, max_tokens=1))
     run_until_idle(core)
     p = by_name(core)
-    assert (p["sys"]["requests_served"], p["sys"]["tokens_reused"]) == (3, 3 * len(SYS))
-    assert (p["rt"]["requests_served"], p["rt"]["tokens_reused"]) == (1, len(RT))
+    assert (p["sys"]["requests_served"], p["sys"]["tokens_reused"]) == (3, 3 * SHARED)
+    assert (p["rt"]["requests_served"], p["rt"]["tokens_reused"]) == (1, 16)  # RT's one whole block
     stats = core.relay_serving_stats()
-    assert stats["relay_requests"] == 4 and stats["system_tokens_reused"] == 3 * len(SYS) + len(RT)
+    assert stats["relay_requests"] == 4 and stats["system_tokens_reused"] == 3 * SHARED + 16
 
 
 def test_texts_and_sources(core):

@@ -30,7 +30,8 @@ RELAY = {
     "metrics_interval_s": 0.2,
     "system_prompts": {"greeter": {"chat_system": GREETER}},
 }
-ARGS = ["--max-model-len", "1024", "--enable-prompt-tokens-details"]
+# Blocks of 16 tokens (vLLM's CPU default is 128): relay shares a prompt's whole blocks only.
+ARGS = ["--max-model-len", "1024", "--enable-prompt-tokens-details", "--block-size", "16"]
 PROMPTS = "/v1/relay/system_prompts"
 
 

@@ -32,7 +32,15 @@ def server(tmp_path_factory):
         "metrics_interval_s": 0.2,
         "system_prompts": {"greeter": {"chat_system": GREETER}},
     }
-    args = ["--max-model-len", "1024", "--chat-template", str(template), "--trust-request-chat-template"]
+    args = [
+        "--max-model-len",
+        "1024",
+        "--block-size",
+        "16",
+        "--chat-template",
+        str(template),
+        "--trust-request-chat-template",
+    ]
     with RelayServer(get_model("tiny-llama-gqa"), SERVED_NAME, relay=relay, args=args, api_key=API_KEY) as s:
         yield Server(s.url, API_KEY, SERVED_NAME, s.log_text)
 

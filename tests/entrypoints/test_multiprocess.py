@@ -13,7 +13,7 @@ from tests.entrypoints.server import API_KEY, PROMPTS, SERVED_NAME, Server, wait
 pytestmark = pytest.mark.engine
 
 SYSTEM = "You are a helpful assistant for a bakery."
-PIRATE = "You are a pirate. Answer like one."
+PIRATE = "You are a pirate captain. Answer every question about parcels, ships and the sea like one would."
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +31,7 @@ def server():
         get_model("tiny-llama-gqa"),
         SERVED_NAME,
         relay=relay,
-        args=["--max-model-len", "1024"],
+        args=["--max-model-len", "1024", "--block-size", "16"],
         api_key=API_KEY,
         api_server_count=2,
     ) as s:

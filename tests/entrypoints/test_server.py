@@ -57,6 +57,7 @@ def test_startup_prompt_is_listed_with_every_field(server):
     (greeter,) = [p for p in listing["data"] if p["name"] == "greeter"]
     assert greeter["object"] == "relay.system_prompt" and greeter["state"] == "ready"
     assert greeter["source"] == "config" and greeter["slot"] == 0 and greeter["tokens"] > 10
+    assert 0 < greeter["shared_tokens"] <= greeter["tokens"]  # its whole KV cache blocks
     for field in ("live_requests", "requests_served", "tokens_reused", "chat_mismatches", "created_at"):
         assert isinstance(greeter[field], int), field
     assert listing["max_prompts"] == 4 and listing["max_prompt_tokens"] == 512
@@ -73,7 +74,7 @@ def test_register_then_chat_with_openai_sdk_streaming_and_aiohttp(server):
     assert reply.choices[0].finish_reason in ("length", "stop") and reply.usage.completion_tokens >= 1
     # Usage counts the full prompt; the system part was not recomputed.
     assert reply.usage.prompt_tokens > created["tokens"]
-    assert reply.usage.prompt_tokens_details.cached_tokens >= created["tokens"]
+    assert reply.usage.prompt_tokens_details.cached_tokens >= created["shared_tokens"]
     stream = client.chat.completions.create(
         model=server.model,
         messages=messages,
@@ -91,7 +92,7 @@ def test_register_then_chat_with_openai_sdk_streaming_and_aiohttp(server):
     counted(server, "vllm_relay_requests_total", before + 3, "3 chats")
     assert server.relay_metric("vllm_relay_system_prompt_requests_total", name="support") == 3
     support = server.prompt("support")
-    assert support["requests_served"] == 3 and support["tokens_reused"] == 3 * created["tokens"]
+    assert support["requests_served"] == 3 and support["tokens_reused"] == 3 * created["shared_tokens"]
 
 
 async def aiohttp_chat(server, system, user, max_tokens=8):
@@ -120,7 +121,7 @@ def test_metrics_count_each_request_once(server):
     assert (
         server.relay_metric("vllm_relay_system_prompt_requests_total", name="greeter") == greeter_before + 4
     )
-    tokens = server.prompt("greeter")["tokens"]
+    tokens = server.prompt("greeter")["shared_tokens"]
     assert server.relay_metric("vllm_relay_prompt_tokens_reused_total") == reused_before + 4 * tokens
     assert server.relay_metric("vllm_relay_system_prompts", state="ready") >= 1
     assert server.relay_metric("vllm_relay_held_requests") == 0
@@ -156,8 +157,8 @@ def test_error_statuses(server):
     assert "no system prompt named 'nope'" in error(404, method="DELETE", path=f"{PROMPTS}/nope")["message"]
     assert error(404, method="GET", path=f"{PROMPTS}/nope")["type"] == "NotFoundError"
     for i in range(3):  # slots 1..3 (the start-up prompt holds slot 0)
-        register(server, f"fill{i}", token_ids=[7 + i, 8, 9])
-    e = error(507, {"name": "fill3", "token_ids": [1, 2]})
+        register(server, f"fill{i}", token_ids=[7 + i] + list(range(20, 60)))
+    e = error(507, {"name": "fill3", "token_ids": list(range(1, 60))})
     assert (
         "no free slot, all max_prompts=4 are taken" in e["message"]
         and e["type"] == "InsufficientStorageError"
@@ -172,7 +173,7 @@ def test_error_statuses(server):
 
 
 def test_text_prompt_and_chat_mismatch_are_reported(server):
-    text = "You are a pirate. Answer like one."
+    text = "You are a pirate captain. Answer every question about parcels, ships and the sea like one would."
     created = register(server, "pirate", text=text)
     assert created["source"] == "text"
     before = server.relay_metric("vllm_relay_chat_mismatches_total")

@@ -274,6 +274,7 @@ def test_drain_held_prompt_keeps_its_slot_until_the_last_release(reg):
     drained = reg.drain("a")
     assert drained is a and a.state == "draining" and reg.get("a") is None
     assert not reg.try_acquire(a)  # no new request may use it
+    assert reg.owns_slot(a)  # its KV pages stay: requests still read them
     assert [(p.name, p.state, p.slot) for p in reg.prompts()] == [("a", "draining", 0)]
     # The name is free at once; the new registration gets another slot: no shared KV.
     new = reg.register("a", [1, 2])
@@ -284,7 +285,7 @@ def test_drain_held_prompt_keeps_its_slot_until_the_last_release(reg):
     assert a.refcount == 1 and reg.free_slots() == []
     v = reg.version
     reg.release(a)
-    assert reg.free_slots() == [0] and reg.version > v
+    assert reg.free_slots() == [0] and reg.version > v and not reg.owns_slot(a)
     assert [(p.name, p.state, p.slot) for p in reg.prompts()] == [("a", "filling", 1)]
 
 
