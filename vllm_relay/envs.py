@@ -17,6 +17,8 @@ if TYPE_CHECKING:
     VLLM_RELAY_CACHE: str | None = None
     VLLM_RELAY_LEVEL_SPLITS: int | None = None
     VLLM_RELAY_LEVEL_KERNEL: str | None = None
+    VLLM_RELAY_TEST_SERVER: str | None = None
+    VLLM_RELAY_TEST_API_KEY: str | None = None
 
 
 def _str(name: str) -> str | None:
@@ -54,6 +56,12 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # Folder for the test fixtures' built models (vllm_relay.testing); unset: see
     # vllm_relay.testing.models.cache_root.
     "VLLM_RELAY_CACHE": lambda: _str("VLLM_RELAY_CACHE"),
+    # Base URL of an already running relay server (e.g. http://127.0.0.1:8000) for the endpoint
+    # tests (tests/entrypoints/test_server.py) to run against instead of starting their own; the
+    # server must run with the configuration of tests/entrypoints/server.py (benchmarks/gpu/endpoints.sh).
+    "VLLM_RELAY_TEST_SERVER": lambda: _str("VLLM_RELAY_TEST_SERVER"),
+    # The --api-key of that server.
+    "VLLM_RELAY_TEST_API_KEY": lambda: _str("VLLM_RELAY_TEST_API_KEY"),
 }
 
 

@@ -24,6 +24,7 @@ from dataclasses import asdict
 from typing import Any
 
 from vllm_relay.config import RelayConfig, check_prompt_spec
+from vllm_relay.engine.admin import RelayAdmin
 from vllm_relay.hooks._patch import original
 from vllm_relay.engine.pages import PromptPages
 from vllm_relay.engine.requests import (
@@ -93,6 +94,7 @@ class RelayEngine:
         self._freed: dict[str, int] = {}  # the same, for requests freed since the last outputs
         self._tokenizer: Any = None
         self._last_line = ""
+        self.admin = RelayAdmin(self)  # per-prompt usage and the serving surface's utility calls
 
     # ---- start-up ----------------------------------------------------------------------------
 
@@ -107,6 +109,7 @@ class RelayEngine:
         core.relay_unregister_system_prompt = relay.unregister_system_prompt
         core.relay_system_prompts = relay.system_prompts
         core.relay_stats = relay.stats
+        relay.admin.expose(core)
         relay.fill_startup_prompts()
         if relay.config.log_stats_interval_s:
             threading.Thread(target=_log_loop, args=(weakref.ref(relay), relay.config.log_stats_interval_s),
@@ -160,7 +163,7 @@ class RelayEngine:
     def preprocess(self, request) -> tuple[Any, int]:
         """`EngineCore.preprocess_add_request` for an EngineCoreRequest, routed (step 1 above)."""
         preprocess = _vllm("preprocess_add_request")
-        request = strip_forged_tag(request)
+        request, expected = self.admin.take_chat_expectation(strip_forged_tag(request))
         if not relay_eligible(request):
             return preprocess(self.core, request)
         ids = request.prompt_token_ids
@@ -169,15 +172,16 @@ class RelayEngine:
         filling = match_filling(ids, self.registry, longer_than=routed.system_len if routed else 0)
         if filling is not None:
             if prompt is not None:
-                self.registry.release(prompt.name)
+                self.registry.release(prompt)
             prompt = filling
+        self.admin.check_chat(expected, ids)
         if prompt is None:
             return preprocess(self.core, request)
         try:
             req, wave = preprocess(self.core, self._rewrite(request, prompt))
         except BaseException:
             if filling is None:
-                self.registry.release(prompt.name)
+                self.registry.release(prompt)
             raise
         held = filling is not None
         setattr(req, INFO_ATTR, RelayInfo(prompt, held=held, original=request if held else None,
@@ -224,6 +228,7 @@ class RelayEngine:
         self._system_lens[request.request_id] = 0 if info.fill else self.pages.relay_len(info.prompt)
         if not info.fill:
             self.counters.relay_requests += 1
+            self.admin.on_admitted(info.prompt)
 
     def abort(self, request_ids) -> None:
         """Held requests are not in the scheduler: aborting one only forgets it."""
@@ -242,6 +247,7 @@ class RelayEngine:
         self._check_schedulable(name, len(ids))
         prompt = self.registry.register(name, ids)
         self.pages.sweep(self.registry)  # a replaced registration gives its blocks back
+        self.admin.on_registered(prompt, spec)
         if prompt.state == "filling" and fill_request_id(prompt) not in self._fills:
             try:
                 self._start_fill(prompt)
@@ -309,9 +315,12 @@ class RelayEngine:
             if ok:
                 self.registry.mark_ready(prompt.name)
                 self.counters.fills_completed += 1
+            elif self.admin.fill_cancelled(rid):  # its prompt was deleted while filling
+                self.registry.abort_fill(prompt.name)
             else:
                 self.registry.abort_fill(prompt.name)
                 self.counters.fills_failed += 1
+                self.admin.on_fill_failed(prompt)
                 _logger().warning("vllm-relay: the fill of system prompt %r failed; dropped it", prompt.name)
             for rid_held, (req, wave) in list(self._held.items()):
                 if getattr(req, INFO_ATTR).prompt is prompt:
@@ -336,6 +345,7 @@ class RelayEngine:
             c.system_tokens_reused += lens.get(r.req_id, 0)
         for rid in out.scheduled_cached_reqs.resumed_req_ids:
             c.system_tokens_reused += lens.get(rid, 0)
+        self.admin.on_schedule(out, lens)
 
     def on_free(self, request) -> None:
         """A request leaves the scheduler (finished, aborted or failed): release its prompt."""
@@ -378,7 +388,7 @@ class RelayEngine:
     def _release(self, info: RelayInfo) -> None:
         if info.acquired:
             info.acquired = False
-            self.registry.release(info.prompt.name)
+            self.registry.release(info.prompt)
 
     def log_if_changed(self) -> None:
         line = self.summary()

@@ -4,6 +4,9 @@ A prompt's life: `register` gives it a free slot in state "filling" (its KV is n
 whoever computes the KV calls `mark_ready`; requests `acquire` it while they run and `release` it
 when they finish; `unregister` frees the slot once nobody holds it. A prompt that is filling or
 held cannot be changed or removed: its slot's KV is being written, or read by running requests.
+`drain` removes a ready prompt at once for new requests while its running ones finish: it keeps
+its slot, in state "draining", until the last of them releases it, and its name is free at once
+(a new registration of that name gets another slot, so the two never share KV).
 
 The engine core's input thread (routing new requests) and its busy loop (filling slots, finishing
 requests) call in from different threads, so every method takes one lock. No vLLM or torch here.
@@ -21,7 +24,7 @@ from vllm_relay.config import check_prompt_name, check_token_ids
 if TYPE_CHECKING:
     from vllm_relay.config import RelayConfig
 
-PromptState = Literal["filling", "ready"]
+PromptState = Literal["filling", "ready", "draining"]
 
 
 @dataclass(slots=True, eq=False)
@@ -61,6 +64,8 @@ class SystemPromptRegistry:
         self.max_prompt_tokens = max_prompt_tokens
         self._lock = threading.Lock()
         self._by_name: dict[str, SystemPrompt] = {}
+        # Drained prompts still read by running requests: they keep their slots, not their names.
+        self._draining: list[SystemPrompt] = []
         self._version = 0
         self._generations = 0
 
@@ -85,9 +90,9 @@ class SystemPromptRegistry:
             return self._by_name.get(name)
 
     def prompts(self) -> list[SystemPrompt]:
-        """Every registered prompt, filling or ready, by slot."""
+        """Every prompt holding a slot (filling, ready or draining), by slot."""
         with self._lock:
-            return sorted(self._by_name.values(), key=lambda p: p.slot)
+            return sorted([*self._by_name.values(), *self._draining], key=lambda p: p.slot)
 
     def ready_prompts(self) -> list[SystemPrompt]:
         """The prompts whose KV is computed, by slot: the ones requests may be routed to."""
@@ -105,9 +110,10 @@ class SystemPromptRegistry:
             return self._version, sorted(chosen, key=lambda p: p.slot)
 
     def owns_slot(self, prompt: SystemPrompt) -> bool:
-        """Whether `prompt` (this very record) still holds its slot, so its KV must be kept."""
+        """Whether `prompt` (this very record) still holds its slot, so its KV must be kept:
+        it is the registration of its name, or it is draining (requests still read it)."""
         with self._lock:
-            return self._by_name.get(prompt.name) is prompt
+            return self._by_name.get(prompt.name) is prompt or any(p is prompt for p in self._draining)
 
     def free_slots(self) -> list[int]:
         with self._lock:
@@ -186,6 +192,27 @@ class SystemPromptRegistry:
             del self._by_name[name]
             self._version += 1
 
+    def drain(self, name: str) -> SystemPrompt:
+        """Stop routing to `name` at once; free its slot when its last request releases it.
+
+        Returns the record, in state "draining" while requests still hold it. The name is free
+        for a new registration at once; that one gets another slot. A filling prompt is refused
+        (its slot is being written): abort its fill instead.
+        """
+        with self._lock:
+            prompt = self._lookup(name)
+            if prompt.state == "filling":
+                raise ValueError(
+                    f"cannot drain system prompt {name!r}: it is filling (its KV is being computed "
+                    f"into slot {prompt.slot}); abort its fill instead"
+                )
+            del self._by_name[name]
+            prompt.state = "draining"
+            if prompt.refcount > 0:
+                self._draining.append(prompt)
+            self._version += 1
+            return prompt
+
     def acquire(self, name: str) -> SystemPrompt:
         """Count one more request using `name`; it must be ready. Pair with `release`."""
         with self._lock:
@@ -210,16 +237,24 @@ class SystemPromptRegistry:
             prompt.refcount += 1
             return True
 
-    def release(self, name: str) -> SystemPrompt:
-        """Count one request fewer using `name`."""
+    def release(self, prompt: SystemPrompt | str) -> SystemPrompt:
+        """Count one request fewer using `prompt` (a record, or the name of a registered one).
+
+        Pass the record a request acquired: after a `drain` its name may belong to another
+        registration. The last release of a draining prompt frees its slot.
+        """
         with self._lock:
-            prompt = self._lookup(name)
+            if isinstance(prompt, str):
+                prompt = self._lookup(prompt)
             if prompt.refcount <= 0:
                 raise ValueError(
-                    f"cannot release system prompt {name!r}: refcount is {prompt.refcount}, "
+                    f"cannot release system prompt {prompt.name!r}: refcount is {prompt.refcount}, "
                     f"more releases than acquires"
                 )
             prompt.refcount -= 1
+            if prompt.refcount == 0 and prompt.state == "draining":
+                self._draining.remove(prompt)
+                self._version += 1
             return prompt
 
     # ---- helpers (caller holds the lock) -----------------------------------------------------
@@ -243,8 +278,9 @@ class SystemPromptRegistry:
             )
 
     def _free_slots(self) -> list[int]:
-        taken = {p.slot for p in self._by_name.values()}
+        taken = {p.slot for p in (*self._by_name.values(), *self._draining)}
         return [s for s in range(self.max_prompts) if s not in taken]
 
     def _names(self) -> list[str]:
-        return [p.name for p in sorted(self._by_name.values(), key=lambda p: p.slot)]
+        held = sorted([*self._by_name.values(), *self._draining], key=lambda p: p.slot)
+        return [p.name + (" (draining)" if p.state == "draining" else "") for p in held]
