@@ -34,6 +34,7 @@ from vllm_relay.config import RelayConfig  # noqa: E402
 from vllm_relay.ops import RelayPlan, relay_attention  # noqa: E402
 
 MODELS = {"llama2-7b": (32, 32), "llama3-8b": (32, 8)}  # (Hq, Hkv)
+KERNELS = ("triton", "flash")  # the system level: one fused Triton launch, or gather + FA3 + fusion
 D, BLOCK, DTYPE = 128, 16, torch.bfloat16
 MAX_MODEL_LEN = 9216
 
@@ -174,20 +175,19 @@ def bench_rule():
                 for n in ns:
                     layer = Layer(fa, hq, hkv, n, S, c)
                     row = dict(model=name, S=S, c=c, n=n)
-                    # Ceiling: the same requests with no system prompt; and with an empty level captured.
+                    # Ceiling: the same requests with no system prompt.
                     row["noprompt_graph_us"] = graph_ms(layer.call(layer.plan("never", True, plain=True)[0])) * 1e3
-                    row["empty_level_graph_us"] = graph_ms(layer.call(layer.plan("always", True, plain=True)[0])) * 1e3
-                    for path in ("never", "always"):
-                        g_plan, _ = layer.plan(path, graph=True)
-                        e_plan, _ = layer.plan(path, graph=False)
-                        key = "prefix" if path == "never" else "shared"
-                        row[f"{key}_graph_us"] = graph_ms(layer.call(g_plan)) * 1e3
-                        row[f"{key}_eager_us"] = eager_ms(layer.call(e_plan)) * 1e3
+                    row["prefix_graph_us"] = graph_ms(layer.call(layer.plan("never", graph=True)[0])) * 1e3
+                    row["prefix_eager_us"] = eager_ms(layer.call(layer.plan("never", graph=False)[0])) * 1e3
+                    for kernel in KERNELS:
+                        os.environ["VLLM_RELAY_LEVEL_KERNEL"] = kernel
+                        # A captured level with no rows (plain requests), then the shared path.
+                        row[f"empty_{kernel}_us"] = graph_ms(layer.call(layer.plan("always", True, plain=True)[0])) * 1e3
+                        row[f"shared_{kernel}_graph_us"] = graph_ms(layer.call(layer.plan("always", graph=True)[0])) * 1e3
+                        row[f"shared_{kernel}_eager_us"] = eager_ms(layer.call(layer.plan("always", graph=False)[0])) * 1e3
                     rows.append(row)
-                    print(f"{name} S={S:5d} c={c:4d} n={n:4d}: no prompt {row['noprompt_graph_us']:6.1f} "
-                          f"(+empty level {row['empty_level_graph_us']:6.1f}) graph prefix {row['prefix_graph_us']:7.1f} "
-                          f"shared {row['shared_graph_us']:7.1f} us | eager prefix {row['prefix_eager_us']:7.1f} "
-                          f"shared {row['shared_eager_us']:7.1f} us", flush=True)
+                    print(f"{name} S={S:5d} n={n:4d}: " + " ".join(f"{k[:-3]} {v:.1f}" for k, v in row.items()
+                                                                     if k.endswith("_us")), flush=True)
                     del layer
                     torch.cuda.empty_cache()
     return rows
@@ -196,6 +196,7 @@ def bench_rule():
 def bench_splits():
     """The shared level's FlashAttention call at several split counts (inside a graph): FA3's
     dynamic split (AOT schedule, the count an upper bound) and static splits (no AOT schedule)."""
+    os.environ["VLLM_RELAY_LEVEL_KERNEL"] = "flash"
     fa, rows = FA(), []
     for name, (hq, hkv) in MODELS.items():
         for S, n in ((2048, 16), (2048, 64), (2048, 256), (8192, 64), (8192, 256)):
@@ -215,17 +216,19 @@ def bench_splits():
 
 
 def thresholds(rows):
-    """Per (model, S, c): the smallest n from which the shared path is faster, graph and eager."""
+    """Per (model, S, c) and level kernel: the smallest n from which the shared path stays faster
+    than the prefix path, inside a graph and eagerly."""
     out = {}
     for r in rows:
-        key = (r["model"], r["S"], r["c"])
-        t = out.setdefault(key, {"graph": None, "eager": None})
-        for mode in ("graph", "eager"):
-            faster = r[f"shared_{mode}_us"] < r[f"prefix_{mode}_us"]
-            if faster and t[mode] is None:
-                t[mode] = r["n"]
-            elif not faster:
-                t[mode] = None  # must stay faster for every larger n
+        for kernel in KERNELS:
+            key = (r["model"], r["S"], r["c"], kernel)
+            t = out.setdefault(key, {"graph": None, "eager": None})
+            for mode in ("graph", "eager"):
+                faster = r[f"shared_{kernel}_{mode}_us"] < r[f"prefix_{mode}_us"]
+                if faster and t[mode] is None:
+                    t[mode] = r["n"]
+                elif not faster:
+                    t[mode] = None  # must stay faster for every larger n
     return out
 
 
@@ -236,8 +239,11 @@ def host_profile():
     fa, rows = FA(), []
     hq, hkv = MODELS["llama2-7b"]
     layer = Layer(fa, hq, hkv, 64, 2048, 128)
+    os.environ["VLLM_RELAY_LEVEL_KERNEL"] = "flash"
     calls = {"prefix path (1 FA call)": layer.call(layer.plan("never", graph=False)[0]),
              "shared path (FA + FA + fusion)": layer.call(layer.plan("always", graph=False)[0])}
+    os.environ["VLLM_RELAY_LEVEL_KERNEL"] = "triton"
+    calls["shared path (FA + fused Triton level)"] = layer.call(layer.plan("always", graph=False)[0])
     if ARGS.old_src:
         calls["before: dense store (previous implementation)"] = old_call(fa, layer)
     import cProfile
@@ -306,19 +312,23 @@ def markdown(env, rule_rows, th, host_rows, split_rows):
              f"vLLM {env['vllm']} (FA{env['fa']}), bf16, D=128, block 16. n decode requests of one slot "
              "(S system tokens), each with c own tokens. Medians of do_bench, L2 flushed.", "",
              "## Prefix path vs shared path (the planner's rule)", "",
-             "| model | S | c | n | no prompt graph us | + empty level | prefix graph us | shared graph us | "
-             "prefix eager us | shared eager us |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| model | S | n | no prompt | empty triton | empty flash | prefix | shared triton | shared flash "
+             "| prefix eager | shared triton eager | shared flash eager |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rule_rows:
-        lines.append(f"| {r['model']} | {r['S']} | {r['c']} | {r['n']} | {r['noprompt_graph_us']:.1f} | "
-                     f"{r['empty_level_graph_us']:.1f} | {r['prefix_graph_us']:.1f} | "
-                     f"{r['shared_graph_us']:.1f} | {r['prefix_eager_us']:.1f} | {r['shared_eager_us']:.1f} |")
-    lines += ["", "'no prompt': the same requests with no system prompt (the ceiling); '+ empty level': the same "
-              "with the shared level captured but given no rows (what a graph with a level costs plain requests)."]
-    lines += ["", "Smallest n from which the shared path stays faster:", "",
-              "| model | S | c | graph | eager |", "|---|---|---|---|---|"]
-    for (model, S, c), t in th.items():
-        lines.append(f"| {model} | {S} | {c} | {t['graph']} | {t['eager']} |")
+        lines.append(f"| {r['model']} | {r['S']} | {r['n']} | {r['noprompt_graph_us']:.1f} | "
+                     f"{r['empty_triton_us']:.1f} | {r['empty_flash_us']:.1f} | {r['prefix_graph_us']:.1f} | "
+                     f"{r['shared_triton_graph_us']:.1f} | {r['shared_flash_graph_us']:.1f} | "
+                     f"{r['prefix_eager_us']:.1f} | {r['shared_triton_eager_us']:.1f} | "
+                     f"{r['shared_flash_eager_us']:.1f} |")
+    lines += ["", "Graph columns are CUDA-graph replays (decode steps), eager ones Python launches (piecewise "
+              "steps), all us per layer, c=128 own tokens. 'no prompt': the same requests with no system prompt "
+              "(the ceiling); 'empty': plain requests in a graph that holds the level (what it costs them); "
+              "'prefix': each request reads [system ; own] pages in one FlashAttention call."]
+    lines += ["", "Smallest n from which the shared path stays faster than the prefix path:", "",
+              "| model | S | level kernel | graph | eager |", "|---|---|---|---|---|"]
+    for (model, S, _c, kernel), t in th.items():
+        lines.append(f"| {model} | {S} | {kernel} | {t['graph']} | {t['eager']} |")
     lines += ["", "## Host cost of one eager layer (Llama-2-7B shape, n=64, S=2048, c=128)", "",
               "| path | host us / layer | CUDA kernels / layer | eager us |", "|---|---|---|---|"]
     for r in host_rows:
