@@ -49,9 +49,9 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # KV splits and no ahead-of-time schedule (0 or unset: FA3's own dynamic split, bounded by
     # vLLM's CUDA-graph cap). Results are the same either way; only the speed changes.
     "VLLM_RELAY_LEVEL_SPLITS": lambda: _int("VLLM_RELAY_LEVEL_SPLITS"),
-    # Which kernel runs the system level: "triton" (one fused launch: gather, split-K attention
-    # over the slot's pages, LSE merge; the default) or "flash" (a gather, FlashAttention-3, the
-    # relay fusion). For benchmarks and as a fallback; the results are the same.
+    # Which kernel runs the system level: "flash" (a gather, FlashAttention-3, the relay fusion;
+    # the default) or "triton" (one fused launch: gather, split-K attention over the slot's pages,
+    # LSE merge). Measured in benchmarks/results/layer_h200.md; the results are the same.
     "VLLM_RELAY_LEVEL_KERNEL": lambda: _str("VLLM_RELAY_LEVEL_KERNEL"),
     # Folder for the test fixtures' built models (vllm_relay.testing); unset: see
     # vllm_relay.testing.models.cache_root.

@@ -36,7 +36,8 @@ from vllm_relay.ops.level_attention import max_tiles, plan_tiles, tile_tokens, w
 # launches in every captured step, the shared path wins from about these group sizes at S=2048.
 MIN_SHARED_GROUP_GRAPH = 8
 MIN_SHARED_GROUP_GRAPH_GQA = 32
-MIN_SHARED_GROUP_EAGER = 64
+MIN_SHARED_GROUP_EAGER = 16
+MIN_SHARED_GROUP_EAGER_GQA = 64
 NEVER = 1 << 30
 # The fused level kernel splits a tile's keys into at most this many slices, so that few rows
 # still give the GPU about two programs per multiprocessor.
@@ -87,7 +88,8 @@ class RelayPlanner:
         self.num_slots, self.max_pages = self.pages.pages.shape
         self._pages_version = -1
         graph_min = MIN_SHARED_GROUP_GRAPH_GQA if self.gqa > 1 else MIN_SHARED_GROUP_GRAPH
-        self.min_group = {"auto": (graph_min, MIN_SHARED_GROUP_EAGER), "always": (1, 1),
+        eager_min = MIN_SHARED_GROUP_EAGER_GQA if self.gqa > 1 else MIN_SHARED_GROUP_EAGER
+        self.min_group = {"auto": (graph_min, eager_min), "always": (1, 1),
                           "never": (NEVER, NEVER)}[cfg.shared_path]
         mode = getattr(comp, "cudagraph_mode", None)
         self.full_graphs = bool(mode is not None and mode.has_full_cudagraphs())
@@ -95,7 +97,10 @@ class RelayPlanner:
         self.device = torch.device(device)
         self.num_sms = torch.cuda.get_device_properties(self.device).multi_processor_count \
             if self.device.type == "cuda" else 1
-        self.level_kernel = envs.VLLM_RELAY_LEVEL_KERNEL or "triton"
+        # NOTE: FlashAttention-3 runs the level faster once it has many rows (the fused Triton
+        # kernel is not tuned yet: 268 against 184 us at n=128, S=8192 on the H200), which is where
+        # relay's throughput is decided; the fused kernel is cheaper only when the level is empty.
+        self.level_kernel = envs.VLLM_RELAY_LEVEL_KERNEL or "flash"
         # Full graphs pad a decode batch up to a capture size, in requests as in tokens.
         max_reqs = max(sched.max_num_seqs, self.max_graph_tokens)
         max_tokens = max(sched.max_num_batched_tokens, max_reqs)
