@@ -63,36 +63,46 @@ def test_startup_prompt_is_listed_with_every_field(server):
     assert listing["max_prompts"] == 4 and listing["max_prompt_tokens"] == 512
 
 
+def openai_client(server):
+    """The openai SDK's client, or None where the SDK is missing or cannot build one (the GPU host's
+    vLLM bundle carries `openai` without its TLS dependency): aiohttp then covers the same requests."""
+    try:
+        import openai
+
+        return openai.OpenAI(base_url=server.url + "/v1", api_key=server.api_key)
+    except ImportError:
+        return None
+
+
 def test_register_then_chat_with_openai_sdk_streaming_and_aiohttp(server):
-    openai = pytest.importorskip("openai")  # the GPU host has no openai SDK: aiohttp covers it there
     created = register(server, "support", messages=[{"role": "system", "content": SUPPORT}])
     assert created["state"] == "ready" and created["source"] == "messages" and created["slot"] > 0
     before = server.relay_metric("vllm_relay_requests_total")
-    client = openai.OpenAI(base_url=server.url + "/v1", api_key=server.api_key)
-    messages = [{"role": "system", "content": SUPPORT}, {"role": "user", "content": "Where is my parcel?"}]
-    reply = client.chat.completions.create(model=server.model, messages=messages, max_tokens=8, temperature=0)
-    assert reply.choices[0].finish_reason in ("length", "stop") and reply.usage.completion_tokens >= 1
-    # Usage counts the full prompt; the system part was not recomputed.
-    assert reply.usage.prompt_tokens > created["tokens"]
-    assert reply.usage.prompt_tokens_details.cached_tokens >= created["shared_tokens"]
-    stream = client.chat.completions.create(
-        model=server.model,
-        messages=messages,
-        max_tokens=8,
-        temperature=0,
-        stream=True,
-        stream_options={"include_usage": True},
-    )
-    chunks = list(stream)
-    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    assert text == reply.choices[0].message.content  # greedy: the same reply, streamed
-    assert chunks[-1].usage.prompt_tokens == reply.usage.prompt_tokens
+    client = openai_client(server)
+    if client is None and server.local:
+        pytest.fail("the openai SDK is a test requirement (requirements/test.txt)")
+    chats = 1
     aio = asyncio.run(aiohttp_chat(server, SUPPORT, "Where is my parcel?"))
-    assert aio["choices"][0]["message"]["content"] == text
-    counted(server, "vllm_relay_requests_total", before + 3, "3 chats")
-    assert server.relay_metric("vllm_relay_system_prompt_requests_total", name="support") == 3
+    assert aio["choices"][0]["finish_reason"] in ("length", "stop") and aio["usage"]["completion_tokens"] >= 1
+    # Usage counts the full prompt; the system part was not recomputed.
+    assert aio["usage"]["prompt_tokens"] > created["tokens"]
+    assert aio["usage"]["prompt_tokens_details"]["cached_tokens"] >= created["shared_tokens"]
+    if client is not None:
+        messages = [{"role": "system", "content": SUPPORT}, {"role": "user", "content": "Where is my parcel?"}]
+        reply = client.chat.completions.create(model=server.model, messages=messages, max_tokens=8, temperature=0)
+        assert reply.usage.prompt_tokens == aio["usage"]["prompt_tokens"]
+        stream = client.chat.completions.create(model=server.model, messages=messages, max_tokens=8, temperature=0,
+                                                stream=True, stream_options={"include_usage": True})
+        chunks = list(stream)
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        # Greedy: the same reply through the SDK, streamed or not, and through aiohttp.
+        assert text == reply.choices[0].message.content == aio["choices"][0]["message"]["content"]
+        assert chunks[-1].usage.prompt_tokens == reply.usage.prompt_tokens
+        chats = 3
+    counted(server, "vllm_relay_requests_total", before + chats, f"{chats} chats")
+    assert server.relay_metric("vllm_relay_system_prompt_requests_total", name="support") == chats
     support = server.prompt("support")
-    assert support["requests_served"] == 3 and support["tokens_reused"] == 3 * created["shared_tokens"]
+    assert support["requests_served"] == chats and support["tokens_reused"] == chats * created["shared_tokens"]
 
 
 async def aiohttp_chat(server, system, user, max_tokens=8):
@@ -210,7 +220,9 @@ def test_delete_while_32_streams_are_in_flight(server):
         and again["generation"] > first["generation"]
     )
     assert [o["finish_reason"] for o in outputs] == ["length"] * 32
-    assert all(o["completion_tokens"] == STREAM_TOKENS and o["text"] for o in outputs)
+    # Every stream ran to its end (dummy weights on the GPU host may decode to empty text).
+    assert all(o["completion_tokens"] == STREAM_TOKENS for o in outputs)
+    assert not server.local or all(o["text"] for o in outputs)
 
     # Once the streams are done the old registration leaves its slot.
     def drained():
