@@ -4,9 +4,10 @@
 
 Reads every *.json in the results folder and writes:
 
-- ``throughput_vs_prompt_len.png``: requests/s against the system-prompt length P, for relay and
-  vLLM's default, with the no-system-prompt ceiling. From `bench_throughput.py` files
-  (``{"args": {"prefix_len": P, "model": ...}, CONFIG: {"requests_per_s": ...}, ...}``): configs
+- ``throughput_vs_prompt_len_<model>.png``: requests/s against the system-prompt length P, for relay
+  and vLLM's default, with the no-system-prompt ceiling, one per model. From `bench_throughput.py`
+  files (``{"args": {"prefix_len": P, "model": ...}, CONFIG: {"single": {"requests_per_s": ...}}}``,
+  or the older flat ``CONFIG: {"requests_per_s": ...}``, used only for models without newer files): configs
   ``relay`` and ``default`` at P = args.prefix_len; ``noprefix-relay`` and ``noprefix`` (the same
   requests without the shared prefix) are relay and vLLM's default at P = 0; ``noprefix``
   (averaged over the files that have it) is also the ceiling line.
@@ -49,6 +50,14 @@ def model_label(path: str) -> str:
     return re.sub(r"-[0-9a-f]{10}$", "", Path(path).name)
 
 
+def rps(entry: dict) -> float | None:
+    """Requests/s of one configuration's entry: the single-prompt workload's, or the flat field."""
+    if "requests_per_s" in entry:
+        return float(entry["requests_per_s"])
+    single = entry.get("single")
+    return float(single["requests_per_s"]) if isinstance(single, dict) and "requests_per_s" in single else None
+
+
 def load(results: Path) -> tuple[list[tuple[Path, dict]], list[tuple[Path, dict]]]:
     """(throughput files, serving files) found in `results`."""
     throughput, serving = [], []
@@ -61,10 +70,22 @@ def load(results: Path) -> tuple[list[tuple[Path, dict]], list[tuple[Path, dict]
         elif (
             isinstance(data.get("args"), dict)
             and "prefix_len" in data["args"]
-            and any(isinstance(v, dict) and "requests_per_s" in v for v in data.values())
+            and any(isinstance(v, dict) and rps(v) is not None for v in data.values())
         ):
             throughput.append((path, data))
     return throughput, serving
+
+
+def by_model(files: list[tuple[Path, dict]]) -> dict[str, list[tuple[Path, dict]]]:
+    """Throughput files per model; a model's newer (per-workload) files replace its flat ones."""
+    groups: dict[str, list[tuple[Path, dict]]] = {}
+    for path, data in files:
+        groups.setdefault(model_label(data["args"]["model"]), []).append((path, data))
+    for label, group in groups.items():
+        newer = [(p, d) for p, d in group if any(isinstance(v, dict) and "single" in v for v in d.values())]
+        if newer:
+            groups[label] = newer
+    return groups
 
 
 def throughput_points(
@@ -84,21 +105,29 @@ def throughput_points(
             "default": ("default", P),
             "noprefix-relay": ("relay", 0),
         }.items():
-            if config in data:
-                series[name][at] = float(data[config]["requests_per_s"])
-        if "noprefix" in data:
-            ceiling.append(float(data["noprefix"]["requests_per_s"]))
+            if config in data and rps(data[config]) is not None:
+                series[name][at] = rps(data[config])
+        if "noprefix" in data and rps(data["noprefix"]) is not None:
+            ceiling.append(rps(data["noprefix"]))
     mean = statistics.mean(ceiling) if ceiling else None
     if mean is not None:  # vLLM's default with no system prompt is the ceiling itself
         series["default"][0] = mean
     return series, mean, "; ".join(sorted(workloads))
 
 
-def plot_throughput(files: list[tuple[Path, dict]], out: Path) -> Path | None:
+def plot_throughputs(files: list[tuple[Path, dict]], out: Path) -> list[Path | None]:
+    """One throughput plot per model: ``throughput_vs_prompt_len_<model>.png``."""
+    groups = sorted(by_model(files).items())
+    if not groups:
+        return [plot_throughput([], out)]
+    return [plot_throughput(group, out, f"throughput_vs_prompt_len_{label}.png") for label, group in groups]
+
+
+def plot_throughput(files: list[tuple[Path, dict]], out: Path, png: str = THROUGHPUT_PNG) -> Path | None:
     series, ceiling, workload = throughput_points(files)
     if not any(len(points) > 1 for points in series.values()):
         print(
-            f"[plot] skip {THROUGHPUT_PNG}: no bench_throughput.py results with relay or default at two "
+            f"[plot] skip {png}: no bench_throughput.py results with relay or default at two "
             f"system-prompt lengths"
         )
         return None
@@ -130,7 +159,7 @@ def plot_throughput(files: list[tuple[Path, dict]], out: Path) -> Path | None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    path = out / THROUGHPUT_PNG
+    path = out / png
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
@@ -190,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
 
     matplotlib.use("Agg")
     throughput, serving = load(args.results)
-    written = [plot_throughput(throughput, out)]
+    written = plot_throughputs(throughput, out)
     if not serving:
         print(
             f'[plot] skip the latency plots: no serving benchmark JSON ({{"model", "configs": ...}}) '

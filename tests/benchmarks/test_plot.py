@@ -36,20 +36,34 @@ def serving(rates=(1.0, 4.0, 8.0)):
     }
 
 
-def test_repository_results_give_the_throughput_plot(tmp_path, capsys):
-    assert plot.main(["--out", str(tmp_path)]) == 0
-    png = tmp_path / plot.THROUGHPUT_PNG
-    assert png.read_bytes().startswith(PNG) and png.stat().st_size > 10_000
-    series, ceiling, workload = plot.throughput_points(plot.load(BENCH / "results")[0])
-    # From e2e_tp_2048/8192.json, e2e_noprefix.json and e2e_ref_2048.json.
-    assert series["relay"] == {
-        0: pytest.approx(43.36, abs=0.01),
-        2048: pytest.approx(38.42, abs=0.01),
-        8192: pytest.approx(35.27, abs=0.01),
+def throughput_file(model, P, nested, **rps):
+    entry = (lambda v: {"single": {"requests_per_s": v}, "multi": {"requests_per_s": v / 2}}) if nested else \
+        (lambda v: {"requests_per_s": v})
+    return {"args": {"prefix_len": P, "model": f"/x/{model}-9c37a19155", "input_len": 128, "output_len": 256},
+            **{config.replace("_", "-"): entry(v) for config, v in rps.items()}}
+
+
+def test_throughput_plots_per_model_newer_files_first(tmp_path, capsys):
+    files = {
+        # llama-2: an older flat file is replaced by the newer per-workload ones.
+        "old.json": throughput_file("llama-2-7b-shape", 2048, False, default=1.0, relay=2.0),
+        "new_2048.json": throughput_file("llama-2-7b-shape", 2048, True, default=14.0, relay=40.0, noprefix=45.0),
+        "new_8192.json": throughput_file("llama-2-7b-shape", 8192, True, default=5.0, relay=35.0, noprefix=43.0),
+        "l3.json": throughput_file("llama-3-8b-shape", 2048, True, default=44.0, relay=60.0, noprefix=80.0,
+                                   noprefix_relay=79.0),
     }
-    assert series["default"][2048] == pytest.approx(14.68, abs=0.01) and series["default"][0] == ceiling
-    assert ceiling == pytest.approx((44.31 + 44.73) / 2, abs=0.01)
-    assert workload == "llama-2-7b-shape, 128 in / 256 out"
+    for name, data in files.items():
+        (tmp_path / name).write_text(json.dumps(data))
+    assert plot.main(["--results", str(tmp_path)]) == 0
+    for model in ("llama-2-7b-shape", "llama-3-8b-shape"):
+        png = tmp_path / f"throughput_vs_prompt_len_{model}.png"
+        assert png.read_bytes().startswith(PNG) and png.stat().st_size > 10_000
+    groups = plot.by_model(plot.load(tmp_path)[0])
+    series, ceiling, workload = plot.throughput_points(groups["llama-2-7b-shape"])
+    assert series["relay"] == {2048: 40.0, 8192: 35.0} and series["default"] == {2048: 14.0, 8192: 5.0, 0: 44.0}
+    assert ceiling == 44.0 and workload == "llama-2-7b-shape, 128 in / 256 out"
+    series, ceiling, _ = plot.throughput_points(groups["llama-3-8b-shape"])
+    assert series["relay"] == {0: 79.0, 2048: 60.0} and ceiling == 80.0
 
 
 def test_serving_json_gives_a_latency_plot(tmp_path, capsys):
