@@ -139,6 +139,39 @@ def test_abort_fill(reg):
     assert reg.free_slots() == [1]
 
 
+def test_mark_failed_keeps_the_reason_and_frees_the_slot(reg):
+    ready(reg, "a", [1])
+    b = reg.register("b", [2])
+    v = reg.version
+    failed = reg.mark_failed("b", "its fill request was aborted")
+    assert failed is b and (b.state, b.slot, b.error) == ("failed", None, "its fill request was aborted")
+    assert reg.version == v + 1 and reg.free_slots() == [1] and "b" in reg
+    assert [p.name for p in reg.prompts()] == ["a", "b"]  # listed after the slot holders
+    assert reg.ready_snapshot()[1] == [reg.get("a")] and reg.snapshot("filling")[1] == []
+    assert not reg.try_acquire(b)
+    with pytest.raises(ValueError, match=r"cannot acquire system prompt 'b': it is failed"):
+        reg.acquire("b")
+    with pytest.raises(ValueError, match=r"cannot mark system prompt 'b' ready: its fill failed \(its fill"):
+        reg.mark_ready("b")
+    with pytest.raises(ValueError, match=r"cannot mark system prompt 'a' failed: it is ready"):
+        reg.mark_failed("a", "x")
+    # The slot is free for anyone; registering the name again (same tokens) retries the fill.
+    c = ready(reg, "c", [3])
+    with pytest.raises(ValueError, match=r"no free slot, all max_prompts=2 are taken by \['a', 'c'\]"):
+        reg.register("b", [2])
+    reg.unregister("c")
+    retry = reg.register("b", [2])
+    assert retry is not b and (retry.state, retry.slot, retry.error) == ("filling", 1, None)
+    assert retry.generation > c.generation > b.generation
+
+
+def test_unregister_a_failed_prompt(reg):
+    reg.register("a", [1])
+    reg.mark_failed("a", "boom")
+    reg.unregister("a")
+    assert len(reg) == 0 and reg.free_slots() == [0, 1]
+
+
 def test_mark_ready_idempotent(reg):
     reg.register("a", [1])
     v = reg.version

@@ -1,9 +1,11 @@
 """Which system prompt lives in which slot of the KV store, and who is using it.
 
 A prompt's life: `register` gives it a free slot in state "filling" (its KV is not computed yet);
-whoever computes the KV calls `mark_ready`; requests `acquire` it while they run and `release` it
-when they finish; `unregister` frees the slot once nobody holds it. A prompt that is filling or
-held cannot be changed or removed: its slot's KV is being written, or read by running requests.
+whoever computes the KV calls `mark_ready`, or `mark_failed` with the reason if that failed (the
+prompt stays listed, holding no slot, until it is registered again or unregistered); requests
+`acquire` it while they run and `release` it when they finish; `unregister` frees the slot once
+nobody holds it. A prompt that is filling or held cannot be changed or removed: its slot's KV is
+being written, or read by running requests.
 
 The engine core's input thread (routing new requests) and its busy loop (filling slots, finishing
 requests) call in from different threads, so every method takes one lock. No vLLM or torch here.
@@ -21,7 +23,7 @@ from vllm_relay.config import check_prompt_name, check_token_ids
 if TYPE_CHECKING:
     from vllm_relay.config import RelayConfig
 
-PromptState = Literal["filling", "ready"]
+PromptState = Literal["filling", "ready", "failed"]
 
 
 @dataclass(slots=True, eq=False)
@@ -35,13 +37,15 @@ class SystemPrompt:
     """
 
     name: str
-    slot: int
+    slot: int | None  # None once failed: a failed prompt holds no slot
     token_ids: tuple[int, ...]
     state: PromptState = "filling"
     refcount: int = 0
     # Unique per registration (1, 2, ...): keys what was computed from this record, e.g. the
     # prefix-cache salt of its requests, which must change when a name gets new tokens.
     generation: int = 0
+    # Why the fill failed (state "failed"), for the operator.
+    error: str | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -85,9 +89,9 @@ class SystemPromptRegistry:
             return self._by_name.get(name)
 
     def prompts(self) -> list[SystemPrompt]:
-        """Every registered prompt, filling or ready, by slot."""
+        """Every registered prompt (filling, ready, then failed ones), by slot."""
         with self._lock:
-            return sorted(self._by_name.values(), key=lambda p: p.slot)
+            return sorted(self._by_name.values(), key=_by_slot)
 
     def ready_prompts(self) -> list[SystemPrompt]:
         """The prompts whose KV is computed, by slot: the ones requests may be routed to."""
@@ -102,7 +106,7 @@ class SystemPromptRegistry:
         """(version, prompts in `state` by slot), read together like `ready_snapshot`."""
         with self._lock:
             chosen = [p for p in self._by_name.values() if p.state == state]
-            return self._version, sorted(chosen, key=lambda p: p.slot)
+            return self._version, sorted(chosen, key=_by_slot)
 
     def free_slots(self) -> list[int]:
         with self._lock:
@@ -122,14 +126,15 @@ class SystemPromptRegistry:
         """Give `name` a slot, in state "filling"; return its record.
 
         Registering the same tokens again returns the existing record unchanged (so start-up
-        and API retries are idempotent). Other tokens under a registered name replace it in the
-        same slot, back to "filling", but only while nobody holds it and it is not filling.
+        and API retries are idempotent), unless it failed: then it is registered afresh (a retry).
+        Other tokens under a registered name replace it in the same slot, back to "filling", but
+        only while nobody holds it and it is not filling.
         """
         check_prompt_name(name)
         ids = tuple(check_token_ids(f"system prompt {name!r}", token_ids, self.max_prompt_tokens))
         with self._lock:
             old = self._by_name.get(name)
-            if old is not None:
+            if old is not None and old.state != "failed":
                 if old.token_ids == ids:
                     return old
                 self._check_idle(old, "re-register it with different tokens")
@@ -153,16 +158,33 @@ class SystemPromptRegistry:
         """Record that `name`'s KV is computed; requests may now be routed to it. Idempotent."""
         with self._lock:
             prompt = self._lookup(name)
+            if prompt.state == "failed":
+                raise ValueError(f"cannot mark system prompt {name!r} ready: its fill failed ({prompt.error})")
             if prompt.state != "ready":
                 prompt.state = "ready"
                 self._version += 1
             return prompt
 
+    def mark_failed(self, name: str, reason: str) -> SystemPrompt:
+        """Record that computing `name`'s KV failed, and why; it frees its slot and routes nothing.
+
+        Only a filling prompt can fail (a ready one's KV is already computed).
+        """
+        with self._lock:
+            prompt = self._lookup(name)
+            if prompt.state != "filling":
+                raise ValueError(f"cannot mark system prompt {name!r} failed: it is {prompt.state}")
+            prompt.state, prompt.slot, prompt.error = "failed", None, reason
+            self._version += 1
+            return prompt
+
     def abort_fill(self, name: str) -> None:
-        """Drop a prompt that is still filling (its KV computation failed), freeing its slot.
+        """Drop a prompt that is still filling and whose fill never started (the caller that
+        registered it gets the error instead), freeing its slot.
 
         `unregister` refuses filling prompts so that a slot being written cannot be handed to
-        another prompt; this is the filler's own way out.
+        another prompt; this is the filler's own way out. A fill that started and failed is
+        `mark_failed` instead, so that whoever waits for it learns why.
         """
         with self._lock:
             prompt = self._lookup(name)
@@ -238,8 +260,12 @@ class SystemPromptRegistry:
             )
 
     def _free_slots(self) -> list[int]:
-        taken = {p.slot for p in self._by_name.values()}
+        taken = {p.slot for p in self._by_name.values() if p.slot is not None}
         return [s for s in range(self.max_prompts) if s not in taken]
 
     def _names(self) -> list[str]:
-        return [p.name for p in sorted(self._by_name.values(), key=lambda p: p.slot)]
+        return [p.name for p in sorted(self._by_name.values(), key=_by_slot) if p.slot is not None]
+
+
+def _by_slot(prompt: SystemPrompt) -> tuple[bool, int, str]:
+    return prompt.slot is None, prompt.slot or 0, prompt.name
