@@ -96,8 +96,10 @@ def relay_stats(llm) -> dict:
 def _find(name: str, prompts: list[dict], registered: dict) -> dict:
     for p in prompts:
         if p["name"] == name and p["generation"] == registered["generation"]:
+            if p["state"] == "failed":
+                raise RuntimeError(f"system prompt {name!r} failed to fill: {p['error']}")
             return p
-    raise RuntimeError(f"system prompt {name!r} was dropped while filling (its fill failed)")
+    raise RuntimeError(f"system prompt {name!r} was unregistered or replaced while filling")
 
 
 # ---- AsyncLLM (the OpenAI server's engine client) -----------------------------------------

@@ -7,7 +7,7 @@ that system message and two different user messages, and keeping the common toke
 tokens every chat with this system message starts with (often including the user turn's header).
 
 Pure Python: the tokenizer and the template renderer come in as callables, so this is testable
-without vLLM; `vllm_relay.hooks.engine` passes vLLM's own.
+without vLLM; `vllm_relay.validate.PromptTools` makes them from the model's tokenizer.
 """
 
 from __future__ import annotations
@@ -55,11 +55,12 @@ def prompt_token_ids(
         if render_chat is None:
             raise ValueError(f"{what}: given as {CHAT_SYSTEM_KEY!r}, but no chat template renderer")
         system = {"role": "system", "content": prompt[CHAT_SYSTEM_KEY]}
+        try:
+            texts = [render_chat([system, {"role": "user", "content": u}]) for u in CHAT_PROBES]
+        except Exception as e:  # the template is the model's code: any error is the prompt's error
+            raise ValueError(f"{what}: the model's chat template cannot render it: {e}") from e
         # Rendered text is tokenized without special tokens, as vLLM tokenizes chat prompts.
-        renders = [
-            encode(render_chat([system, {"role": "user", "content": u}]), False)  # type: ignore[misc]
-            for u in CHAT_PROBES
-        ]
+        renders = [encode(text, False) for text in texts]  # type: ignore[misc]
         ids = common_prefix(*renders)
         if not ids:
             raise ValueError(
