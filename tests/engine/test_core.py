@@ -162,7 +162,7 @@ def test_matching_request_is_rewritten(core):
     tag = {"slot": 0, "system_len": 40, "fill": False}
     assert req.sampling_params.extra_args == {"mine": 1, TAG_KEY: tag}
     assert read_tag(req.sampling_params).system_len == 40
-    assert req.cache_salt == "vllm-relay:sys:1:user"
+    assert req.cache_salt == f"vllm-relay:{relay_of(core).secret}:relay:sys:1:user"
     assert req.max_tokens == MAX_MODEL_LEN - len(SYS + OWN)  # stops where the full prompt would
     # The request as sent (the front end's copy, in-process) is untouched.
     assert sent.prompt_token_ids == SYS + OWN and sent.sampling_params.extra_args == {"mine": 1}

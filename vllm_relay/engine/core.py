@@ -11,6 +11,9 @@ The patches in hooks/engine.py only forward to it; it never imports them. A requ
    from clients, release the prompt once the request is freed, finish fills (engine/fills.py).
 4. `finish_held` (the scheduler's `finish_requests`): aborts reach held requests too, by id or all
    at once (pause(mode="abort"), shutdown), and their clients get the same finish as the others.
+
+Prefix-cache isolation: routed requests and fills carry salts made with a per-engine secret
+(`salt_secret`), so no client-supplied `cache_salt` can share blocks with them.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from vllm_relay.hooks._patch import original
 from vllm_relay.protocol import RelayTag, tag
 from vllm_relay.stats import RelayCounters, summary_line
 from vllm_relay.system_prompts import SystemPrompt, SystemPromptRegistry, match_filling, route
-from vllm_relay.system_prompts.fill import relay_salt
+from vllm_relay.system_prompts.fill import relay_salt, salt_secret
 
 
 def _logger():
@@ -80,6 +83,8 @@ class RelayEngine:
         self.registry = SystemPromptRegistry.from_config(config)
         self.counters = RelayCounters()
         self.max_model_len: int = core.vllm_config.model_config.max_model_len
+        # Starts every relay and fill salt; never leaves the engine core (see salt_secret).
+        self.secret = salt_secret()
         self.fills = Fills(self)
         self._held: dict[str, tuple[Any, int]] = {}  # request id -> (Request, wave)
         self._system_lens: dict[str, int] = {}  # tagged request in the scheduler -> S (0: fill)
@@ -174,7 +179,7 @@ class RelayEngine:
         return with_sampling(
             request, sp,
             prompt_token_ids=request.prompt_token_ids[S:],
-            cache_salt=relay_salt(prompt, request.cache_salt),
+            cache_salt=relay_salt(prompt, request.cache_salt, self.secret),
         )
 
     def add(self, request, wave: int) -> None:

@@ -128,7 +128,7 @@ class Fills:
         request = EngineCoreRequest(
             request_id=rid, prompt_token_ids=list(prompt.token_ids), mm_features=None,
             sampling_params=params, pooling_params=None, arrival_time=time.time(),
-            lora_request=None, cache_salt=fill_salt(prompt), data_parallel_rank=None,
+            lora_request=None, cache_salt=fill_salt(prompt, self.relay.secret), data_parallel_rank=None,
         )
         req, _ = vllm_method("preprocess_add_request")(core, request)
         setattr(req, INFO_ATTR, RelayInfo(prompt, fill=True))

@@ -12,6 +12,7 @@ without vLLM; `vllm_relay.validate.PromptTools` makes them from the model's toke
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable, Mapping, Sequence
 
 from vllm_relay.config import CHAT_SYSTEM_KEY, check_token_ids
@@ -77,18 +78,33 @@ def fill_request_id(prompt: SystemPrompt) -> str:
     return f"vllm-relay-fill:{prompt.name}:{prompt.generation}"
 
 
-def fill_salt(prompt: SystemPrompt) -> str:
+def salt_secret() -> str:
+    """A fresh secret for one engine's relay salts: 128 random bits as hex (no ':').
+
+    vLLM keys the prefix cache by the request's `cache_salt`, which any client may set to any
+    string. Relay's salts start with this secret, which never leaves the engine core (not in
+    outputs, stats, logs or errors), so no client-supplied salt can equal one, and so no client
+    request can read blocks computed by relay's requests or fills, or write blocks they read.
+    A new secret per engine also keeps a persistent KV store (a KV connector) from serving blocks
+    computed under an earlier engine's registrations, whose generations restart at 1.
+    """
+    return secrets.token_hex(16)
+
+
+def fill_salt(prompt: SystemPrompt, secret: str) -> str:
     """Prefix-cache salt of a fill request: its blocks are never shared with anything."""
-    return f"vllm-relay-fill:{prompt.name}:{prompt.generation}"
+    return f"vllm-relay:{secret}:fill:{prompt.name}:{prompt.generation}"
 
 
-def relay_salt(prompt: SystemPrompt, user_salt: str | None) -> str:
+def relay_salt(prompt: SystemPrompt, user_salt: str | None, secret: str) -> str:
     """Prefix-cache salt of a request routed to `prompt`.
 
     A routed request's cached blocks hold its own tokens at positions shifted by S, computed
     with this registration's system KV: they may be shared only with requests routed to the
-    same registration, and with the same user salt (whose isolation the user asked for). Names
-    hold no ':', so the user's salt, appended after one, cannot make two salts collide.
+    same registration, and with the same user salt (whose isolation the user asked for). The
+    secret and names hold no ':' and the third field tells relay from fill salts, so the user's
+    salt, appended after one more ':', cannot make two salts collide. An empty user salt means
+    none, as it does to vLLM.
     """
-    salt = f"vllm-relay:{prompt.name}:{prompt.generation}"
-    return salt if user_salt is None else f"{salt}:{user_salt}"
+    salt = f"vllm-relay:{secret}:relay:{prompt.name}:{prompt.generation}"
+    return f"{salt}:{user_salt}" if user_salt else salt
