@@ -224,6 +224,12 @@ class RelayEngine:
                                     rid, prompt.name)
                 send_error([rid], req.client_index)
 
+    @staticmethod
+    def client_requests(requests: list) -> list:
+        """`requests` without fills: vLLM sends a finish output for each request finish_requests
+        returns (pause, shutdown, errors), and a fill has no client to tell."""
+        return [r for r in requests if not (info := getattr(r, INFO_ATTR, None)) or not info.fill]
+
     def finish_held(self, request_ids, status) -> list:
         """`Scheduler.finish_requests` for held requests (not in the scheduler): those among
         `request_ids` (every one when None) leave with `status`. Returns their Requests, for the

@@ -17,7 +17,8 @@ runs the original unchanged. The patches (listed in patches/README.md) only forw
 - `Scheduler.schedule` / `update_from_output` / `_free_request`: count, hide fill outputs, finish
   fills, release prompts when their requests end (finished, aborted or failed).
 - `Scheduler.finish_requests`: aborts (by id, or of everything: pause(mode="abort"), shutdown)
-  reach held requests too, and return them so their clients get the same finish.
+  reach held requests too, and return them so their clients get the same finish; fills, which
+  have no client, are left out of what it returns.
 """
 
 from __future__ import annotations
@@ -105,7 +106,7 @@ def _finish_requests(self, request_ids, finished_status):
     finished = original(_Scheduler, "finish_requests")(self, request_ids, finished_status)
     if request_ids is None:  # everything ends: fills too, and no request is left to admit
         relay.fills.finish()
-    return finished + held
+    return relay.client_requests(finished) + held
 
 
 def _free_request(self, request, *args, **kwargs):
