@@ -36,7 +36,7 @@ from vllm_relay.engine.requests import (
     with_sampling,
 )
 from vllm_relay.hooks._patch import original
-from vllm_relay.protocol import RelayTag, tag
+from vllm_relay.protocol import TAG_KEY, RelayTag, tag
 from vllm_relay.stats import RelayCounters, summary_line
 from vllm_relay.system_prompts import SystemPrompt, SystemPromptRegistry, match_filling, route
 from vllm_relay.system_prompts.fill import relay_salt, salt_secret
@@ -141,7 +141,10 @@ class RelayEngine:
     def preprocess(self, request) -> tuple[Any, int]:
         """`EngineCore.preprocess_add_request` for an EngineCoreRequest, routed (step 1 above)."""
         preprocess = vllm_method("preprocess_add_request")
-        request = strip_forged_tag(request)
+        sent, request = request, strip_forged_tag(request)
+        if request is not sent:
+            _logger().warning_once("vllm-relay: dropped the %r key of a request's extra_args (vllm_xargs): only "
+                                   "the engine core tags requests for relay", TAG_KEY)
         if not relay_eligible(request):
             return preprocess(self.core, request)
         ids = request.prompt_token_ids
