@@ -3,7 +3,7 @@
 Used by the e2e tests: each engine runs in a fresh process, as vLLM's CPU build spawns its engine
 core and workers and two engines in one test process would share global state.
 Usage: python run_offline.py SPEC_JSON OUT_JSON, where SPEC_JSON holds
-  {"engine": {LLM kwargs}, "prompts": [[token ids], ...], "max_tokens": int}
+  {"engine": {LLM kwargs}, "prompts": [[token ids], ...], "max_tokens": int or [int per prompt]}
 """
 
 import json
@@ -21,8 +21,10 @@ def main() -> None:
     engine = {"dtype": "float32", "enforce_eager": True, "max_model_len": 1024, "seed": 0,
               "block_size": 16, "disable_log_stats": False, **spec["engine"]}
     llm = LLM(**engine)
-    params = SamplingParams(temperature=0.0, max_tokens=spec.get("max_tokens", 12), logprobs=5,
-                            ignore_eos=True)
+    max_tokens = spec.get("max_tokens", 12)
+    if isinstance(max_tokens, int):
+        max_tokens = [max_tokens] * len(spec["prompts"])
+    params = [SamplingParams(temperature=0.0, max_tokens=n, logprobs=5, ignore_eos=True) for n in max_tokens]
     outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in spec["prompts"]], params,
                         use_tqdm=False)
     result = {"outputs": [{
