@@ -14,7 +14,8 @@ its own process (a fresh engine, its own GPU memory):
   bench     `vllm bench throughput` itself, for the default configuration (cross-check of this driver)
 
 `--accuracy` instead compares relay with FLASH_ATTN on the same full prompts (greedy, top-5
-logprobs over the first 8 generated tokens). Usage (GPU host):
+logprobs over the first 8 generated tokens). `--tensor-parallel-size N` runs every configuration
+over N GPUs (data parallelism is a serving feature: vllm.LLM refuses it). Usage (GPU host):
   python3 benchmarks/bench_throughput.py --model DIR --prefix-len 2048 --num-prompts 1000 \
       --max-model-len 4096 --configs default,relay --out results.json
 """
@@ -44,7 +45,8 @@ def sample_requests(args):
 
 
 def engine_kwargs(args, config, system_ids):
-    kw = dict(model=args.model, load_format="dummy", max_model_len=args.max_model_len, seed=args.seed)
+    kw = dict(model=args.model, load_format="dummy", max_model_len=args.max_model_len, seed=args.seed,
+              tensor_parallel_size=args.tensor_parallel_size)
     if config == "noprefix-relay":
         kw["attention_backend"] = "relay"
     elif config in ("relay", "accuracy-relay"):
@@ -104,7 +106,7 @@ def run_config(args, config):
                "--load-format", "dummy", "--dataset-name", "random", "--random-input-len", str(args.input_len),
                "--random-output-len", str(args.output_len), "--random-prefix-len", str(args.prefix_len),
                "--num-prompts", str(args.num_prompts), "--max-model-len", str(args.max_model_len),
-               "--seed", str(args.seed)]
+               "--seed", str(args.seed), "--tensor-parallel-size", str(args.tensor_parallel_size)]
     else:
         cmd = [sys.executable, __file__, *sys.argv[1:], "--worker", config]
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -143,6 +145,7 @@ def main():
     p.add_argument("--num-prompts", type=int, default=1000)
     p.add_argument("--max-model-len", type=int, default=4096)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tensor-parallel-size", type=int, default=1)
     p.add_argument("--configs", default="default,relay")
     p.add_argument("--accuracy", action="store_true")
     p.add_argument("--out")
