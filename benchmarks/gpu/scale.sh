@@ -4,6 +4,7 @@
 # Usage: bash benchmarks/gpu/scale.sh STEP...   with STEP one of (host kind; rough minutes)
 #   exact-tp2         relay vs FLASH_ATTN at TP=2, tiny MHA and GQA models (gpu test rule)   h200-x2; ~5
 #   exact-dp2         the same at DP=2 (two engine cores behind an AsyncLLM)                 h200-x2; ~5
+#   exact-tp4         the same at TP=4 (the GQA model's KV heads replicated)                  h200-x4; ~5
 #   tp2-13b-default   throughput, Llama-2-13B shape, TP=2, P=2048, vLLM's default             h200-x2; ~4
 #   tp2-13b-relay     the same with relay                                                     h200-x2; ~4
 #   tp4-70b-default   throughput, Llama-2-70B shape, TP=4, P=2048, vLLM's default             h200-x4; ~6
@@ -24,6 +25,7 @@ for step in "$@"; do
   case $step in
     exact-tp2) gpu_tests tp2 exact_tp2 ;;
     exact-dp2) gpu_tests dp2 exact_dp2 ;;
+    exact-tp4) gpu_tests tp4 exact_tp4 ;;
     tp2-13b-default|tp2-13b-relay)
       timeout 520 $bt --model "$(model llama-2-13b-shape)" --tensor-parallel-size 2 --num-prompts 400 \
         --configs "${step##*-}" --out "$out/${step//-/_}.json" 2>&1 | tee "$out/${step//-/_}.txt" | tail -3 ;;

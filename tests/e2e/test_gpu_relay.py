@@ -3,9 +3,10 @@
 bf16 cannot be bit-exact across attention implementations, so the yardstick is another of vLLM's own
 backends: relay may differ from FLASH_ATTN by at most twice what TRITON_ATTN does (the flash-attn
 tests' rule), on the same mixed workload as the CPU exactness test, and relay must have fired.
-The same rule at tensor parallelism 2 (each rank holds its KV heads of the system store) and data
-parallelism 2 (independent engine cores behind an AsyncLLM; counters summed), all three engines at
-the same parallelism; those cases skip with fewer than 2 GPUs visible.
+The same rule at tensor parallelism 2 and 4 (each rank holds its KV heads of the system store; at 4
+the GQA model's 2 KV heads are replicated) and data parallelism 2 (independent engine cores behind
+an AsyncLLM; counters summed), all three engines at the same parallelism; those cases skip with
+fewer GPUs visible.
 """
 
 import json
@@ -33,7 +34,8 @@ def divergence(got: list, want: list) -> tuple[float, float]:
     return same / len(got), worst
 
 
-PARALLEL = {"tp1": {}, "tp2": {"tensor_parallel_size": 2}, "dp2": {"data_parallel_size": 2}}
+PARALLEL = {"tp1": {}, "tp2": {"tensor_parallel_size": 2}, "tp4": {"tensor_parallel_size": 4},
+            "dp2": {"data_parallel_size": 2}}
 
 
 @pytest.mark.parametrize("parallel", list(PARALLEL))
