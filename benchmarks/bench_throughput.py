@@ -50,11 +50,9 @@ def engine_kwargs(args, config, system_ids):
     if config == "noprefix-relay":
         kw["attention_backend"] = "relay"
     elif config in ("relay", "accuracy-relay"):
-        page = 256
         kw["attention_backend"] = "relay"
         kw["additional_config"] = {"relay": {
-            "system_prompts": {"bench": system_ids}, "max_prompts": 1,
-            "max_prompt_tokens": -(-len(system_ids) // page) * page, "page_size": page}}
+            "system_prompts": {"bench": system_ids}, "max_prompts": 1, "max_prompt_tokens": len(system_ids)}}
     elif config == "accuracy-reference":
         kw["attention_backend"] = "FLASH_ATTN"
     return kw

@@ -23,7 +23,7 @@ SYSTEM = "You are a terse assistant for a shipping company. Answer in one senten
 # The system message is registered at start-up as the chat template renders it, so the chat
 # request below, which starts with it, is served by relay attention.
 RELAY_CONFIG = {"relay": {"system_prompts": {"shipping": {"chat_system": SYSTEM}},
-                          "max_prompts": 1, "max_prompt_tokens": 512, "page_size": 64,
+                          "max_prompts": 1, "max_prompt_tokens": 512,
                           "log_stats_interval_s": 0.5}}
 
 

@@ -1,4 +1,4 @@
-"""RelayConfig validation, from_vllm, env overrides and kv_bytes. CPU only, no vLLM needed."""
+"""RelayConfig validation, from_vllm and env overrides. CPU only, no vLLM needed."""
 
 import json
 import os
@@ -23,7 +23,7 @@ def _clean_env(monkeypatch):
 
 def test_defaults():
     c = RelayConfig()
-    assert (c.max_prompts, c.max_prompt_tokens, c.page_size) == (2, 8192, 256)
+    assert (c.max_prompts, c.max_prompt_tokens, c.shared_path) == (2, 8192, "auto")
     assert c.system_prompts == {} and c.log_stats_interval_s == 10.0
 
 
@@ -33,15 +33,9 @@ def test_defaults():
         ({"max_prompts": 0}, r"max_prompts=0: must be an int >= 1"),
         ({"max_prompts": True}, r"max_prompts=True"),
         ({"max_prompts": "2"}, r"max_prompts='2'"),
-        ({"page_size": 8}, r"page_size=8: must be a power of two in \[16, 1024\]"),
-        ({"page_size": 2048}, r"page_size=2048: .*\[16, 1024\]"),
-        ({"page_size": 96}, r"page_size=96: must be a power of two"),
-        (
-            {"max_prompt_tokens": 1000},
-            r"max_prompt_tokens=1000: must be a positive multiple of page_size=256",
-        ),
-        ({"max_prompt_tokens": 0}, r"max_prompt_tokens=0: .*page_size=256"),
-        ({"max_prompt_tokens": 48, "page_size": 32}, r"max_prompt_tokens=48: .*page_size=32"),
+        ({"max_prompt_tokens": 0}, r"max_prompt_tokens=0: must be an int >= 1"),
+        ({"max_prompt_tokens": 1.5}, r"max_prompt_tokens=1.5: must be an int >= 1"),
+        ({"shared_path": "sometimes"}, r"shared_path='sometimes': must be one of \['auto', 'always', 'never'\]"),
         ({"log_stats_interval_s": -1.0}, r"log_stats_interval_s=-1.0: must be a finite number >= 0"),
         ({"log_stats_interval_s": float("inf")}, r"log_stats_interval_s=inf"),
     ],
@@ -52,8 +46,8 @@ def test_field_limits(kwargs, match):
 
 
 def test_valid_edges():
-    RelayConfig(page_size=16, max_prompt_tokens=16, max_prompts=1)
-    RelayConfig(page_size=1024, max_prompt_tokens=3 * 1024)
+    RelayConfig(max_prompt_tokens=1, max_prompts=1)
+    RelayConfig(max_prompt_tokens=1000, shared_path="never")
     assert RelayConfig(log_stats_interval_s=0).log_stats_interval_s == 0.0
 
 
@@ -100,9 +94,9 @@ def test_from_vllm_empty():
 
 
 def test_from_vllm_reads_relay_section():
-    section = {"max_prompts": 4, "page_size": 128, "system_prompts": {"a": "x"}}
+    section = {"max_prompts": 4, "shared_path": "always", "system_prompts": {"a": "x"}}
     c = RelayConfig.from_vllm({"relay": section})
-    assert (c.max_prompts, c.page_size, c.system_prompts) == (4, 128, {"a": "x"})
+    assert (c.max_prompts, c.shared_path, c.system_prompts) == (4, "always", {"a": "x"})
 
 
 def test_from_vllm_unknown_keys():
@@ -126,8 +120,8 @@ def test_env_overrides(monkeypatch):
 
 
 def test_env_override_is_validated(monkeypatch):
-    monkeypatch.setenv("VLLM_RELAY_MAX_PROMPT_TOKENS", "1000")
-    with pytest.raises(ValueError, match=r"max_prompt_tokens=1000: .*page_size=256"):
+    monkeypatch.setenv("VLLM_RELAY_MAX_PROMPT_TOKENS", "0")
+    with pytest.raises(ValueError, match=r"max_prompt_tokens=0: must be an int >= 1"):
         RelayConfig.from_vllm(None)
 
 
@@ -170,25 +164,6 @@ def test_prompts_file_errors(monkeypatch, tmp_path, content, match):
     monkeypatch.setenv("VLLM_RELAY_SYSTEM_PROMPTS_FILE", str(f))
     with pytest.raises(ValueError, match=rf"VLLM_RELAY_SYSTEM_PROMPTS_FILE=.*prompts.json.*: {match}"):
         RelayConfig.from_vllm(None)
-
-
-def test_kv_bytes_llama3_8b():
-    # Llama-3-8B: 32 layers, 8 KV heads of 128, bf16; 2 slots x 8192 tokens, K and V.
-    gib = 2**30
-    assert RelayConfig().kv_bytes(num_layers=32, num_kv_heads=8, head_size=128, dtype_bytes=2) == 2 * gib
-
-
-def test_kv_bytes_scales_linearly():
-    base = RelayConfig(max_prompts=1, max_prompt_tokens=256).kv_bytes(1, 1, 1, 1)
-    assert base == 2 * 256
-    c = RelayConfig(max_prompts=3, max_prompt_tokens=512)
-    want = 3 * 512 * 2 * 2 * 4 * 64 * 4  # slots * tokens * (K, V) * layers * heads * head_size * bytes
-    assert c.kv_bytes(num_layers=2, num_kv_heads=4, head_size=64, dtype_bytes=4) == want
-
-
-def test_kv_bytes_rejects_bad_shapes():
-    with pytest.raises(ValueError, match=r"head_size=0 must be an int >= 1"):
-        RelayConfig().kv_bytes(32, 8, 0, 2)
 
 
 def test_envs_module():

@@ -15,9 +15,10 @@ import pytest
 
 from vllm_relay import envs
 from vllm_relay.testing.models import get_model
+from vllm_relay.testing.tokenizer import SYSTEM_MESSAGE
 
 README = Path(__file__).resolve().parents[1] / "README.md"
-BASE = {"max_prompts": 2, "max_prompt_tokens": 256, "page_size": 16}
+BASE = {"max_prompts": 2, "max_prompt_tokens": 256}
 IDS_300 = list(range(1, 301))
 
 # (relay section, env, engine args, error excerpt). A relay section that is a dict is merged over
@@ -26,9 +27,9 @@ FRONT_END = [
     ([1], {}, {}, 'additional_config["relay"]: must be a dict, got list'),
     ({"max_prompt": 4}, {}, {}, "unknown keys ['max_prompt']; valid keys are"),
     ({"max_prompts": 0}, {}, {}, "RelayConfig.max_prompts=0: must be an int >= 1"),
-    ({"page_size": 100}, {}, {}, "RelayConfig.page_size=100: must be a power of two in [16, 1024]"),
-    ({"max_prompt_tokens": 100}, {}, {},
-     "RelayConfig.max_prompt_tokens=100: must be a positive multiple of page_size=16"),
+    ({"max_prompt_tokens": 0}, {}, {}, "RelayConfig.max_prompt_tokens=0: must be an int >= 1"),
+    ({"shared_path": "sometimes"}, {}, {},
+     "RelayConfig.shared_path='sometimes': must be one of ['auto', 'always', 'never']"),
     ({"log_stats_interval_s": -1}, {}, {}, "RelayConfig.log_stats_interval_s=-1: must be a finite number >= 0"),
     ({"system_prompts": ["hi"]}, {}, {}, "RelayConfig.system_prompts: must be a dict name -> text"),
     ({"system_prompts": {"a": [1], "b": [2], "c": [3]}}, {}, {}, "3 prompts (a, b, c), more than max_prompts=2"),
@@ -44,13 +45,13 @@ FRONT_END = [
     ({"system_prompts": {"a": [1, -2]}}, {}, {}, "token id -2 is not a non-negative int"),
     ({"system_prompts": {"a": IDS_300}}, {}, {}, "300 tokens, more than max_prompt_tokens=256"),
     ({}, {"VLLM_RELAY_MAX_PROMPTS": "two"}, {}, "VLLM_RELAY_MAX_PROMPTS='two': not an integer"),
-    ({}, {"VLLM_RELAY_MAX_PROMPT_TOKENS": "100"}, {},
-     "RelayConfig.max_prompt_tokens=100: must be a positive multiple"),
+    ({}, {"VLLM_RELAY_MAX_PROMPT_TOKENS": "-5"}, {}, "RelayConfig.max_prompt_tokens=-5: must be an int >= 1"),
     ({}, {"VLLM_RELAY_SYSTEM_PROMPTS_FILE": "/missing/prompts.json"}, {},
      "cannot read it: No such file or directory"),
     ({}, {"VLLM_RELAY_SYSTEM_PROMPTS_FILE": "file:{name: 1"}, {}, "not valid JSON"),
     ({}, {"VLLM_RELAY_SYSTEM_PROMPTS_FILE": "file:[1, 2]"}, {}, "must hold a JSON object {name: text"),
-    ({"system_prompts": {"a": "word " * 400}}, {}, {}, "system prompt 'a': 402 tokens, more than max_prompt_tokens=256"),
+    ({"system_prompts": {"a": "word " * 400}}, {}, {},
+     "system prompt 'a': 402 tokens, more than max_prompt_tokens=256"),
     ({"system_prompts": {"a": {"chat_system": "word " * 300}}}, {}, {},
      "system prompt 'a': 308 tokens, more than max_prompt_tokens=256"),
     ({"system_prompts": {"a": "hi"}}, {}, {"skip_tokenizer_init": True},
@@ -58,6 +59,8 @@ FRONT_END = [
     ({"system_prompts": {"a": {"chat_system": "hi"}}}, {}, {"model": "no-chat-template"},
      "the model's chat template cannot render it"),
     ({"system_prompts": {"a": [1, 5000]}}, {}, {}, "token id 5000 is out of the model's vocabulary (size 3072)"),
+    ({"system_prompts": {"a": list(range(1, 16))}}, {}, {},
+     "15 tokens, fewer than one KV cache block (16 tokens): relay shares whole blocks"),
     ({"system_prompts": {"a": list(range(1, 65))}}, {}, {"max_model_len": 64},
      "64 tokens leave no room for a request's own tokens within max_model_len=64"),
 ]
@@ -103,7 +106,7 @@ def engine_args(relay, **engine):
     vllm_relay.register()
     section = {**BASE, **relay} if isinstance(relay, dict) else relay
     kwargs = {"model": get_model("tiny-llama-gqa"), "attention_backend": "relay", "max_model_len": 512,
-              "additional_config": {"relay": section}, **engine}
+              "block_size": 16, "additional_config": {"relay": section}, **engine}
     return EngineArgs(**kwargs)
 
 
@@ -121,9 +124,10 @@ def test_front_end_rejects(relay, env, engine, error, monkeypatch, tmp_path, no_
 
 
 def test_front_end_accepts_a_good_configuration_and_ignores_relay_settings_without_relay():
-    good = {"system_prompts": {"a": "You are helpful.", "b": {"chat_system": "Be brief."}}}
+    text = "You are a helpful assistant. Answer briefly and politely, in plain English."
+    good = {"system_prompts": {"a": text, "b": {"chat_system": SYSTEM_MESSAGE}}}
     config = engine_args(good).create_engine_config()
-    assert config.additional_config["relay"]["system_prompts"]["a"] == "You are helpful."
+    assert config.additional_config["relay"]["system_prompts"]["a"] == text
     engine_args({"max_prompts": 0}, attention_backend=None).create_engine_config()  # relay not selected
 
 
@@ -147,7 +151,7 @@ def test_registration_rejects(core, case, error):
         submit(core, ecr("r", SYS + OWN))  # holds "sys"
     with pytest.raises(ValueError, match=re.escape(error)):
         if case == "slots":
-            core.relay_register_system_prompt("third", [1, 2])
+            core.relay_register_system_prompt("third", list(range(1, 17)))
         elif case == "reregister":
             core.relay_register_system_prompt("rt", RT[:-1])
         elif case == "unregister-unknown":
@@ -177,7 +181,7 @@ def test_failed_fill_is_listed_with_its_reason_and_raised_to_waiters(core):
 def test_engine_features_are_refused(feature, monkeypatch):
     from vllm.config import ModelConfig, set_current_vllm_config
 
-    from vllm_relay.attention.common import allocate_system_store
+    from vllm_relay.attention.common import check_engine
 
     engine = {}
     if feature == "speculative":
@@ -190,7 +194,7 @@ def test_engine_features_are_refused(feature, monkeypatch):
     expected = {"speculative": ENGINE_FEATURES, "mrope": "M-RoPE / XD-RoPE position encodings",
                 "kv_cache_dtype": "kv_cache_dtype='fp8' other than the model's"}[feature]
     with set_current_vllm_config(config), pytest.raises(NotImplementedError, match=re.escape(expected)):
-        allocate_system_store(2, 64)
+        check_engine()
 
 
 @pytest.mark.parametrize("feature, value", [("alibi_slopes", [1.0]), ("sliding_window", 64),

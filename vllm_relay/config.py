@@ -18,10 +18,10 @@ from typing import Any
 
 from vllm_relay import envs
 
-# The kernels view the system KV as pages of `page_size` tokens; a power of two keeps page
-# indexing a shift, and this range covers vLLM's block sizes (16) up to one tile of a long prompt.
-MIN_PAGE_SIZE = 16
-MAX_PAGE_SIZE = 1024
+# How relay requests' decode tokens attend to their system prompt (see vllm_relay/ops/relay_plan.py):
+# "auto" lets the measured rule pick per step and slot; "always" / "never" force the shared
+# (one grouped read per slot) or the prefix (one read per request) path, for tests and benchmarks.
+SHARED_PATHS = ("auto", "always", "never")
 
 # Prompt names appear in logs, metrics labels and URLs, so keep them short and plain.
 MAX_PROMPT_NAME_LEN = 64
@@ -90,38 +90,31 @@ def _is_int(value: object) -> bool:
 
 @dataclass(slots=True)
 class RelayConfig:
-    """Sizes of the system-prompt KV store and the prompts to load at start-up."""
+    """How many system prompts, how long, which ones at start-up, and how relay runs them."""
 
-    # Slots of the KV store: system prompts resident at once.
+    # Slots: system prompts resident at once. Each one's KV lives in pages of vLLM's paged KV
+    # cache (its whole blocks), taken when it is filled and given back when it is removed.
     max_prompts: int = 2
-    # S_max: tokens per slot. A positive multiple of page_size, so a slot is whole pages.
+    # Most tokens of one system prompt.
     max_prompt_tokens: int = 8192
-    # Tokens per page of the system KV as the kernels view it. Power of two in [16, 1024].
-    page_size: int = 256
     # Prompts given at start-up: name -> text (tokenized by the engine as a completion prompt),
     # token ids, or {"chat_system": text} (the system message as the chat template renders it).
     system_prompts: dict[str, str | list[int] | dict[str, str]] = field(default_factory=dict)
     # Seconds between stats log lines; 0 turns them off.
     log_stats_interval_s: float = 10.0
+    # "auto" (the measured rule), "always" or "never": see SHARED_PATHS.
+    shared_path: str = "auto"
 
     def __post_init__(self) -> None:
         if not _is_int(self.max_prompts) or self.max_prompts < 1:
             raise ValueError(f"RelayConfig.max_prompts={self.max_prompts!r}: must be an int >= 1")
-        if not _is_int(self.page_size) or not (MIN_PAGE_SIZE <= self.page_size <= MAX_PAGE_SIZE) or (
-            self.page_size & (self.page_size - 1)
-        ):
+        if not _is_int(self.max_prompt_tokens) or self.max_prompt_tokens < 1:
             raise ValueError(
-                f"RelayConfig.page_size={self.page_size!r}: must be a power of two in "
-                f"[{MIN_PAGE_SIZE}, {MAX_PAGE_SIZE}]"
+                f"RelayConfig.max_prompt_tokens={self.max_prompt_tokens!r}: must be an int >= 1"
             )
-        if (
-            not _is_int(self.max_prompt_tokens)
-            or self.max_prompt_tokens < 1
-            or self.max_prompt_tokens % self.page_size
-        ):
+        if self.shared_path not in SHARED_PATHS:
             raise ValueError(
-                f"RelayConfig.max_prompt_tokens={self.max_prompt_tokens!r}: must be a positive "
-                f"multiple of page_size={self.page_size}"
+                f"RelayConfig.shared_path={self.shared_path!r}: must be one of {list(SHARED_PATHS)}"
             )
         interval = self.log_stats_interval_s
         if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not (
@@ -190,23 +183,6 @@ class RelayConfig:
                 )
             kwargs["system_prompts"] = {**prompts, **load_prompts_file(path)}
         return cls(**kwargs)
-
-    def kv_bytes(self, num_layers: int, num_kv_heads: int, head_size: int, dtype_bytes: int) -> int:
-        """Bytes of the system-prompt KV store: K and V, every slot filled to S_max, all layers.
-
-        The store is allocated at its full size up front, so this is what it costs whether or
-        not any prompt is registered.
-        """
-        for arg, value in (
-            ("num_layers", num_layers),
-            ("num_kv_heads", num_kv_heads),
-            ("head_size", head_size),
-            ("dtype_bytes", dtype_bytes),
-        ):
-            if not _is_int(value) or value < 1:
-                raise ValueError(f"kv_bytes: {arg}={value!r} must be an int >= 1")
-        per_token = 2 * num_layers * num_kv_heads * head_size * dtype_bytes  # 2: K and V
-        return self.max_prompts * self.max_prompt_tokens * per_token
 
 
 def load_prompts_file(path: str | Path) -> dict[str, Any]:

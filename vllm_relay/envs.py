@@ -32,11 +32,11 @@ def _int(name: str) -> int | None:
 
 
 environment_variables: dict[str, Callable[[], Any]] = {
-    # Overrides RelayConfig.max_prompts: how many system prompts the KV store holds at once
-    # (its slots). Lets an operator resize the store without editing --additional-config.
+    # Overrides RelayConfig.max_prompts: how many system prompts can be registered at once
+    # (the slots). Lets an operator change it without editing --additional-config.
     "VLLM_RELAY_MAX_PROMPTS": lambda: _int("VLLM_RELAY_MAX_PROMPTS"),
-    # Overrides RelayConfig.max_prompt_tokens: S_max, the tokens per slot. Must stay a multiple
-    # of page_size; RelayConfig validates it after the override.
+    # Overrides RelayConfig.max_prompt_tokens: the most tokens of one system prompt;
+    # RelayConfig validates it after the override.
     "VLLM_RELAY_MAX_PROMPT_TOKENS": lambda: _int("VLLM_RELAY_MAX_PROMPT_TOKENS"),
     # Path of a JSON file {name: text | [token ids] | {"chat_system": text}} merged into RelayConfig.system_prompts
     # (its entries win on a name clash). Long prompts do not fit comfortably in a CLI flag.

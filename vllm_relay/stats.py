@@ -140,5 +140,6 @@ async def async_relay_stats(engine) -> dict:
     per_engine = await _on_each_engine(engine, "relay_stats")
     if len(per_engine) == 1:
         return per_engine[0]
-    summed = {k: sum(e[k] for e in per_engine) for k in (*RelayCounters.__dataclass_fields__, "held_requests")}
+    keys = (*RelayCounters.__dataclass_fields__, "held_requests")
+    summed = {k: sum(e[k] for e in per_engine) for k in keys}
     return {**summed, "prompts": per_engine[0]["prompts"], "engines": per_engine}

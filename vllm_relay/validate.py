@@ -9,7 +9,8 @@ registrations.
 
 Checked, in order: the "relay" section of additional_config and the VLLM_RELAY_* variables
 (RelayConfig: keys, limits, the prompts file, each prompt's form); then each prompt tokenized with
-the model's tokenizer and chat template, against max_prompt_tokens, the model's vocabulary and
+the model's tokenizer and chat template, against max_prompt_tokens, the model's vocabulary, the KV
+cache block (relay shares whole blocks; in the front end only when --block-size is given) and
 max_model_len. (The table of every check and its message is in README.md, "Bad input".)
 """
 
@@ -49,20 +50,28 @@ class PromptTools:
         def render_chat(messages: list[dict[str, str]]) -> str:
             from vllm.renderers.hf import safe_apply_chat_template
 
-            return safe_apply_chat_template(model_config, tok, messages, tokenize=False, add_generation_prompt=True)
+            return safe_apply_chat_template(model_config, tok, messages, tokenize=False,
+                                            add_generation_prompt=True)
 
         return encode, render_chat
 
 
-def resolve_prompt(name: str, spec: Any, config: RelayConfig, vllm_config, tools: PromptTools) -> list[int]:
+def resolve_prompt(name: str, spec: Any, config: RelayConfig, vllm_config, tools: PromptTools,
+                   block_size: int | None) -> list[int]:
     """The token ids of system prompt `name` (a spec checked by RelayConfig / check_prompt_spec),
-    or ValueError saying why this engine cannot use it."""
+    or ValueError saying why this engine cannot use it. `block_size`: the KV cache block, when
+    known (None skips that check)."""
     what = f"system prompt {name!r}"
     encode, render_chat = tools() if not isinstance(spec, list) else (None, None)
     ids = prompt_token_ids(what, spec, config.max_prompt_tokens, encode, render_chat)
     vocab = vllm_config.model_config.get_vocab_size()
     if max(ids) >= vocab:
         raise ValueError(f"{what}: token id {max(ids)} is out of the model's vocabulary (size {vocab})")
+    if block_size is not None and len(ids) < block_size:
+        raise ValueError(
+            f"{what}: {len(ids)} tokens, fewer than one KV cache block ({block_size} tokens): relay "
+            f"shares whole blocks, so it would share nothing"
+        )
     max_model_len = vllm_config.model_config.max_model_len
     if len(ids) >= max_model_len:
         raise ValueError(
@@ -81,4 +90,9 @@ def validate_engine_config(vllm_config) -> dict[str, list[int]]:
     """
     config = RelayConfig.from_vllm(vllm_config.additional_config)
     tools = PromptTools(vllm_config)
-    return {name: resolve_prompt(name, spec, config, vllm_config, tools) for name, spec in config.system_prompts.items()}
+    # The block size is final here only if the user chose it: otherwise the engine picks the
+    # attention backend's preferred one, and checks prompts against it itself.
+    cache = vllm_config.cache_config
+    block_size = cache.block_size if cache.user_specified_block_size else None
+    return {name: resolve_prompt(name, spec, config, vllm_config, tools, block_size)
+            for name, spec in config.system_prompts.items()}

@@ -55,7 +55,7 @@ EOF
       VLLM_RELAY_SYSTEM_PROMPTS_FILE="$out/prompts.json" python3 -m vllm.entrypoints.cli.main serve "$m" \
         --load-format dummy --attention-backend relay --served-model-name llama-2-7b-shape --host 127.0.0.1 \
         --port $port --max-model-len 4096 --max-num-seqs 1024 --additional-config \
-        '{"relay": {"max_prompts": 1, "max_prompt_tokens": 2304, "page_size": 256, "log_stats_interval_s": 1}}' \
+        '{"relay": {"max_prompts": 1, "max_prompt_tokens": 2304, "log_stats_interval_s": 1}}' \
         >"$log" 2>&1 &
       pid=$!
       for _ in $(seq 400); do

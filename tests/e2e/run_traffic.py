@@ -102,7 +102,8 @@ def main() -> None:
         result["prompts_after_fault"] = system_prompts(llm)
         run(spec["after"])  # still serving, relay included
     result["stats"] = relay_stats(llm)
-    result["preemptions"] = {m.name: getattr(m, "value", None) for m in llm.get_metrics()}.get("vllm:num_preemptions")
+    metrics = {m.name: getattr(m, "value", None) for m in llm.get_metrics()}
+    result["preemptions"] = metrics.get("vllm:num_preemptions")
     json.dump(result, open(out_path, "w"))
 
 

@@ -51,8 +51,7 @@ def test_relay_matches_flash_attention_on_cuda(name, parallel, tmp_path):
     systems, prompts, num_relay = workload(vocab, seed=3)
     base = {"model": model, "dtype": "bfloat16", "max_model_len": 512, "max_num_batched_tokens": 64,
             **PARALLEL[parallel]}
-    relay_config = {"relay": {"system_prompts": systems, "max_prompts": 2, "max_prompt_tokens": 256,
-                              "page_size": 64}}
+    relay_config = {"relay": {"system_prompts": systems, "max_prompts": 2, "max_prompt_tokens": 256}}
     spec = {"prompts": prompts, "max_tokens": 16}
     relay, log = run_engine({**spec, "engine": {**base, "attention_backend": "relay",
                                                 "additional_config": relay_config}}, tmp_path, "relay")

@@ -6,7 +6,9 @@ at its start; its user parts are long enough to be split by chunked prefill (sma
 max_num_batched_tokens) and its KV cache is small enough to force preemption by recompute.
 A reference engine runs the same full prompts on vLLM's CPU backend. Greedy tokens must be
 identical and the top-5 logprobs must agree within 1e-4 (fp32); seeded sampling with n > 1 and a
-stop string must give the same completions, texts and finish reasons.
+stop string must give the same completions, texts and finish reasons. Both relay paths are run:
+"always" sends every decode token of a relay request through the shared (grouped) system level,
+"never" reads each request's system pages in front of its own (the prefix path).
 """
 
 import json
@@ -37,29 +39,46 @@ def workload(vocab: int, seed: int):
     return {"a": sys_a, "b": sys_b}, prompts, 2 * len(user_lens)
 
 
-@pytest.mark.parametrize("name", ["tiny-llama-mha", "tiny-llama-gqa"])
-def test_relay_is_exact_on_mixed_batches_with_chunking_and_preemption(name, tmp_path):
+_references: dict = {}
+
+
+def reference_run(model, prompts, sampled, tmp_path):
+    """vLLM's own CPU backend on the full prompts; one run per model for all relay variants."""
+    if model not in _references:
+        _references[model], _ = run_engine({"engine": {"model": model, "max_model_len": 512}, "prompts": prompts,
+                                            "max_tokens": 16, "sampled_prompts": sampled}, tmp_path, "reference")
+    return _references[model]
+
+
+@pytest.mark.parametrize("name, shared_path", [("tiny-llama-mha", "always"), ("tiny-llama-gqa", "always"),
+                                               ("tiny-llama-gqa", "never")])
+def test_relay_is_exact_on_mixed_batches_with_chunking_and_preemption(name, shared_path, tmp_path):
     model = get_model(name)
     vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
     systems, prompts, num_relay = workload(vocab, seed=7)
     relay_engine = {
         "model": model, "attention_backend": "relay",
         "additional_config": {"relay": {"system_prompts": systems, "max_prompts": 2,
-                                        "max_prompt_tokens": 256, "page_size": 16}},
+                                        "max_prompt_tokens": 256, "shared_path": shared_path}},
         "max_num_batched_tokens": 64, "max_num_seqs": 16, "max_model_len": 512,
         "num_gpu_blocks_override": 48,  # 768 tokens of paged KV for ~1700 tokens of requests
     }
     sampled = [prompts[1], prompts[-4]]  # a relay request (n=2, seeded, stop string) and an ordinary one
     relay, _ = run_engine({"engine": relay_engine, "prompts": prompts, "max_tokens": 16,
                            "sampled_prompts": sampled}, tmp_path, "relay")
-    reference, _ = run_engine({"engine": {"model": model, "max_model_len": 512}, "prompts": prompts,
-                               "max_tokens": 16, "sampled_prompts": sampled}, tmp_path, "reference")
+    reference = reference_run(model, prompts, sampled, tmp_path)
 
     assert_same_outputs(relay["outputs"], reference["outputs"])
     assert [o["prompt_len"] for o in relay["outputs"]] == [len(p) for p in prompts]  # usage: full prompt
     stats = relay["relay_stats"]
     assert stats["relay_requests"] == num_relay + 2, stats  # + the n=2 samples of sampled[0]
-    assert stats["system_tokens_reused"] >= 6 * len(systems["a"]) + 6 * len(systems["b"]), stats
+    worker = relay["worker_stats"]  # the path asked for is the path taken
+    if shared_path == "always":
+        assert worker["shared_tokens"] > 0 and worker["prefix_requests"] > 0, worker  # prefill chunks
+    else:
+        assert worker["shared_tokens"] == 0 and worker["prefix_requests"] > 0, worker
+    # Whole blocks of 16 are shared (96 of a's 100 tokens, 32 of b's 37), at least once per request.
+    assert stats["system_tokens_reused"] >= 6 * 96 + 6 * 32, stats
     assert relay["preemptions"] and relay["preemptions"] > 0, "the KV cache was meant to force preemption"
     # n > 1, seeded sampling and stop strings: the same completions, texts and finish reasons.
     assert relay["sampled"] == reference["sampled"]

@@ -29,6 +29,8 @@ pytestmark = pytest.mark.engine
 
 RUNNER = Path(__file__).with_name("run_traffic.py")
 OLD_RELAY_SALT = "vllm-relay:a:1"  # what relay's salt for prompt "a" used to be: anyone could send it
+BLOCK = 16
+SHARED_A = 96  # "a" has 100 tokens; relay requests read its 6 whole blocks from its pages
 
 
 def scenario(vocab: int, seed: int = 5):
@@ -39,7 +41,8 @@ def scenario(vocab: int, seed: int = 5):
 
     systems = {"a": [1] + ids(99), "b": [1] + ids(149), "c": [1] + ids(199)}  # b, c: fills of 3-4 steps
     a, b, c = systems["a"], systems["b"], systems["c"]
-    own1, own2 = ids(40), ids(40)  # two full blocks of 16 each
+    own1, own2 = ids(40), ids(40)
+    kept = a[SHARED_A:]  # relay strips a's whole blocks; a request computes the rest of "a" itself
 
     def req(name, tokens, max_tokens=16, salt=None):
         return {"id": name, "ids": tokens, "max_tokens": max_tokens, **({"salt": salt} if salt else {})}
@@ -47,12 +50,12 @@ def scenario(vocab: int, seed: int = 5):
     spec = {
         "systems": {"b": b, "c": c},
         "forge": [
-            req("relay1", a + own1),
-            req("forger-reads", own1 + [5], salt=OLD_RELAY_SALT),  # relay1's own tokens
-            req("forger-writes", own2 + [5], salt=OLD_RELAY_SALT),
-            req("relay2", a + own2 + [5]),  # the forger's tokens, behind "a"
+            req("relay1", a + own1),  # its own tokens: kept + own1, two full blocks and a part
+            req("forger-reads", kept + own1 + [5], salt=OLD_RELAY_SALT),  # relay1's own tokens
+            req("forger-writes", kept + own2 + [5], salt=OLD_RELAY_SALT),
+            req("relay2", a + own2 + [5]),  # the forger's tokens, behind a's whole blocks
             req("relay1-again", a + own1 + [6]),  # control: relay1's blocks are there
-            req("forger-again", own2 + [5], salt=OLD_RELAY_SALT),  # control: the forger's blocks are there
+            req("forger-again", kept + own2 + [5], salt=OLD_RELAY_SALT),  # control: the forger's blocks are there
         ],
         "traffic": [req(f"a{i}", a + ids(n), max_tokens=48) for i, n in enumerate([3, 17, 30, 45, 8, 60, 22, 11])]
         + [req(f"plain{i}", [1] + ids(50), max_tokens=48) for i in range(2)],
@@ -70,8 +73,8 @@ def engine(model: str, startup: dict) -> dict:
             "disable_log_stats": False,
             "attention_backend": "relay", "max_model_len": 512, "max_num_batched_tokens": 64, "max_num_seqs": 16,
             "num_gpu_blocks_override": 48,  # 768 tokens of paged KV: the traffic preempts
-            "additional_config": {"relay": {"system_prompts": startup, "max_prompts": 3, "max_prompt_tokens": 256,
-                                            "page_size": 16}}}
+            "additional_config": {"relay": {"system_prompts": startup, "max_prompts": 3,
+                                            "max_prompt_tokens": 256}}}
 
 
 def run_relay(mode: str, spec: dict, tmp_path: Path) -> dict:
@@ -87,7 +90,8 @@ def test_runtime_fill_under_traffic_forged_salts_and_faults(tmp_path):
     model = get_model("tiny-llama-gqa")
     vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
     systems, spec = scenario(vocab)
-    S = len(systems["a"])
+    S = SHARED_A
+    assert len(systems["a"]) // BLOCK * BLOCK == S
 
     traffic = run_relay("traffic", {**spec, "engine": engine(model, {"a": systems["a"]})}, tmp_path)
     fault_spec = {"systems": spec["systems"], "held": spec["held"] + spec["traffic"][:1] + spec["traffic"][-1:],

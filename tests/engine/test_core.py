@@ -19,6 +19,7 @@ from vllm_relay.testing.models import get_model
 
 MAX_MODEL_LEN = 512
 SYS = list(range(100, 140))  # 40 tokens: two full blocks of 16 and a partial one
+SHARED, KEPT = 32, SYS[32:]  # relay shares its whole blocks; a request computes the rest itself
 OWN = [7, 8, 9, 10, 11]
 
 
@@ -49,7 +50,7 @@ def make_core(model_path, relay=None, tokenizer=False, backend="relay", batched_
         scheduler_config=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=batched_tokens,
                                          max_model_len=MAX_MODEL_LEN, is_encoder_decoder=False),
         attention_config=AttentionConfig(backend=AttentionBackendEnum.CUSTOM if backend else None),
-        additional_config={"relay": {"max_prompts": 2, "max_prompt_tokens": 64, "page_size": 16,
+        additional_config={"relay": {"max_prompts": 2, "max_prompt_tokens": 64,
                                      **(relay or {})}},
     )
     vllm_config.cache_config.num_gpu_blocks = 64
@@ -158,10 +159,10 @@ def test_startup_fill_makes_prompt_ready(core):
 def test_matching_request_is_rewritten(core):
     sent = ecr("r1", SYS + OWN, max_tokens=10_000, salt="user", extra_args={"mine": 1})
     req = submit(core, sent)
-    assert req.prompt_token_ids == OWN and req.num_prompt_tokens == len(OWN)
-    tag = {"slot": 0, "system_len": 40, "fill": False}
+    assert req.prompt_token_ids == KEPT + OWN and req.num_prompt_tokens == len(KEPT + OWN)
+    tag = {"slot": 0, "system_len": SHARED, "fill": False}
     assert req.sampling_params.extra_args == {"mine": 1, TAG_KEY: tag}
-    assert read_tag(req.sampling_params).system_len == 40
+    assert read_tag(req.sampling_params).system_len == SHARED
     assert req.cache_salt == f"vllm-relay:{relay_of(core).secret}:relay:sys:1:user"
     assert req.max_tokens == MAX_MODEL_LEN - len(SYS + OWN)  # stops where the full prompt would
     # The request as sent (the front end's copy, in-process) is untouched.
@@ -193,13 +194,13 @@ def test_release_on_finish_and_abort_and_counters(core):
     assert core.relay_system_prompts()[0]["refcount"] == 0
     core.relay_unregister_system_prompt("sys")  # nobody holds it any more
     stats = core.relay_stats()
-    assert stats["relay_requests"] == 2 and stats["system_tokens_reused"] == 2 * len(SYS)
+    assert stats["relay_requests"] == 2 and stats["system_tokens_reused"] == 2 * SHARED
     # Prefill of both suffixes, then one decode token per step for "long" until the abort.
     decode_steps = len(outputs) - 1
-    assert stats["relay_tokens"] == len(OWN) + 2 + decode_steps
+    assert stats["relay_tokens"] == len(KEPT + OWN) + len(KEPT) + 2 + decode_steps
     # The client sees the full prompt: the system part counts as cached prompt tokens.
     first = {o.request_id: o.prefill_stats for eco in outputs[0].values() for o in eco.outputs}
-    assert first["short"].num_prompt_tokens == len(SYS + OWN) and first["short"].num_cached_tokens >= len(SYS)
+    assert first["short"].num_prompt_tokens == len(SYS + OWN) and first["short"].num_cached_tokens >= SHARED
     assert first["plain"].num_prompt_tokens == 3 and first["plain"].num_cached_tokens == 0
 
 
@@ -218,13 +219,27 @@ def test_resume_after_preemption_counts_system_tokens_again(core):
     sched.running.remove(req)
     sched._preempt_request(req, 0.0)  # recompute: back to zero computed tokens
     step(core)
-    assert core.relay_stats()["system_tokens_reused"] == 2 * len(SYS)
+    assert core.relay_stats()["system_tokens_reused"] == 2 * SHARED
 
 
 def test_same_prefix_different_salts_share_no_blocks(core):
     a, b = submit(core, ecr("a", SYS + OWN * 4)), submit(core, ecr("b", SYS + OWN * 4))
     c = submit(core, ecr("c", OWN * 4 + [1]))  # an ordinary request with a's suffix as its prompt
     assert a.block_hashes == b.block_hashes and a.block_hashes[0] != c.block_hashes[0]
+
+
+def test_fill_blocks_become_the_prompts_pages_until_it_is_removed(core):
+    """The fill's whole blocks stay allocated (not in the free pool) while the prompt owns its slot,
+    and go back to the pool when it is unregistered."""
+    pool = core.scheduler.kv_cache_manager.block_pool
+    kept = relay_of(core).pages._kept
+    (prompt, blocks), = kept.items()
+    assert prompt is relay_of(core).registry.get("sys") and len(blocks) == SHARED // 16
+    assert all(b.ref_cnt == 1 for b in blocks)  # held by relay alone: the fill request has left
+    free_before = pool.get_num_free_blocks()
+    core.relay_unregister_system_prompt("sys")
+    assert not kept and all(b.ref_cnt == 0 for b in blocks)
+    assert pool.get_num_free_blocks() == free_before + len(blocks)
 
 
 # ---- run-time registration, holding ------------------------------------------------------------
@@ -245,7 +260,7 @@ def test_runtime_fill_holds_matching_requests(core):
     assert all(o.request_id != fill_request_id(relay_of(core).registry.get("rt"))
                for out in outputs for eco in out.values() for o in eco.outputs)
     assert core.relay_system_prompts()[1] == {**state, "state": "ready", "refcount": 1}
-    assert read_tag(held.sampling_params).slot == 1 and held.prompt_token_ids == OWN
+    assert read_tag(held.sampling_params).slot == 1 and held.prompt_token_ids == RT[16:] + OWN
     assert "dropped" not in core.scheduler.requests and core.relay_stats()["held_requests"] == 0
 
 
@@ -262,18 +277,20 @@ def test_held_request_runs_unrouted_when_fill_fails(core):
 
 
 def test_longer_filling_prompt_is_waited_for(core):
-    longer = SYS + [300, 301]
+    longer = SYS + list(range(300, 310))  # 50 tokens: 48 shared
     core.relay_register_system_prompt("longer", longer)
     submit(core, ecr("r", longer + OWN))
     assert core.relay_system_prompts()[0]["refcount"] == 0  # not run now with the shorter "sys"
     run_until_idle_or(core, lambda: "r" in core.scheduler.requests)
-    assert read_tag(core.scheduler.requests["r"].sampling_params).system_len == len(longer)
+    tag = read_tag(core.scheduler.requests["r"].sampling_params)
+    assert tag.system_len == 48 and tag.slot == relay_of(core).registry.get("longer").slot
 
 
 @pytest.mark.parametrize("name, prompt, match", [
     ("e", [], "empty token ids"),
     ("big", list(range(65)), "65 tokens, more than max_prompt_tokens=64"),
-    ("third", [1, 2], "no free slot"),
+    ("third", list(range(1, 17)), "no free slot"),
+    ("tiny", list(range(1, 16)), "15 tokens, fewer than one KV cache block"),
     ("t", "some text", "no tokenizer"),
     ("c", {"chat": "x"}, "a dict prompt must be"),
 ])
@@ -293,11 +310,12 @@ def test_text_and_chat_prompts_use_the_model_tokenizer(model_path):
 
     from vllm_relay.testing.tokenizer import SYSTEM_MESSAGE, SYSTEM_MESSAGE_TOKENS
 
-    prompts = {"text": "You are helpful.", "chat": {"chat_system": SYSTEM_MESSAGE}}
+    text_prompt = "You are a helpful assistant. Answer briefly and politely, in plain English."
+    prompts = {"text": text_prompt, "chat": {"chat_system": SYSTEM_MESSAGE}}
     core = make_core(model_path, tokenizer=True, relay={"max_prompt_tokens": 128, "system_prompts": prompts})
     tok = AutoTokenizer.from_pretrained(model_path)
     text, chat = relay_of(core).registry.get("text"), relay_of(core).registry.get("chat")
-    assert list(text.token_ids) == tok.encode("You are helpful.") and text.token_ids[0] == tok.bos_token_id
+    assert list(text.token_ids) == tok.encode(text_prompt) and text.token_ids[0] == tok.bos_token_id
     rendered = tok.apply_chat_template([{"role": "system", "content": SYSTEM_MESSAGE},
                                         {"role": "user", "content": "Any question at all"}], tokenize=False)
     ids = tok.encode(rendered, add_special_tokens=False)
@@ -354,6 +372,7 @@ def test_relay_engine_end_to_end(tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     r = json.loads(out.read_text())
     chat_len = SYSTEM_MESSAGE_TOKENS + 7
+    shared_chat = chat_len - chat_len % 16  # whole blocks
     assert r["prompts_at_start"] == [
         {"name": "sys", "slot": 0, "state": "ready", "tokens": 40, "refcount": 0, "generation": 1, "error": None},
         {"name": "chat", "slot": 1, "state": "ready", "tokens": chat_len, "refcount": 0, "generation": 2,
@@ -361,14 +380,14 @@ def test_relay_engine_end_to_end(tmp_path):
     ]
     assert "vllm-relay: system prompts ready" in proc.stdout + proc.stderr
     g = r["stats_generate"]
-    assert g["relay_requests"] == 1 and g["system_tokens_reused"] == 40 and g["fills_completed"] == 2
+    assert g["relay_requests"] == 1 and g["system_tokens_reused"] == SHARED and g["fills_completed"] == 2
     assert g["relay_tokens"] >= 5 and g["held_requests"] == 0
     assert r["prompt_lens"] == [45, 15] and r["output_lens"] == [4, 4]  # usage: the full prompt
-    assert r["cached_tokens"][0] >= 40 and r["cached_tokens"][1] == 0
+    assert r["cached_tokens"][0] >= SHARED and r["cached_tokens"][1] == 0
     assert r["registered"]["name"] == "rt" and r["registered"]["state"] == "ready"
     s = r["stats_runtime"]
-    assert s["relay_requests"] == 2 and s["system_tokens_reused"] == 60 and s["fills_completed"] == 3
+    assert s["relay_requests"] == 2 and s["system_tokens_reused"] == SHARED + 16 and s["fills_completed"] == 3
     c = r["stats_chat"]
-    assert c["relay_requests"] == 3 and c["system_tokens_reused"] == 60 + chat_len
+    assert c["relay_requests"] == 3 and c["system_tokens_reused"] == SHARED + 16 + shared_chat
     assert r["chat_prompt_len"] > chat_len
     assert "empty token ids" in r["register_error"]

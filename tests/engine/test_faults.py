@@ -10,7 +10,8 @@ import queue
 
 import pytest
 
-from tests.engine.test_core import OWN, RT, SYS, ecr, make_core, model_path, relay_of, run_until_idle, step, submit  # noqa: F401
+from tests.engine.test_core import (  # noqa: F401
+    OWN, RT, SYS, ecr, make_core, model_path, relay_of, run_until_idle, step, submit)
 from vllm_relay.engine.fills import ABORTED
 from vllm_relay.protocol import read_tag
 from vllm_relay.system_prompts.fill import fill_request_id
@@ -89,7 +90,8 @@ def test_fill_ending_in_an_error_status_fails_its_prompt(core):
     core.relay_register_system_prompt("rt", RT)
     submit(core, ecr("held", RT + OWN))
     prompt = relay_of(core).registry.get("rt")
-    core.scheduler.finish_requests([fill_request_id(prompt)], RequestStatus.FINISHED_ERROR)  # e.g. a KV load failure
+    # What a KV load failure does, for example.
+    core.scheduler.finish_requests([fill_request_id(prompt)], RequestStatus.FINISHED_ERROR)
     step(core)
     assert prompt_states(core)["rt"] == ("failed", "its fill request ended with status FINISHED_ERROR")
     assert read_tag(core.scheduler.requests["held"].sampling_params) is None

@@ -13,18 +13,25 @@ import json
 
 import pytest
 
-from tests.engine.test_core import OWN, SYS, ecr, make_core, model_path, relay_of, run_until_idle, step, submit  # noqa: F401
+from tests.engine.test_core import (  # noqa: F401
+    KEPT, OWN, SYS, ecr, make_core, model_path, relay_of, run_until_idle, step, submit)
 from vllm_relay.protocol import read_tag
 from vllm_relay.system_prompts.fill import fill_salt, relay_salt
 
-SUFFIX = OWN * 8  # 40 tokens: two full blocks of 16 after the system prompt
-FULL_BLOCKS = 32
+SUFFIX = OWN * 8
+# A routed request computes SYS's last partial block (KEPT, 8 tokens) and SUFFIX itself: 48 tokens,
+# three full blocks, cached under its relay salt. A forger sends exactly those tokens (and one more,
+# since vLLM recomputes a prompt's last token) as an ordinary prompt.
+OWN_TOKENS = KEPT + SUFFIX
+FULL_BLOCKS = 48
+FILL_BLOCKS = 32  # the fill's whole blocks: SYS's first 32 tokens
 
 
 def forgeries(user_salt):
     """What a client can know or guess of relay's salts: the old format, with and without its own
     salt appended, the fill salt, and the current format with a guessed secret."""
-    out = ["vllm-relay:sys:1", "vllm-relay-fill:sys:1", "vllm-relay:0:relay:sys:1", f"vllm-relay:{'0' * 32}:relay:sys:1"]
+    out = ["vllm-relay:sys:1", "vllm-relay-fill:sys:1", "vllm-relay:0:relay:sys:1",
+           f"vllm-relay:{'0' * 32}:relay:sys:1"]
     if user_salt:
         out += [f"vllm-relay:sys:1:{user_salt}", f"vllm-relay:{'0' * 32}:relay:sys:1:{user_salt}"]
     return out
@@ -49,29 +56,31 @@ def test_forged_salt_cannot_read_relay_blocks(core, user_salt):
     relay_req = submit(core, ecr("relay", SYS + SUFFIX, max_tokens=1, salt=user_salt))
     run_until_idle(core)  # its suffix blocks are now cached (freed, still hashed)
     for i, forged in enumerate(forgeries(user_salt)):
-        forger = ecr(f"forger{i}", SUFFIX + [1], max_tokens=1, salt=forged)  # relay's own tokens as a prompt
+        forger = ecr(f"forger{i}", OWN_TOKENS + [1], max_tokens=1, salt=forged)  # relay's own tokens as a prompt
         assert cached_after_schedule(core, forger) == 0, forged
         run_until_idle(core)
     # Controls: relay's blocks were there to be shared, with the same registration and user salt...
-    assert cached_after_schedule(core, ecr("relay2", SYS + SUFFIX + [1], max_tokens=1, salt=user_salt)) == FULL_BLOCKS
+    again = ecr("relay2", SYS + SUFFIX + [1], max_tokens=1, salt=user_salt)
+    assert cached_after_schedule(core, again) == FULL_BLOCKS
     run_until_idle(core)
     # ...and only the engine's secret, which no client has, keeps the forger out.
     true_salt = relay_salt(relay_of(core).registry.get("sys"), user_salt, relay_of(core).secret)
     assert relay_req.cache_salt == true_salt
-    assert cached_after_schedule(core, ecr("insider", SUFFIX + [1], max_tokens=1, salt=true_salt)) == FULL_BLOCKS
+    insider = ecr("insider", OWN_TOKENS + [1], max_tokens=1, salt=true_salt)
+    assert cached_after_schedule(core, insider) == FULL_BLOCKS
 
 
 @pytest.mark.parametrize("user_salt", [None, "tenant-a"])
 def test_relay_requests_cannot_read_forged_blocks(core, user_salt):
     for i, forged in enumerate(forgeries(user_salt)):
-        submit(core, ecr(f"forger{i}", SUFFIX + [1], max_tokens=1, salt=forged))
+        submit(core, ecr(f"forger{i}", OWN_TOKENS + [1], max_tokens=1, salt=forged))
     run_until_idle(core)  # the forgers' blocks are cached under every forged salt
     assert cached_after_schedule(core, ecr("relay", SYS + SUFFIX + [1], max_tokens=1, salt=user_salt)) == 0
     assert core.relay_stats()["relay_requests"] == 1  # it was routed
     run_until_idle(core)
     # Control: the forgers' blocks were there: the same forged salt and tokens hit them.
-    assert cached_after_schedule(core, ecr("again", SUFFIX + [1], max_tokens=1, salt=forgeries(user_salt)[0])) \
-        == FULL_BLOCKS
+    assert cached_after_schedule(core, ecr("again", OWN_TOKENS + [1], max_tokens=1,
+                                           salt=forgeries(user_salt)[0])) == FULL_BLOCKS
 
 
 def test_fill_blocks_cannot_be_read_with_a_forged_salt(core):
@@ -86,7 +95,7 @@ def test_fill_blocks_cannot_be_read_with_a_forged_salt(core):
     # Control: the fill's blocks (the system prompt at positions 0..S-1) are cached.
     insider = ecr("insider", SYS + [1], max_tokens=1, salt=fill_salt(prompt, relay_of(core).secret),
                   repetition_penalty=1.1)
-    assert cached_after_schedule(core, insider) == FULL_BLOCKS
+    assert cached_after_schedule(core, insider) == FILL_BLOCKS
 
 
 def test_secret_is_per_engine_and_never_shown(model_path):  # noqa: F811

@@ -17,7 +17,7 @@ FAIL_FAST_S = 15
 
 
 def test_bad_relay_config_exits_the_server_in_seconds_before_any_engine_starts():
-    relay = {"max_prompt_tokens": 256, "page_size": 16,
+    relay = {"max_prompt_tokens": 256,
              "system_prompts": {"support": {"chat_system": "word " * 300}}}  # 308 tokens once rendered
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", get_model("tiny-llama-gqa"),
            "--attention-backend", "relay", "--max-model-len", "512", "--port", "8419",
@@ -41,11 +41,12 @@ def test_frontend_hook_validates_only_relay_engines():
 
     vllm_relay.register()
     assert "EngineArgs.create_engine_config" in hooks.applied_patches()
-    bad = {"relay": {"max_prompt_tokens": 256, "page_size": 16, "system_prompts": {"a": "word " * 400}}}
+    bad = {"relay": {"max_prompt_tokens": 256, "system_prompts": {"a": "word " * 400}}}
     model = get_model("tiny-llama-gqa")
-    EngineArgs(model=model, max_model_len=512, additional_config=bad).create_engine_config()  # not relay: untouched
+    EngineArgs(model=model, max_model_len=512, additional_config=bad).create_engine_config()  # not relay
     try:
-        EngineArgs(model=model, max_model_len=512, attention_backend="relay", additional_config=bad).create_engine_config()
+        EngineArgs(model=model, max_model_len=512, block_size=16, attention_backend="relay",
+                   additional_config=bad).create_engine_config()
     except ValueError as e:
         assert "system prompt 'a': 402 tokens, more than max_prompt_tokens=256" in str(e)
     else:

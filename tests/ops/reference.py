@@ -103,14 +103,3 @@ def cu_seqlens(lens):
     out = torch.zeros(len(lens) + 1, dtype=torch.int32)
     out[1:] = torch.tensor(lens, dtype=torch.int32).cumsum(0)
     return out
-
-
-def make_system_buffers(sys_lens, s_max, h_kv, d, dtype):
-    """Dense per-slot system K/V [num_slots, s_max, h_kv, d]; rows past a slot's length are garbage.
-
-    Returns (k_sys, v_sys, list of the valid (k, v) per slot).
-    """
-    k_sys = torch.randn(len(sys_lens), s_max, h_kv, d).to(dtype)
-    v_sys = torch.randn(len(sys_lens), s_max, h_kv, d).to(dtype)
-    valid = [(k_sys[s, :n], v_sys[s, :n]) for s, n in enumerate(sys_lens)]
-    return k_sys, v_sys, valid

@@ -35,10 +35,11 @@ def server(tmp_path_factory):
     log = tmp_path_factory.mktemp("server") / "server.log"
     port = free_port()
     relay = {"relay": {"system_prompts": {"support": {"chat_system": SYSTEM_MESSAGE}}, "max_prompt_tokens": 256,
-                       "page_size": 16, "log_stats_interval_s": 1}}
+                       "log_stats_interval_s": 1}}
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", get_model("tiny-llama-gqa"),
            "--served-model-name", "tiny", "--attention-backend", "relay", "--dtype", "float32", "--enforce-eager",
-           "--max-model-len", "512", "--block-size", "16", "--port", str(port), "--additional-config", json.dumps(relay)]
+           "--max-model-len", "512", "--block-size", "16", "--port", str(port),
+           "--additional-config", json.dumps(relay)]
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
                                 env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"})

@@ -1,13 +1,22 @@
 """The relay backend on CUDA: vLLM's FlashAttention backend, extended.
 
 Subclassing keeps FlashAttention's KV-cache layout, cache writes (`reshape_and_cache_flash`),
-AOT scheduling and validation consistent with the vLLM release we pin. A step with no relay
-tokens runs FlashAttention's own forward unchanged; a step with relay tokens runs
-`ops.relay_attention` (context attention + grouped system attention + relay fusion) with
-FlashAttention's varlen kernel; fill tokens also write their K/V into the system-prompt store.
+AOT scheduling, CUDA-graph support and validation consistent with the vLLM release we pin.
+System prompts live in pages of the same paged cache. Each step the builder plans (once) the
+context tables, where a relay request on the prefix path has its slot's pages in front of its
+own, and the system level, where decode tokens of a slot read its pages once together:
+
+* no token on the shared path: FlashAttention's own forward over the context tables, one call;
+* otherwise `ops.relay_attention`: the context call with LSE, one grouped system call, the fusion.
+
+A full-CUDA-graph step always captures the second form, over persistent plan tensors, so one
+captured graph serves any mix of relay requests of any prompts and plain requests.
 """
 
-from vllm.v1.attention.backend import AttentionCGSupport, AttentionType
+import torch
+from vllm.utils.math_utils import round_up
+from vllm.utils.torch_utils import canonicalize_singleton_dim_strides
+from vllm.v1.attention.backend import AttentionType
 from vllm.v1.attention.backends import flash_attn
 from vllm.v1.attention.backends.flash_attn import (
     FlashAttentionBackend,
@@ -16,15 +25,9 @@ from vllm.v1.attention.backends.flash_attn import (
 )
 
 from vllm_relay.attention import step as relay_step
-from vllm_relay.attention.common import (
-    allocate_system_store,
-    capture_fill,
-    check_layer,
-    log_active,
-    relay_config,
-    relay_plan,
-)
-from vllm_relay.ops import relay_attention
+from vllm_relay.attention.common import check_engine, check_layer, log_active
+from vllm_relay.attention.planner import RelayPlanner
+from vllm_relay.ops import RelayPlan, relay_attention
 
 
 class RelayAttentionBackend(FlashAttentionBackend):
@@ -62,29 +65,71 @@ class RelayAttentionBackend(FlashAttentionBackend):
 
 
 class RelayMetadataBuilder(FlashAttentionMetadataBuilder):
-    # NOTE: a captured full graph would replay the plain path for relay steps; until the relay
-    # path is graph-safe, attention runs eagerly between piecewise graphs.
-    _cudagraph_support = AttentionCGSupport.NEVER
+    # CUDA-graph support is FlashAttention's (full graphs with FA3): every tensor the relay path
+    # reads is a persistent planner buffer. Cached metadata must never be reused for another
+    # group's block table: it holds more than the table.
+    supports_update_block_table = False
 
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         from vllm_relay.hooks.runner import apply_worker
 
         apply_worker()
-        self.relay_config = relay_config()
+        self.planner = RelayPlanner(vllm_config, kv_cache_spec, device)
+        self.level_scheduler_metadata = None
+        if self.use_full_cuda_graph and self.aot_schedule:
+            self.level_scheduler_metadata = torch.zeros(1 + round_up(self.planner.num_slots, 4) * 4,
+                                                        dtype=torch.int32, device=self.device)
 
     def build(self, common_prefix_len, common_attn_metadata, fast_build: bool = False):
-        meta = super().build(0, common_attn_metadata, fast_build)  # relay replaces cascade
-        step = relay_step.current(common_attn_metadata.num_actual_tokens)
-        meta.relay_step = step
-        meta.relay_plan = None
-        if step is not None and step.has_system:
-            meta.relay_plan = relay_plan(common_attn_metadata, step, self.relay_config,
-                                         meta.scheduler_metadata)
-        return meta
+        return self._build(common_attn_metadata, fast_build, capture=False)
+
+    def build_for_cudagraph_capture(self, common_attn_metadata):
+        return self._build(common_attn_metadata, False, capture=True)
 
     def use_cascade_attention(self, *args, **kwargs) -> bool:
         return False  # relay replaces cascade attention; never stack the two
+
+    def _build(self, cm, fast_build: bool, capture: bool):
+        step = relay_step.current(cm.num_reqs, cm.num_actual_tokens)
+        plan = self.planner.plan(cm, step, capture=capture)
+        if plan is None:
+            meta = super().build(0, cm, fast_build)
+            meta.relay = None
+            return meta
+        meta = super().build(0, plan.context, fast_build)  # FlashAttention over the context tables
+        level = plan.level
+        level.call["num_splits"] = meta.max_num_splits
+        if plan.run_level or plan.graph:
+            sched = self._schedule_level(level.call, meta.max_num_splits, fast_build)
+            if sched is not None:
+                level.call["scheduler_metadata"] = sched
+        context = dict(cu_seqlens_q=meta.query_start_loc, seqused_k=meta.seq_lens,
+                       max_seqlen_q=meta.max_query_len, max_seqlen_k=meta.max_seq_len,
+                       block_table=meta.block_table, scheduler_metadata=meta.scheduler_metadata,
+                       num_splits=meta.max_num_splits)
+        meta.relay = RelayPlan(context=context, shared=[level] if plan.run_level else [])
+        return meta
+
+    def _schedule_level(self, call: dict, num_splits: int, fast_build: bool):
+        """FlashAttention-3's ahead-of-time schedule of the system call, as FA's builder makes
+        its own (into a persistent buffer when full CUDA graphs are on)."""
+        if not self.aot_schedule or fast_build or call["max_seqlen_q"] == 0:
+            return None
+        sched = flash_attn.get_scheduler_metadata(
+            batch_size=self.planner.num_slots, max_seqlen_q=call["max_seqlen_q"],
+            max_seqlen_k=call["max_seqlen_k"], num_heads_q=self.num_heads_q, num_heads_kv=self.num_heads_kv,
+            headdim=self.headdim, cache_seqlens=call["seqused_k"], qkv_dtype=self.kv_cache_dtype,
+            cu_seqlens_q=call["cu_seqlens_q"], page_size=self.block_size, causal=False,
+            window_size=(-1, -1), num_splits=num_splits,
+        )
+        buf = self.level_scheduler_metadata
+        if buf is None:
+            return sched
+        n = sched.shape[0]
+        buf[:n] = sched
+        buf[n:] = 0  # as FlashAttention does: stale entries could let extra blocks write
+        return buf[:n]
 
 
 class RelayAttentionImpl(FlashAttentionImpl):
@@ -94,26 +139,25 @@ class RelayAttentionImpl(FlashAttentionImpl):
         check_layer("CUDA", alibi_slopes=alibi_slopes, sliding_window=sliding_window,
                     logits_soft_cap=logits_soft_cap, attn_type=attn_type, sinks=sinks,
                     kv_sharing_target_layer_name=kv_sharing_target_layer_name)
+        check_engine()
         super().__init__(num_heads, head_size, scale, num_kv_heads, alibi_slopes, sliding_window,
                          kv_cache_dtype, logits_soft_cap, attn_type, kv_sharing_target_layer_name,
                          sinks)
-        _, self.k_sys, self.v_sys = allocate_system_store(num_kv_heads, head_size)
         self.attn_kwargs = {"fa_version": self.vllm_flash_attn_version}
         log_active(f"cuda-flash-attn-{self.vllm_flash_attn_version} (vllm.vllm_flash_attn)")
 
     def forward(self, layer, query, key, value, kv_cache, attn_metadata, output,
                 output_scale=None, output_block_scale=None):
-        step = getattr(attn_metadata, "relay_step", None)
-        if step is not None:
-            capture_fill(step, key, value, self.k_sys, self.v_sys)
-        plan = getattr(attn_metadata, "relay_plan", None)
-        if plan is not None and (output_scale is not None or output_block_scale is not None):
-            raise NotImplementedError("fused output quantization is not supported by relay")
-        if plan is None:
+        plan = getattr(attn_metadata, "relay", None)
+        if plan is None or not plan.shared:  # plain or prefix path: FlashAttention's own call
             return super().forward(layer, query, key, value, kv_cache, attn_metadata, output,
                                    output_scale, output_block_scale)
+        if output_scale is not None or output_block_scale is not None:
+            raise NotImplementedError("fused output quantization is not supported by relay")
         n = attn_metadata.num_actual_tokens
         key_cache, value_cache = kv_cache.transpose(1, 2).split(self.head_size, dim=-1)
-        relay_attention(query[:n], key_cache, value_cache, self.k_sys, self.v_sys, plan, output[:n],
-                        self.scale, flash_attn.flash_attn_varlen_func, self.attn_kwargs)
+        key_cache = canonicalize_singleton_dim_strides(key_cache)
+        value_cache = canonicalize_singleton_dim_strides(value_cache)
+        relay_attention(query[:n], key_cache, value_cache, plan, output[:n], self.scale,
+                        flash_attn.flash_attn_varlen_func, self.attn_kwargs)
         return output

@@ -35,22 +35,8 @@ def check_layer(backend: str, *, alibi_slopes, sliding_window, logits_soft_cap, 
         )
 
 
-def relay_config():
-    """The RelayConfig of the engine being built (worker side, during model construction)."""
-    from vllm.config import get_current_vllm_config
-
-    from vllm_relay.config import RelayConfig
-
-    return RelayConfig.from_vllm(get_current_vllm_config().additional_config)
-
-
-def allocate_system_store(num_kv_heads: int, head_size: int):
-    """This layer's system-prompt K/V store: two [max_prompts, max_prompt_tokens, kv_heads, D].
-
-    Allocated while the model is built, before vLLM measures free memory, so the paged KV cache
-    is sized around it. Each tensor-parallel rank holds its own heads (num_kv_heads is per rank).
-    """
-    import torch
+def check_engine() -> None:
+    """Reject, at start-up, engine features relay does not compute exactly (model build time)."""
     from vllm.config import get_current_vllm_config
 
     vllm_config = get_current_vllm_config()
@@ -62,35 +48,17 @@ def allocate_system_store(num_kv_heads: int, head_size: int):
         unsupported.append("M-RoPE / XD-RoPE position encodings (only plain positions are shifted)")
     if vllm_config.cache_config.cache_dtype not in ("auto", str(model_config.dtype).removeprefix("torch.")):
         unsupported.append(f"kv_cache_dtype={vllm_config.cache_config.cache_dtype!r} other than the "
-                           f"model's {model_config.dtype} (the system store holds the model dtype)")
+                           f"model's {model_config.dtype}")
+    if getattr(vllm_config.parallel_config, "use_ubatching", False):
+        unsupported.append("micro-batching (dual-batch overlap splits a step the relay plan covers whole)")
     if unsupported:
         raise NotImplementedError(f"The relay attention backend does not support: {'; '.join(unsupported)}.")
-    cfg = relay_config()
-    shape = (cfg.max_prompts, cfg.max_prompt_tokens, num_kv_heads, head_size)
-    dtype, device = vllm_config.model_config.dtype, vllm_config.device_config.device
-    k, v = torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device)
-    logger.info_once("vllm-relay: system-prompt KV store: %d prompts x %d tokens, %.1f MiB per layer",
-                     cfg.max_prompts, cfg.max_prompt_tokens, 2 * k.numel() * k.element_size() / 2**20)
-    return cfg, k, v
 
 
-def relay_plan(cm, step, cfg, scheduler_metadata=None):
-    """The step's RelayPlan: each request's own paged KV, plus the grouped system part."""
-    from vllm_relay.ops import RelayPlan, plan_system_attention
+def relay_config():
+    """The RelayConfig of the engine being built (worker side, during model construction)."""
+    from vllm.config import get_current_vllm_config
 
-    system = None
-    if step is not None and step.has_system:
-        system = plan_system_attention(step.token_slot, step.slot_lens, cfg.max_prompt_tokens,
-                                       cfg.page_size, cm.query_start_loc.device)
-    return RelayPlan(cu_seqlens_q=cm.query_start_loc, seqused_k=cm.seq_lens,
-                     max_seqlen_q=cm.max_query_len, max_seqlen_k=cm.max_seq_len,
-                     block_table=cm.block_table_tensor, system=system,
-                     scheduler_metadata=scheduler_metadata)
+    from vllm_relay.config import RelayConfig
 
-
-def capture_fill(step, key, value, k_sys, v_sys) -> None:
-    """Copy the fill requests' post-RoPE keys and values into their system slots."""
-    if step is None or step.fill_src is None:
-        return
-    k_sys.view(-1, *k_sys.shape[2:])[step.fill_dst] = key[step.fill_src]
-    v_sys.view(-1, *v_sys.shape[2:])[step.fill_dst] = value[step.fill_src]
+    return RelayConfig.from_vllm(get_current_vllm_config().additional_config)

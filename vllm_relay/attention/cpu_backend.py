@@ -1,8 +1,8 @@
 """The relay backend on vLLM's CPU platform: pure torch, over a paged KV cache it owns.
 
 It keeps FlashAttention's cache layout (logical [blocks, kv_heads, block_size, 2 * head_size],
-physically block-major), so that the CPU and CUDA backends share one attention path: the same
-`relay_attention` composition runs here with `varlen_attention_torch` standing in for FlashAttention.
+physically block-major), so that the CPU and CUDA backends share one plan (the same planner) and
+one attention path: `relay_attention` with `varlen_attention_torch` standing in for FlashAttention.
 """
 
 from dataclasses import dataclass
@@ -18,14 +18,8 @@ from vllm.v1.attention.backend import (
 )
 
 from vllm_relay.attention import step as relay_step
-from vllm_relay.attention.common import (
-    allocate_system_store,
-    capture_fill,
-    check_layer,
-    log_active,
-    relay_config,
-    relay_plan,
-)
+from vllm_relay.attention.common import check_engine, check_layer, log_active
+from vllm_relay.attention.planner import RelayPlanner
 from vllm_relay.ops import RelayPlan, relay_attention, varlen_attention_torch
 
 
@@ -73,7 +67,6 @@ class RelayCPUMetadata:
     num_actual_tokens: int
     slot_mapping: torch.Tensor
     plan: RelayPlan
-    step: relay_step.RelayStep | None
 
 
 class RelayCPUMetadataBuilder(AttentionMetadataBuilder[RelayCPUMetadata]):
@@ -82,14 +75,17 @@ class RelayCPUMetadataBuilder(AttentionMetadataBuilder[RelayCPUMetadata]):
         from vllm_relay.hooks.runner import apply_worker
 
         apply_worker()
-        self.relay_config = relay_config()
+        self.planner = RelayPlanner(vllm_config, kv_cache_spec, device)
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
               fast_build: bool = False) -> RelayCPUMetadata:
         cm = common_attn_metadata
-        step = relay_step.current(cm.num_actual_tokens)
-        plan = relay_plan(cm, step, self.relay_config)
-        return RelayCPUMetadata(cm.num_actual_tokens, cm.slot_mapping, plan, step)
+        plan = self.planner.plan(cm, relay_step.current(cm.num_reqs, cm.num_actual_tokens))
+        ctx = cm if plan is None else plan.context
+        context = dict(cu_seqlens_q=ctx.query_start_loc, seqused_k=ctx.seq_lens, max_seqlen_q=ctx.max_query_len,
+                       max_seqlen_k=ctx.max_seq_len, block_table=ctx.block_table_tensor)
+        shared = [plan.level] if plan is not None and plan.run_level else []
+        return RelayCPUMetadata(cm.num_actual_tokens, cm.slot_mapping, RelayPlan(context, shared))
 
 
 class RelayCPUImpl(AttentionImpl):
@@ -103,7 +99,7 @@ class RelayCPUImpl(AttentionImpl):
         self.head_size = head_size
         self.scale = float(scale)
         self.num_kv_heads = num_kv_heads
-        _, self.k_sys, self.v_sys = allocate_system_store(num_kv_heads, head_size)
+        check_engine()
         log_active("cpu-torch (paged varlen attention in torch)")
 
     def _split(self, kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -127,7 +123,6 @@ class RelayCPUImpl(AttentionImpl):
             return output
         n = attn_metadata.num_actual_tokens
         key_cache, value_cache = self._split(kv_cache)
-        capture_fill(attn_metadata.step, key, value, self.k_sys, self.v_sys)
-        relay_attention(query[:n], key_cache, value_cache, self.k_sys, self.v_sys, attn_metadata.plan,
-                        output[:n], self.scale, attn_fn=varlen_attention_torch)
+        relay_attention(query[:n], key_cache, value_cache, attn_metadata.plan, output[:n], self.scale,
+                        attn_fn=varlen_attention_torch)
         return output

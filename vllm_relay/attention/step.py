@@ -2,10 +2,16 @@
 
 The model runner knows which requests are relay or fill requests (their `RelayTag`); the
 attention metadata builders only see `CommonAttentionMetadata`. The runner hook
-(vllm_relay.hooks.runner) therefore records the step's per-token facts here, right after the
-runner has prepared its inputs, and clears them when the step ends, so dummy and profiling runs
-(which prepare no inputs) never see a stale step.
+(vllm_relay.hooks.runner) therefore records the step's per-request facts here, right after the
+runner has prepared its inputs, and clears them when the step ends, so dummy, profiling and
+capture runs (which prepare no inputs) never see a stale step.
+
+A fill request is an ordinary request computing a system prompt into pages of the paged KV cache;
+the scheduler keeps those pages (engine/core.py pins them when the fill finishes). The hook
+records each fill's pages here, per slot, so relay requests of that slot can read them.
 """
+
+from __future__ import annotations
 
 from dataclasses import dataclass
 
@@ -17,28 +23,55 @@ from vllm_relay.protocol import read_tag
 
 @dataclass
 class RelayStep:
-    num_tokens: int
-    token_slot: np.ndarray  # [T] int32: system slot of each token of a relay request, else -1
-    slot_lens: np.ndarray  # [num_slots] int32: system length of each slot used this step
-    fill_src: torch.Tensor | None  # [F] token indices of fill requests (device)
-    fill_dst: torch.Tensor | None  # [F] rows of the flattened system store (slot * S_max + position)
+    """Per request of the step, in the runner's batch order (first `num_reqs` rows)."""
 
-    @property
-    def has_system(self) -> bool:
-        return bool((self.token_slot >= 0).any())
+    num_reqs: int
+    num_tokens: int
+    req_slot: np.ndarray  # int32 [B]: system slot of each relay request, -1 otherwise
+    req_shift: np.ndarray  # int32 [B]: its system tokens (whole pages), 0 otherwise
+    q_lens: np.ndarray  # int32 [B]: tokens scheduled this step
+
+
+class SlotPages:
+    """The pages of each slot's system prompt, as the worker last saw its fill (host side)."""
+
+    def __init__(self, num_slots: int, max_pages: int) -> None:
+        self.pages = np.zeros((num_slots, max_pages), dtype=np.int32)
+        self.version = 0
+
+    def record(self, slot: int, block_ids) -> None:
+        n = min(len(block_ids), self.pages.shape[1])
+        if not np.array_equal(self.pages[slot, :n], block_ids[:n]):
+            self.pages[slot, :n] = block_ids[:n]
+            self.version += 1
 
 
 _current: RelayStep | None = None
+_slot_pages: SlotPages | None = None
 
 
-def current(num_actual_tokens: int) -> RelayStep | None:
-    """The step's relay facts, if the metadata being built is for the step the runner prepared."""
+def slot_pages_for(cfg, page_size: int) -> SlotPages:
+    """This worker's slot-page table (one per process: the runner hook and the builders share it):
+    `cfg.max_prompts` slots of up to `cfg.max_prompt_tokens // page_size` whole pages."""
+    global _slot_pages
+    shape = (cfg.max_prompts, max(1, cfg.max_prompt_tokens // page_size))
+    if _slot_pages is None or _slot_pages.pages.shape != shape:
+        _slot_pages = SlotPages(*shape)
+    return _slot_pages
+
+
+def current(num_reqs: int, num_tokens: int) -> RelayStep | None:
+    """The step's relay facts, if the metadata being built covers the step the runner prepared.
+
+    Full CUDA graphs pad a batch (more requests and tokens than scheduled; padded requests have
+    no KV and no relay part), which is fine. Fewer than scheduled means the batch was split
+    (micro-batching), which relay does not plan for: that raises rather than silently dropping
+    the system part of some tokens.
+    """
     step = _current
-    if step is not None and step.num_tokens != num_actual_tokens:
-        # Padded or split batches (full CUDA graphs, micro-batching) would silently lose the
-        # system part of relay tokens; relay declares no support for them, so this is a bug.
-        raise RuntimeError(f"vllm-relay: attention metadata for {num_actual_tokens} tokens, but the "
-                           f"step prepared {step.num_tokens}")
+    if step is not None and (num_reqs < step.num_reqs or num_tokens < step.num_tokens):
+        raise RuntimeError(f"vllm-relay: attention metadata for {num_reqs} requests / {num_tokens} tokens, "
+                           f"but the step prepared {step.num_reqs} / {step.num_tokens}")
     return step
 
 
@@ -47,43 +80,46 @@ def clear() -> None:
     _current = None
 
 
-def prepare(runner, num_scheduled_tokens: np.ndarray, num_slots: int, slot_capacity: int) -> None:
-    """Record the step's relay facts and shift relay requests' positions by their system length.
+def _tag(state):
+    """A request's RelayTag, parsed once and kept on the runner's request state."""
+    try:
+        return state._vllm_relay_tag
+    except AttributeError:
+        tag = read_tag(state.sampling_params)
+        try:
+            state._vllm_relay_tag = tag
+        except AttributeError:  # a slotted state: parse every step
+            pass
+        return tag
+
+
+def prepare(runner, num_scheduled_tokens: np.ndarray, pages: SlotPages, page_size: int) -> None:
+    """Record the step's relay facts, shift relay requests' positions, note fills' pages.
 
     Called right after `GPUModelRunner._prepare_inputs`, which has already used the unshifted
-    positions for the token gather and the slot mapping (the paged cache holds only a relay
-    request's own tokens); the shifted positions are what the model's RoPE sees.
+    positions for the token gather and the slot mapping (the paged cache holds a relay request's
+    own tokens from position 0); the shifted positions are what the model's RoPE sees.
     """
     global _current
     batch = runner.input_batch
     num_reqs = batch.num_reqs
-    tags = [read_tag(runner.requests[rid].sampling_params) for rid in batch.req_ids[:num_reqs]]
+    states = [runner.requests[rid] for rid in batch.req_ids[:num_reqs]]
+    tags = [_tag(s) for s in states]
     if not any(tags):
         _current = None
         return
-    counts = num_scheduled_tokens[:num_reqs]
-    total = int(counts.sum())
-    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    counts = num_scheduled_tokens[:num_reqs].astype(np.int32)
     req_slot = np.full(num_reqs, -1, dtype=np.int32)
-    req_shift = np.zeros(num_reqs, dtype=np.int64)
-    slot_lens = np.zeros(num_slots, dtype=np.int32)
-    fill_src, fill_dst = [], []
+    req_shift = np.zeros(num_reqs, dtype=np.int32)
     for i, t in enumerate(tags):
         if t is None:
             continue
-        if t.fill:
-            first = int(batch.num_computed_tokens_cpu[i])
-            n = max(0, min(int(counts[i]), t.system_len - first))  # never past the prompt's end
-            fill_src.append(np.arange(starts[i], starts[i] + n))
-            fill_dst.append(t.slot * slot_capacity + np.arange(first, first + n))
+        if t.fill:  # its pages become the slot's; it is an ordinary request otherwise
+            pages.record(t.slot, states[i].block_ids[0][: t.system_len // page_size])
         else:
-            req_slot[i], req_shift[i], slot_lens[t.slot] = t.slot, t.system_len, t.system_len
-    device = runner.positions.device
+            req_slot[i], req_shift[i] = t.slot, t.system_len
+    total = int(counts.sum())
     if req_shift.any():
-        shift = torch.from_numpy(np.repeat(req_shift, counts))
-        runner.positions[:total] += shift.to(device, non_blocking=True)
-    src = dst = None
-    if fill_src:
-        src = torch.from_numpy(np.concatenate(fill_src)).to(device, non_blocking=True)
-        dst = torch.from_numpy(np.concatenate(fill_dst)).to(device, non_blocking=True)
-    _current = RelayStep(total, np.repeat(req_slot, counts), slot_lens, src, dst)
+        shift = torch.from_numpy(np.repeat(req_shift.astype(np.int64), counts))
+        runner.positions[:total] += shift.to(runner.positions.device, non_blocking=True)
+    _current = RelayStep(num_reqs, total, req_slot, req_shift, counts)

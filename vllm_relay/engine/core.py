@@ -27,6 +27,7 @@ from typing import Any
 
 from vllm_relay.config import RelayConfig, check_prompt_name, check_prompt_spec
 from vllm_relay.engine.fills import Fills
+from vllm_relay.engine.pages import PromptPages
 from vllm_relay.engine.requests import (
     ENGINE_ATTR,
     INFO_ATTR,
@@ -85,9 +86,10 @@ class RelayEngine:
         self.max_model_len: int = core.vllm_config.model_config.max_model_len
         # Starts every relay and fill salt; never leaves the engine core (see salt_secret).
         self.secret = salt_secret()
+        self.pages = PromptPages(core.scheduler, core.vllm_config.cache_config.block_size)
         self.fills = Fills(self)
         self._held: dict[str, tuple[Any, int]] = {}  # request id -> (Request, wave)
-        self._system_lens: dict[str, int] = {}  # tagged request in the scheduler -> S (0: fill)
+        self._system_lens: dict[str, int] = {}  # tagged request in the scheduler -> tokens stripped (0: fill)
         self._freed: dict[str, int] = {}  # the same, for requests freed since the last outputs
         self._last_line = ""
 
@@ -126,6 +128,7 @@ class RelayEngine:
 
     def unregister_system_prompt(self, name: str) -> None:
         self.registry.unregister(name)
+        self.pages.sweep(self.registry)
 
     def system_prompts(self) -> list[dict]:
         return [describe(p) for p in self.registry.prompts()]
@@ -143,8 +146,8 @@ class RelayEngine:
         preprocess = vllm_method("preprocess_add_request")
         sent, request = request, strip_forged_tag(request)
         if request is not sent:
-            _logger().warning_once("vllm-relay: dropped the %r key of a request's extra_args (vllm_xargs): only "
-                                   "the engine core tags requests for relay", TAG_KEY)
+            _logger().warning_once("vllm-relay: dropped the %r key of a request's extra_args (vllm_xargs): "
+                                   "only the engine core tags requests for relay", TAG_KEY)
         if not relay_eligible(request):
             return preprocess(self.core, request)
         ids = request.prompt_token_ids
@@ -174,7 +177,7 @@ class RelayEngine:
         max_tokens is capped where the full prompt would reach max_model_len: the scheduler
         sees only the suffix, so it cannot apply that cap itself.
         """
-        S, full_len = prompt.num_tokens, len(request.prompt_token_ids)
+        S, full_len = self.pages.relay_len(prompt), len(request.prompt_token_ids)
         sp = copy.copy(request.sampling_params)
         sp.extra_args = tag(sp.extra_args, RelayTag(prompt.slot, S))
         if sp.max_tokens is not None:
@@ -205,7 +208,7 @@ class RelayEngine:
         except BaseException:
             self._release(info)
             raise
-        self._system_lens[request.request_id] = 0 if info.fill else info.prompt.num_tokens
+        self._system_lens[request.request_id] = 0 if info.fill else self.pages.relay_len(info.prompt)
         if not info.fill:
             self.counters.relay_requests += 1
 
@@ -296,6 +299,7 @@ class RelayEngine:
                     stats.num_local_cached_tokens += S
         self._freed.clear()
         self.fills.finish()
+        self.pages.sweep(self.registry)  # prompts that left their slot give their blocks back
 
     def _release(self, info: RelayInfo) -> None:
         if info.acquired:

@@ -88,7 +88,8 @@ class Fills:
             relay.core.post_step(executed)
             idle = 0 if executed else idle + 1
             if idle > MAX_IDLE_STARTUP_STEPS:
-                raise RuntimeError(f"vllm-relay: system prompt fills made no progress: {list(self.in_flight)}")
+                raise RuntimeError(
+                    f"vllm-relay: system prompt fills made no progress: {list(self.in_flight)}")
         failed = [p for p in relay.registry.prompts() if p.state == "failed"]
         if failed:
             raise RuntimeError("vllm-relay: system prompts failed to fill: "
@@ -98,8 +99,10 @@ class Fills:
         """Resolve `spec` to tokens, register it as `name` and start its fill unless the same
         tokens are ready or filling already. Raises ValueError, registering nothing, if it is bad."""
         relay = self.relay
-        ids = resolve_prompt(name, spec, relay.config, relay.core.vllm_config, self.tools)
+        ids = resolve_prompt(name, spec, relay.config, relay.core.vllm_config, self.tools,
+                             relay.pages.block_size)
         prompt = relay.registry.register(name, ids)
+        relay.pages.sweep(relay.registry)  # a replaced registration gives its blocks back
         if prompt.state == "filling" and fill_request_id(prompt) not in self.in_flight:
             try:
                 self._start(prompt, startup)
@@ -144,8 +147,19 @@ class Fills:
     # ---- outcomes ----------------------------------------------------------------------------
 
     def on_free(self, request, prompt: SystemPrompt) -> None:
-        """The scheduler frees fill `request` (finished, aborted or failed): record the outcome."""
-        self._outcomes.append((request.request_id, prompt, failure_reason(request)))
+        """The scheduler frees fill `request` (finished, aborted or failed): record the outcome.
+
+        A fill that computed its prompt leaves its whole blocks to the prompt (its pages), kept
+        here before the scheduler frees the request's blocks.
+        """
+        reason = failure_reason(request)
+        if reason is None:
+            try:
+                self.relay.pages.keep(prompt, request.request_id)
+            except Exception as e:  # noqa: BLE001 - contained: the prompt fails, the engine serves on
+                _logger().exception("vllm-relay: keeping the blocks of system prompt %r raised", prompt.name)
+                reason = f"keeping its blocks raised {type(e).__name__}: {e}"
+        self._outcomes.append((request.request_id, prompt, reason))
 
     def finish(self) -> None:
         """Apply recorded outcomes: prompts become ready or failed, and held requests are admitted."""
@@ -161,11 +175,14 @@ class Fills:
                     relay.registry.mark_ready(prompt.name)
                     relay.counters.fills_completed += 1
                 except Exception as e:  # noqa: BLE001 - contained: the prompt fails, the engine serves on
-                    _logger().exception("vllm-relay: finishing the fill of system prompt %r raised", prompt.name)
+                    _logger().exception("vllm-relay: finishing the fill of system prompt %r raised",
+                                        prompt.name)
                     reason = f"finishing its fill raised {type(e).__name__}: {e}"
             if reason is not None:
                 self.fail(prompt, reason)
             relay.admit_held(prompt)
+        if outcomes:
+            relay.pages.sweep(relay.registry)  # a failed prompt gives back any blocks it kept
 
     def fail(self, prompt: SystemPrompt, reason: str) -> None:
         """Mark `prompt` failed (if it is still this filling registration) and count it."""

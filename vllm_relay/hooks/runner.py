@@ -23,10 +23,11 @@ def _prepare_inputs(self, scheduler_output, num_scheduled_tokens):
         from vllm_relay.attention import step
         from vllm_relay.config import RelayConfig
 
-        cfg = getattr(self, "_relay_config", None)
-        if cfg is None:
-            cfg = self._relay_config = RelayConfig.from_vllm(self.vllm_config.additional_config)
-        step.prepare(self, num_scheduled_tokens, cfg.max_prompts, cfg.max_prompt_tokens)
+        pages = getattr(self, "_relay_pages", None)
+        if pages is None:
+            cfg = RelayConfig.from_vllm(self.vllm_config.additional_config)
+            pages = self._relay_pages = step.slot_pages_for(cfg, self.cache_config.block_size)
+        step.prepare(self, num_scheduled_tokens, pages, self.cache_config.block_size)
     return result
 
 

@@ -1,33 +1,36 @@
-"""Relay attention kernels and their torch references. Imports only torch and triton.
+"""Relay attention kernels and their torch references. Imports only torch, triton and numpy.
 
 Public API (see each function's docstring for shapes and dtypes):
-  * `relay_fusion` (+ `relay_fusion_torch`, `relay_fusion_triton`): LSE merge of system and context
-    attention outputs.
+  * `relay_fusion` (+ `relay_fusion_torch`, `relay_fusion_triton`): LSE merge of a shared-level
+    attention output into the context attention output.
+  * `prefix_block_table` (+ `_torch`, `_triton`): block tables with a shared prefix's pages in front.
   * `varlen_attention_torch`: paged varlen attention with FlashAttention's keyword interface.
-  * `SystemPlan`, `plan_system_attention`, `system_attention` (+ `system_attention_torch`): grouped
-    attention of tagged tokens over their system-prompt slot.
-  * `RelayPlan`, `relay_attention`: the three steps composed.
+  * `choose_shared`, `group_rows`: the host-side, once-per-step planning of the shared level.
+  * `RelayPlan`, `SharedLevel`, `relay_attention`: the context call and the shared levels composed.
 """
 
-from vllm_relay.ops.relay_attention import RelayPlan, relay_attention
-from vllm_relay.ops.relay_fusion import relay_fusion, relay_fusion_torch, relay_fusion_triton
-from vllm_relay.ops.system_attention import (
-    SystemPlan,
-    plan_system_attention,
-    system_attention,
-    system_attention_torch,
+from vllm_relay.ops.prefix_table import (
+    prefix_block_table,
+    prefix_block_table_torch,
+    prefix_block_table_triton,
 )
+from vllm_relay.ops.relay_attention import RelayPlan, SharedLevel, relay_attention
+from vllm_relay.ops.relay_fusion import relay_fusion, relay_fusion_torch, relay_fusion_triton
+from vllm_relay.ops.relay_plan import SHARED_MAX_QUERY_LEN, choose_shared, group_rows
 from vllm_relay.ops.varlen_attention import varlen_attention_torch
 
 __all__ = [
+    "SHARED_MAX_QUERY_LEN",
     "RelayPlan",
-    "SystemPlan",
-    "plan_system_attention",
+    "SharedLevel",
+    "choose_shared",
+    "group_rows",
+    "prefix_block_table",
+    "prefix_block_table_torch",
+    "prefix_block_table_triton",
     "relay_attention",
     "relay_fusion",
     "relay_fusion_torch",
     "relay_fusion_triton",
-    "system_attention",
-    "system_attention_torch",
     "varlen_attention_torch",
 ]

@@ -1,23 +1,49 @@
-"""RelayAttention: context attention + grouped system attention + LSE relay fusion.
+"""RelayAttention: per-request context attention + shared-level attention, merged by LSE.
 
-A token of a relay request attends to its system prompt (held once, in a per-slot system buffer)
-and to its own context (the request's paged KV). Softmax over the concatenation splits exactly:
+A token attends to the keys `[shared prefix ; its request's own]`. Softmax over a concatenation
+splits exactly into partial attentions, each normalized over its own keys, merged by their LSEs:
 
-    attn(q, [K_sys; K_ctx]) = a * attn(q, K_sys) + (1 - a) * attn(q, K_ctx),
-    a = 1 / (1 + exp(lse_ctx - lse_sys)),
+    attn(q, [K_1; K_2]) = a * attn(q, K_1) + (1 - a) * attn(q, K_2),
+    a = 1 / (1 + exp(lse_2 - lse_1)).
 
-so each step runs the context part as ordinary causal varlen attention over every request's own
-KV, the system part as one grouped non-causal call that reads each slot's K/V once for all its
-tokens, and merges the two with `relay_fusion`. Everything data-dependent is in the plan, built on
-the host once per step; `relay_attention` itself never synchronizes with the device.
+`relay_attention` runs the context call (every token over its request's paged KV, causal) and then,
+for each shared level (today one: the system prompts), one grouped non-causal call in which each
+group's queries read the group's pages once, merged into the output with `relay_fusion`. A level
+is just a set of pages shared by a group of tokens, so more levels of sharing (the n samples of one
+request, a document under a system prompt) are more entries in `RelayPlan.shared`.
+
+Everything data-dependent sits in the plan, built once per step; the per-layer work is a fixed
+sequence of launches over persistent tensors, with no host synchronization, so a CUDA graph can
+capture it and later replay it for any plan written into the same tensors.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from vllm_relay.ops.relay_fusion import relay_fusion
-from vllm_relay.ops.system_attention import SystemPlan, system_attention
+
+
+@dataclass
+class SharedLevel:
+    """One shared level: groups of tokens, each group reading one run of pages (non-causal).
+
+    Attributes:
+        perm: int32 [N]: the token of each grouped row (group g owns rows cu[g]:cu[g+1] of
+            `call["cu_seqlens_q"]`). Rows past the last group may point at any valid token.
+        row_index: int32 [T]: each token's grouped row, -1 for a token not in this level.
+        call: keywords of the level's attention call: cu_seqlens_q [G + 1], seqused_k [G],
+            max_seqlen_q, max_seqlen_k, block_table [G, P] (each group's pages), and optionally
+            scheduler_metadata / num_splits.
+        q_buf, out_buf: optional persistent [N, Hq, D] buffers for the gathered queries and the
+            level's output (CUDA graphs need fixed addresses); allocated per call when None.
+    """
+
+    perm: torch.Tensor
+    row_index: torch.Tensor
+    call: dict
+    q_buf: torch.Tensor | None = None
+    out_buf: torch.Tensor | None = None
 
 
 @dataclass
@@ -25,66 +51,61 @@ class RelayPlan:
     """Per-step plan of `relay_attention` (device tensors are int32).
 
     Attributes:
-        cu_seqlens_q: [B + 1] query offsets of the B requests.
-        seqused_k: [B] KV tokens of each request's OWN paged KV (for a relay request, its own
-            tokens only: the system prompt is in the system buffer).
-        max_seqlen_q, max_seqlen_k: python ints.
-        block_table: [B, max_blocks] physical block ids of each request's own KV.
-        system: the grouped system-attention plan, or None when no token has a system part.
-        scheduler_metadata: optional FlashAttention-3 AOT schedule of the context call.
+        context: keywords of the context call: cu_seqlens_q [B + 1], seqused_k [B] (each request's
+            KV tokens in `block_table`), max_seqlen_q, max_seqlen_k, block_table [B, W], and
+            optionally scheduler_metadata / num_splits. A request on the prefix path has its
+            shared pages in front of its own in this table; on the shared path only its own.
+        shared: the shared levels, merged into the output in order; empty: one plain call.
     """
 
-    cu_seqlens_q: torch.Tensor
-    seqused_k: torch.Tensor
-    max_seqlen_q: int
-    max_seqlen_k: int
-    block_table: torch.Tensor
-    system: SystemPlan | None = None
-    scheduler_metadata: torch.Tensor | None = None
+    context: dict
+    shared: list[SharedLevel] = field(default_factory=list)
 
 
-def relay_attention(q, k_cache, v_cache, k_sys, v_sys, plan: RelayPlan, out, softmax_scale: float,
-                    attn_fn, attn_kwargs=None):
-    """Attention of every token over [its slot's system K/V ; its request's own K/V], into `out`.
+def relay_attention(q, k_cache, v_cache, plan: RelayPlan, out, softmax_scale: float, attn_fn,
+                    attn_kwargs=None):
+    """Attention of every token over its shared levels' pages and its request's own, into `out`.
 
     Args:
         q: queries [T, Hq, D], fp16/bf16 (fp32 with a torch attn_fn), last dim contiguous.
-        k_cache, v_cache: paged context caches [num_blocks, block_size, Hkv, D] (FlashAttention's
-            layout; views with a contiguous last dim are fine).
-        k_sys, v_sys: system buffers [num_slots, S_max, Hkv, D], or None when `plan.system` is None.
+        k_cache, v_cache: the paged caches [num_blocks, block_size, Hkv, D] (FlashAttention's
+            layout; views with a contiguous last dim are fine). Shared pages live here too.
         plan: the step's `RelayPlan`.
         out: output [T, Hq, D], q's dtype; written in place and returned.
         softmax_scale: float.
         attn_fn: a FlashAttention-compatible varlen function, called by keyword (q=, k=, v=, out=,
-            cu_seqlens_q=, seqused_k=, max_seqlen_q=, max_seqlen_k=, softmax_scale=, causal=,
-            block_table=, return_softmax_lse=, plus `attn_kwargs` and the plans' scheduler_metadata):
-            vLLM's FlashAttention `flash_attn_varlen_func` on CUDA, varlen_attention_torch on CPU.
-        attn_kwargs: optional extra keywords for both attn_fn calls (e.g. fa_version, num_splits).
+            softmax_scale=, causal=, return_softmax_lse=, the plan's keywords and `attn_kwargs`):
+            vLLM's `flash_attn_varlen_func` on CUDA, `varlen_attention_torch` on CPU.
+        attn_kwargs: optional extra keywords for every attn_fn call (e.g. fa_version).
 
     Returns:
         `out` [T, Hq, D].
 
     Example:
-        >>> relay_attention(q, k_cache, v_cache, k_sys, v_sys, plan, out, 0.088, flash_attn_varlen_func,
+        >>> relay_attention(q, k_cache, v_cache, plan, out, 0.088, flash_attn_varlen_func,
         ...                 attn_kwargs={"fa_version": 3})
     """
-    kwargs = dict(attn_kwargs or {})
-    ctx_kwargs = dict(kwargs)
-    if plan.scheduler_metadata is not None:
-        ctx_kwargs["scheduler_metadata"] = plan.scheduler_metadata
-    has_system = plan.system is not None and plan.system.num_tokens > 0
-    result = attn_fn(
-        q=q, k=k_cache, v=v_cache, out=out,
-        cu_seqlens_q=plan.cu_seqlens_q, seqused_k=plan.seqused_k,
-        max_seqlen_q=plan.max_seqlen_q, max_seqlen_k=plan.max_seqlen_k,
-        softmax_scale=softmax_scale, causal=True, block_table=plan.block_table,
-        return_softmax_lse=has_system, **ctx_kwargs,
-    )
-    if not has_system:
+    extra = attn_kwargs or {}
+    levels = plan.shared
+    result = attn_fn(q=q, k=k_cache, v=v_cache, out=out, softmax_scale=softmax_scale, causal=True,
+                     return_softmax_lse=bool(levels), **plan.context, **extra)
+    if not levels:
         if result is not out:
             out.copy_(result)
         return out
-    o_ctx, lse_ctx = result
-    o_sys, lse_sys = system_attention(q, k_sys, v_sys, plan.system, softmax_scale, attn_fn, kwargs)
-    # o_ctx is normally `out` itself: fusion reads each element before overwriting it.
-    return relay_fusion(o_sys, lse_sys, o_ctx, lse_ctx, out=out, sys_index=plan.system.sys_index)
+    o_ctx, lse = result
+    if o_ctx is not out:
+        out.copy_(o_ctx)
+    last = len(levels) - 1
+    for i, level in enumerate(levels):
+        if level.q_buf is not None:
+            q_level = torch.index_select(q, 0, level.perm, out=level.q_buf)
+        else:
+            q_level = q.index_select(0, level.perm)
+        o_level, lse_level = attn_fn(q=q_level, k=k_cache, v=v_cache, out=level.out_buf,
+                                     softmax_scale=softmax_scale, causal=False,
+                                     return_softmax_lse=True, **level.call, **extra)
+        # In place: `out` holds the merged state so far; its LSE is updated for the next level.
+        relay_fusion(o_level, lse_level, out, lse, out=out, out_lse=None if i == last else lse,
+                     sys_index=level.row_index)
+    return out

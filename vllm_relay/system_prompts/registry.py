@@ -108,6 +108,12 @@ class SystemPromptRegistry:
             chosen = [p for p in self._by_name.values() if p.state == state]
             return self._version, sorted(chosen, key=_by_slot)
 
+    def owns_slot(self, prompt: SystemPrompt) -> bool:
+        """Whether `prompt` (this very record) still holds its slot, so its KV must be kept (a
+        failed prompt holds none)."""
+        with self._lock:
+            return self._by_name.get(prompt.name) is prompt and prompt.slot is not None
+
     def free_slots(self) -> list[int]:
         with self._lock:
             return self._free_slots()

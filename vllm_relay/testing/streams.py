@@ -53,12 +53,14 @@ def requests(args) -> list[dict]:
         body = {"model": args.model, "max_tokens": args.max_tokens, "temperature": 0.0, "ignore_eos": True,
                 "stream": True, "stream_options": {"include_usage": True}, "request_id": f"s{i}"}
         if relay:
-            body["messages"] = [{"role": "system", "content": args.system}, {"role": "user", "content": question}]
+            body["messages"] = [{"role": "system", "content": args.system},
+                                {"role": "user", "content": question}]
             out.append({"id": f"chatcmpl-s{i}", "route": "/v1/chat/completions", "body": body, "relay": True,
                         "drop": drop})
         else:
             body["prompt"] = f"Customer question: {question}\nAnswer:"
-            out.append({"id": f"cmpl-s{i}", "route": "/v1/completions", "body": body, "relay": False, "drop": drop})
+            out.append({"id": f"cmpl-s{i}", "route": "/v1/completions", "body": body, "relay": False,
+                        "drop": drop})
     return out
 
 
@@ -96,7 +98,8 @@ async def one_stream(session, url: str, req: dict) -> dict:
 
 def problems(req: dict, seen: dict, max_tokens: int) -> list[str]:
     if req["drop"]:
-        return [] if seen["status"] == 200 and not seen["error"] else [f"{req['id']}: dropped stream failed: {seen}"]
+        ok = seen["status"] == 200 and not seen["error"]
+        return [] if ok else [f"{req['id']}: dropped stream failed: {seen}"]
     bad = []
     if seen["status"] != 200 or seen["error"]:
         bad.append(f"status {seen['status']}, {seen['error']}")
@@ -126,8 +129,9 @@ async def run(args) -> dict:
     owners = Counter(i for s in seen for i in set(s["ids"]))  # streams each response id appeared in
     answered = [r["id"] for r, s in zip(reqs, seen) if not r["drop"] and not problems(r, s, args.max_tokens)]
     summary = {
-        "streams": len(reqs), "relay_sent": sum(r["relay"] for r in reqs), "dropped": sum(r["drop"] for r in reqs),
-        "answered": len(answered), "lost": [r["id"] for r, s in zip(reqs, seen) if not r["drop"] and not s["done"]],
+        "streams": len(reqs), "relay_sent": sum(r["relay"] for r in reqs),
+        "dropped": sum(r["drop"] for r in reqs), "answered": len(answered),
+        "lost": [r["id"] for r, s in zip(reqs, seen) if not r["drop"] and not s["done"]],
         "duplicated": sorted(i for i, n in owners.items() if n > 1),
         "problems": bad[:20], "num_problems": len(bad), "elapsed_s": round(elapsed, 2),
         "completion_tokens_per_s": round(len(answered) * args.max_tokens / elapsed, 1),
@@ -144,7 +148,8 @@ async def run(args) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m vllm_relay.testing.streams", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m vllm_relay.testing.streams",
+                                description=__doc__.split("\n")[0])
     p.add_argument("--url", required=True)
     p.add_argument("--model", required=True, help="the served model name")
     p.add_argument("--system", required=True, help="the system message relay has registered (chat_system)")

@@ -1,0 +1,171 @@
+"""Relay planning, once per step, into persistent tensors that every layer reads.
+
+vLLM glue: it reads vLLM's `CommonAttentionMetadata` and the step's relay facts, and leaves the
+planning math to `vllm_relay.ops`. Every device tensor is allocated once and rewritten in place
+each step (one host-to-device copy), so a CUDA graph captured over them replays any later plan:
+padding requests and tokens, absent slots and steps without relay requests are all just values
+(zero-length groups, row index -1, no prefix pages).
+
+Each step gives:
+* the context tables: each request's own block table and KV length, with its slot's pages in
+  front for a relay request on the prefix path (`ops.prefix_block_table`);
+* the system level: the decode tokens of relay requests on the shared path, grouped by slot,
+  each group reading its slot's pages once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from vllm_relay.attention import step as relay_step
+from vllm_relay.config import RelayConfig
+from vllm_relay.ops import SHARED_MAX_QUERY_LEN, SharedLevel, choose_shared, group_rows, prefix_block_table
+
+# The shared path's threshold: a slot's decode requests take it when at least this many share the
+# slot in the step (else each reads the system pages itself, through the prefix path).
+# NOTE: inside a full CUDA graph the shared level's launches are captured whether or not they
+# have work, so one request already pays for it; eager steps pay Python launch overhead for it.
+# Measured on the H200, see benchmarks/results/rule_h200.md.
+MIN_SHARED_GROUP_GRAPH = 2
+MIN_SHARED_GROUP_EAGER = 8
+NEVER = 1 << 30
+
+
+# Every planner of this worker process, for `worker_stats`.
+_planners: list[RelayPlanner] = []
+
+
+def worker_stats(_worker=None) -> dict:
+    """What this worker's planners did, summed: steps planned (full-graph ones too), requests that
+    read their system pages through the prefix path, decode tokens on the shared path. Callable
+    through `LLM.collective_rpc(worker_stats)` (the worker argument is ignored)."""
+    total = {"planned_steps": 0, "graph_steps": 0, "prefix_requests": 0, "shared_tokens": 0}
+    for planner in _planners:
+        for key in total:
+            total[key] += planner.stats[key]
+    return total
+
+
+@dataclass
+class StepPlan:
+    context: object  # CommonAttentionMetadata over the context tables
+    level: SharedLevel  # the system level (its buffers are always written)
+    run_level: bool  # whether eager code must run it (always when capturing a graph)
+    graph: bool  # planned for a full-CUDA-graph step (fixed launch shapes)
+
+
+class RelayPlanner:
+    """Persistent plan tensors of one KV-cache group, and the per-step planning into them."""
+
+    def __init__(self, vllm_config, kv_cache_spec, device) -> None:
+        cfg = RelayConfig.from_vllm(vllm_config.additional_config)
+        model, sched, comp = vllm_config.model_config, vllm_config.scheduler_config, vllm_config.compilation_config
+        self.page_size = kv_cache_spec.block_size
+        self.pages = relay_step.slot_pages_for(cfg, self.page_size)
+        self.num_slots, self.max_pages = self.pages.pages.shape
+        self._pages_version = -1
+        self.min_group = {"auto": (MIN_SHARED_GROUP_GRAPH, MIN_SHARED_GROUP_EAGER), "always": (1, 1),
+                          "never": (NEVER, NEVER)}[cfg.shared_path]
+        mode = getattr(comp, "cudagraph_mode", None)
+        self.full_graphs = bool(mode is not None and mode.has_full_cudagraphs())
+        self.max_graph_tokens = comp.max_cudagraph_capture_size or 0
+        self.device = torch.device(device)
+        # Full graphs pad a decode batch up to a capture size, in requests as in tokens.
+        max_reqs = max(sched.max_num_seqs, self.max_graph_tokens)
+        max_tokens = max(sched.max_num_batched_tokens, max_reqs)
+        self.max_rows = max_reqs * SHARED_MAX_QUERY_LEN
+        G = self.num_slots
+        # One int32 staging buffer and its device twin: [req_pages | req_slot | perm | cu | lens | row_index].
+        sizes = [max_reqs, max_reqs, self.max_rows, G + 1, G, max_tokens]
+        self._offsets = np.concatenate(([0], np.cumsum(sizes)))
+        pin = self.device.type == "cuda"
+        self._host = torch.zeros(int(self._offsets[-1]), dtype=torch.int32, pin_memory=pin)
+        self._host_np = self._host.numpy()
+        self._dev = torch.zeros_like(self._host, device=self.device)
+        views = [self._dev[a:b] for a, b in zip(self._offsets[:-1], self._offsets[1:])]
+        self.req_pages, self.req_slot, self.perm, self.cu, self.lens, self.row_index = views
+        self.slot_pages = torch.zeros(G, self.max_pages, dtype=torch.int32, device=self.device)
+        hq = model.get_num_attention_heads(vllm_config.parallel_config)
+        self.q_buf = torch.empty(self.max_rows, hq, model.get_head_size(), dtype=model.dtype, device=self.device)
+        self.out_buf = torch.empty_like(self.q_buf)
+        self.ctx_table: torch.Tensor | None = None  # [max_reqs, W], W = vLLM's block-table width
+        self.ctx_lens = torch.zeros(max_reqs, dtype=torch.int32, device=self.device)
+        self.stats = dict.fromkeys(("planned_steps", "graph_steps", "prefix_requests", "shared_tokens"), 0)
+        _planners.append(self)
+
+    def is_graph_step(self, cm) -> bool:
+        """A uniform decode batch that vLLM runs as a full CUDA graph (FULL_AND_PIECEWISE)."""
+        return self.full_graphs and cm.max_query_len <= 1 and cm.num_actual_tokens <= self.max_graph_tokens
+
+    def plan(self, cm, step: relay_step.RelayStep | None, capture: bool = False) -> StepPlan | None:
+        """This step's plan, or None when plain attention over the own tables is the whole story
+        (no relay request, and not a full-graph step, whose captured launches read the plan)."""
+        graph = capture or self.is_graph_step(cm)
+        if step is None and not graph:
+            return None
+        B, T, G = cm.num_reqs, cm.num_actual_tokens, self.num_slots
+        req_slot = np.full(B, -1, dtype=np.int32)
+        req_shift = np.zeros(B, dtype=np.int32)
+        q_lens = np.zeros(B, dtype=np.int32)
+        if step is not None:
+            n = step.num_reqs
+            req_slot[:n], req_shift[:n], q_lens[:n] = step.req_slot, step.req_shift, step.q_lens
+        shared = choose_shared(req_slot, q_lens, self.min_group[0 if graph else 1])
+        req_pages = np.where((req_slot >= 0) & ~shared, req_shift // self.page_size, 0).astype(np.int32)
+        token_group = np.full(T, -1, dtype=np.int32)
+        taken = np.repeat(np.where(shared, req_slot, -1), q_lens)
+        token_group[: taken.shape[0]] = taken
+        perm, cu, row_index = group_rows(token_group, G)
+        lens = np.zeros(G, dtype=np.int32)
+        lens[req_slot[shared]] = req_shift[shared]
+        rows = min(T, self.max_rows) if graph else perm.shape[0]
+        if perm.shape[0] > self.max_rows:
+            raise RuntimeError(f"vllm-relay: {perm.shape[0]} shared rows, more than {self.max_rows}")
+        self._stage([req_pages, req_slot, perm, cu, lens, row_index], B, rows, T)
+        self._sync_slot_pages()
+        if self.ctx_table is None:
+            self.ctx_table = torch.zeros(self.ctx_lens.shape[0], cm.block_table_tensor.shape[1],
+                                         dtype=torch.int32, device=self.device)
+        ctx_table, ctx_lens = self.ctx_table[:B], self.ctx_lens[:B]
+        prefix_block_table(cm.block_table_tensor[:B], cm.seq_lens[:B], self.req_pages[:B], self.req_slot[:B],
+                           self.slot_pages, self.page_size, ctx_table, ctx_lens)
+        max_seq_len = cm.max_seq_len + int(req_pages.max(initial=0)) * self.page_size
+        context = dataclasses.replace(cm, seq_lens=ctx_lens, block_table_tensor=ctx_table,
+                                      max_seq_len=max_seq_len)
+        if not capture:
+            self.stats["planned_steps"] += 1
+            self.stats["graph_steps"] += graph
+            self.stats["prefix_requests"] += int(np.count_nonzero(req_pages))
+            self.stats["shared_tokens"] += perm.shape[0]
+        group_sizes = np.diff(cu)
+        call = dict(cu_seqlens_q=self.cu, seqused_k=self.lens,
+                    max_seqlen_q=rows if graph else int(group_sizes.max(initial=0)),
+                    max_seqlen_k=self.max_pages * self.page_size if graph else int(lens.max(initial=0)),
+                    block_table=self.slot_pages)
+        level = SharedLevel(perm=self.perm[:rows], row_index=self.row_index[:T], call=call,
+                            q_buf=self.q_buf[:rows], out_buf=self.out_buf[:rows])
+        return StepPlan(context, level, run_level=capture or perm.shape[0] > 0, graph=graph)
+
+    def _stage(self, arrays, B: int, rows: int, T: int) -> None:
+        """Write the host arrays into the staging buffer (perm padded with token 0 up to `rows`,
+        row_index with -1 up to T) and copy the used span to the device in one transfer."""
+        host, off = self._host_np, self._offsets
+        req_pages, req_slot, perm, cu, lens, row_index = arrays
+        host[off[0]: off[0] + B] = req_pages
+        host[off[1]: off[1] + B] = req_slot
+        host[off[2]: off[2] + rows] = 0
+        host[off[2]: off[2] + perm.shape[0]] = perm
+        host[off[3]: off[4]] = cu
+        host[off[4]: off[5]] = lens
+        host[off[5]: off[5] + T] = row_index
+        end = int(off[5]) + T
+        self._dev[:end].copy_(self._host[:end], non_blocking=self.device.type == "cuda")
+
+    def _sync_slot_pages(self) -> None:
+        if self.pages.version != self._pages_version:
+            self._pages_version = self.pages.version
+            self.slot_pages.copy_(torch.from_numpy(self.pages.pages))

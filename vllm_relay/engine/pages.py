@@ -1,0 +1,47 @@
+"""The paged-KV blocks that hold each filled system prompt, kept out of the scheduler's pool.
+
+A fill is an ordinary request: the scheduler gives it blocks of the paged KV cache and the model
+writes the prompt's keys and values there. When it finishes, instead of letting those blocks go
+back to the pool, the engine core keeps the prompt's whole blocks (one more reference each, as a
+prefix-cache hit takes), and the workers read them as the prompt's pages. They go back to the
+pool when the prompt no longer owns its slot. Only whole blocks are kept: a relay request strips
+`relay_len` tokens (the prompt rounded down to a block) and computes the rest itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllm_relay.system_prompts import SystemPrompt, SystemPromptRegistry
+
+
+class PromptPages:
+    def __init__(self, scheduler: Any, block_size: int) -> None:
+        self._scheduler = scheduler
+        self.block_size = block_size
+        self._kept: dict[SystemPrompt, list[Any]] = {}  # prompt record -> its KVCacheBlocks
+
+    def relay_len(self, prompt: SystemPrompt) -> int:
+        """Tokens of `prompt` that relay requests read from its pages: whole blocks only."""
+        return prompt.num_tokens - prompt.num_tokens % self.block_size
+
+    def keep(self, prompt: SystemPrompt, fill_request_id: str) -> int:
+        """Keep the whole blocks of a fill that has just finished (before the scheduler frees
+        the request's blocks). Returns how many."""
+        kvm = self._scheduler.kv_cache_manager
+        blocks = list(kvm.get_blocks(fill_request_id).blocks[0][: self.relay_len(prompt) // self.block_size])
+        kvm.block_pool.touch(blocks)
+        old = self._kept.pop(prompt, None)
+        if old is not None:  # a prompt is filled once; never leak if it happened twice
+            kvm.block_pool.free_blocks(old)
+        self._kept[prompt] = blocks
+        return len(blocks)
+
+    def sweep(self, registry: SystemPromptRegistry) -> None:
+        """Give back the blocks of every prompt that no longer owns its slot."""
+        gone = [p for p in self._kept if not registry.owns_slot(p)]
+        for prompt in gone:
+            self._scheduler.kv_cache_manager.block_pool.free_blocks(self._kept.pop(prompt))
+
+    def num_blocks(self) -> int:
+        return sum(len(b) for b in self._kept.values())
