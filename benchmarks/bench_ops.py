@@ -2,8 +2,9 @@
 
 Decode steps of Llama-2-7B (32 q / 32 kv heads) and Llama-3-8B (32 q / 8 kv heads), D=128, bf16,
 block size 16, every request sharing one S-token system prompt and owning c context tokens:
-  (a) relay_attention: context attention + grouped system attention + relay_fusion (plan built
-      outside the timed region);
+  (a) relay_attention on the shared path: context attention over each request's own pages + one
+      grouped system call over the system prompt's pages (in the same paged cache) + relay_fusion
+      (plan built outside the timed region);
   (b) plain FlashAttention varlen decode over each request's full paged KV (the shared system
       blocks, then its own blocks), called as vLLM's FlashAttention backend calls it;
   (c) vLLM 0.26 cascade attention (`vllm.v1.attention.backends.flash_attn.cascade_attention`);
@@ -25,7 +26,7 @@ import torch
 import triton
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from vllm_relay.ops import RelayPlan, plan_system_attention, relay_attention, relay_fusion  # noqa: E402
+from vllm_relay.ops import RelayPlan, SharedLevel, relay_attention, relay_fusion  # noqa: E402
 
 MODELS = {"llama2-7b": (32, 32), "llama3-8b": (32, 8)}  # (Hq, Hkv)
 HEAD_DIM = 128
@@ -117,19 +118,23 @@ def decode_case(fa, hq, hkv, B, S, c):
     ctx_lens = torch.full((B,), c, device=dev, dtype=torch.int32)
     fa_kw = {"fa_version": fa.version, "num_splits": 0}
 
-    # (a) relay: system prompt in a dense per-slot buffer (one slot), each request's own blocks.
-    k_sys = k_cache[sys_blocks.long()].reshape(1, S, hkv, HEAD_DIM).contiguous()
-    v_sys = v_cache[sys_blocks.long()].reshape(1, S, hkv, HEAD_DIM).contiguous()
-    sys_plan = plan_system_attention([0] * B, [S], S, BLOCK, dev)
-    sys_plan.scheduler_metadata = fa.schedule(1, sys_plan.cu_seqlens_q, B, sys_plan.seqused_k, S, False,
-                                              hq, hkv)
-    plan = RelayPlan(cu_seqlens_q=cu_q, seqused_k=ctx_lens, max_seqlen_q=1, max_seqlen_k=c,
-                     block_table=ctx_blocks.contiguous(), system=sys_plan,
-                     scheduler_metadata=fa.schedule(B, cu_q, 1, ctx_lens, c, True, hq, hkv))
+    # (a) relay, shared path: the system prompt's pages read once for all B tokens, each request's own.
+    cu_sys = torch.tensor([0, B], device=dev, dtype=torch.int32)
+    sys_lens = torch.tensor([S], device=dev, dtype=torch.int32)
+    level = SharedLevel(
+        perm=torch.arange(B, device=dev, dtype=torch.int32), row_index=torch.arange(B, device=dev, dtype=torch.int32),
+        call=dict(cu_seqlens_q=cu_sys, seqused_k=sys_lens, max_seqlen_q=B, max_seqlen_k=S,
+                  block_table=sys_blocks[None].contiguous(),
+                  scheduler_metadata=fa.schedule(1, cu_sys, B, sys_lens, S, False, hq, hkv)),
+        q_buf=torch.empty_like(q), out_buf=torch.empty_like(q))
+    plan = RelayPlan(context=dict(cu_seqlens_q=cu_q, seqused_k=ctx_lens, max_seqlen_q=1, max_seqlen_k=c,
+                                  block_table=ctx_blocks.contiguous(),
+                                  scheduler_metadata=fa.schedule(B, cu_q, 1, ctx_lens, c, True, hq, hkv)),
+                     shared=[level])
     out_a = torch.empty_like(q)
 
     def relay():
-        relay_attention(q, k_cache, v_cache, k_sys, v_sys, plan, out_a, scale, fa.varlen, attn_kwargs=fa_kw)
+        relay_attention(q, k_cache, v_cache, plan, out_a, scale, fa.varlen, attn_kwargs=fa_kw)
 
     # (b) plain FA decode over the full paged KV, as FlashAttentionImpl.forward calls it.
     sched_b = fa.schedule(B, cu_q, 1, full_lens, S + c, True, hq, hkv)

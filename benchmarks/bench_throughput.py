@@ -1,9 +1,14 @@
 """End-to-end offline throughput: relay against vLLM's default, on vLLM's random-dataset workload.
 
-Every request shares one random P-token prefix (the system prompt) followed by its own tokens,
-exactly as `vllm bench throughput --dataset-name random --random-prefix-len P` builds them: we use
-vLLM's own `RandomDataset` and tokenize its prompts as the engine would. Each configuration runs in
-its own process (a fresh engine, its own GPU memory):
+Workloads (`--workloads`, several run one after the other on the same engine):
+  single  every request shares one random P-token prefix (the system prompt) followed by its own
+          tokens, exactly as `vllm bench throughput --dataset-name random --random-prefix-len P`
+          builds them: vLLM's own `RandomDataset`, tokenized as the engine would;
+  multi   four system prompts of 512, 1024, 2048 and 4096 tokens and 20% plain requests, each
+          request with 64-256 own tokens and 128-384 output tokens (random ids, seeded).
+`--latency` also measures decode steps on the same engine: B requests behind the single workload's
+system prompt (128 own tokens), ms per decode step = (time of 1 + N tokens - time of 1 token) / N,
+for B in 1..256. Each configuration runs in its own process (a fresh engine, its own GPU memory):
 
   default   vLLM 0.26 as it ships (prefix caching on, Model Runner V2, cascade off), full prompts
   relay     --attention-backend relay with the shared prefix registered up front as a system prompt
@@ -44,18 +49,80 @@ def sample_requests(args):
     return [tok.encode(r.prompt) for r in reqs], [r.expected_output_len for r in reqs]
 
 
-def engine_kwargs(args, config, system_ids):
+def multi_requests(args):
+    """The multi-prompt workload: (system prompts, prompts, output lengths); 20% plain requests."""
+    import random
+
+    rng = random.Random(args.seed + 1)
+    vocab = json.load(open(os.path.join(args.model, "config.json")))["vocab_size"]
+    lens = [int(n) for n in args.multi_system_lens.split(",")]
+    systems = [[1] + [rng.randrange(100, vocab) for _ in range(n - 1)] for n in lens]
+    prompts, out_lens = [], []
+    for _ in range(args.num_prompts):
+        own = [rng.randrange(100, vocab) for _ in range(rng.randint(64, 256))]
+        prompts.append([1] + own if rng.random() < 0.2 else rng.choice(systems) + own)
+        out_lens.append(rng.randint(128, 384))
+    return systems, prompts, out_lens
+
+
+def workload(args, name):
+    """(system prompts, prompts, output lengths) of workload `name`."""
+    if name == "single":
+        prompts, out_lens = sample_requests(args)
+        return [functools.reduce(common_prefix, prompts)], prompts, out_lens
+    return multi_requests(args)
+
+
+def strip_system(prompts, systems):
+    """The same requests with no system prompt: BOS and the request's own tokens."""
+    out = []
+    for p in prompts:
+        n = max((len(s) for s in systems if p[: len(s)] == s), default=1)
+        out.append(p[:1] + p[n:])
+    return out
+
+
+def engine_kwargs(args, config, systems):
+    # Stats on: the latency sweep reads each request's engine timestamps (the same cost for every config).
     kw = dict(model=args.model, load_format="dummy", max_model_len=args.max_model_len, seed=args.seed,
-              tensor_parallel_size=args.tensor_parallel_size)
+              disable_log_stats=False, tensor_parallel_size=args.tensor_parallel_size)
     if config == "noprefix-relay":
         kw["attention_backend"] = "relay"
     elif config in ("relay", "accuracy-relay"):
         kw["attention_backend"] = "relay"
-        kw["additional_config"] = {"relay": {
-            "system_prompts": {"bench": system_ids}, "max_prompts": 1, "max_prompt_tokens": len(system_ids)}}
+        relay = {"system_prompts": {f"s{i}": ids for i, ids in enumerate(systems)}, "max_prompts": len(systems),
+                 "max_prompt_tokens": max(map(len, systems))}
+        if args.shared_path:
+            relay["shared_path"] = args.shared_path
+        kw["additional_config"] = {"relay": relay}
     elif config == "accuracy-reference":
         kw["attention_backend"] = "FLASH_ATTN"
     return kw
+
+
+def decode_latency(llm, system_ids, args):
+    """ms per decode step at each batch size, behind `system_ids` (or none), 128 own tokens each:
+    B requests start together and decode 1 + N tokens; a request's step time is the engine's
+    (last token - first token) / N, so prefill is excluded; the median over the B requests."""
+    import random
+    import statistics
+
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    rng = random.Random(args.seed + 2)
+    vocab = json.load(open(os.path.join(args.model, "config.json")))["vocab_size"]
+    rows, steps = [], args.latency_steps
+    for B in map(int, args.latency_batches.split(",")):
+        prompts = [TokensPrompt(prompt_token_ids=system_ids + [rng.randrange(100, vocab) for _ in range(128)])
+                   for _ in range(B)]
+        params = SamplingParams(temperature=0.0, max_tokens=1 + steps, ignore_eos=True)
+        llm.generate(prompts[:1], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)  # warm-up
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        per_req = [(o.metrics.last_token_ts - o.metrics.first_token_ts) / steps for o in outs]
+        rows.append({"batch": B, "ms_per_step": statistics.median(per_req) * 1e3})
+        print(f"  latency B={B:4d}: {rows[-1]['ms_per_step']:.2f} ms/step", flush=True)
+    return rows
 
 
 def worker(args):
@@ -65,41 +132,51 @@ def worker(args):
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    prompts, out_lens = sample_requests(args)
-    system_ids = functools.reduce(common_prefix, prompts)  # the shared prefix of all requests
-    if args.worker.startswith("noprefix"):  # the same requests without the shared prefix
-        prompts = [p[:1] + p[len(system_ids):] for p in prompts]
+    names = args.workloads.split(",")
+    loads = {name: workload(args, name) for name in names}
+    systems = [s for name in names for s in loads[name][0]]
     accuracy = args.worker.startswith("accuracy")
-    if accuracy:
-        prompts, out_lens = prompts[:64], [8] * 64
-    llm = LLM(**engine_kwargs(args, args.worker, system_ids))
-    if accuracy:
-        params = SamplingParams(temperature=0.0, max_tokens=8, logprobs=5, ignore_eos=True)
-    else:
-        params = [SamplingParams(temperature=1.0, top_p=1.0, ignore_eos=True, max_tokens=n) for n in out_lens]
-    t0 = time.perf_counter()
-    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
-    elapsed = time.perf_counter() - t0
-    result = {"config": args.worker, "requests": len(prompts), "elapsed_s": elapsed,
-              "requests_per_s": len(prompts) / elapsed, "system_len": len(system_ids),
-              "prompt_tokens": sum(map(len, prompts)),
-              "output_tokens": sum(len(o.outputs[0].token_ids) for o in outs)}
-    if accuracy:
-        result["outputs"] = [[list(o.outputs[0].token_ids),
-                              [{str(k): v.logprob for k, v in s.items()} for s in o.outputs[0].logprobs]]
-                             for o in outs]
+    llm = LLM(**engine_kwargs(args, args.worker, systems))
+    result = {"config": args.worker}
+    relayed = 0
+    for name in names:
+        load_systems, prompts, out_lens = loads[name]
+        if args.worker.startswith("noprefix"):  # the same requests without their system prompts
+            prompts = strip_system(prompts, load_systems)
+        if accuracy:
+            prompts, out_lens = prompts[:64], [8] * 64
+        if accuracy:
+            params = SamplingParams(temperature=0.0, max_tokens=8, logprobs=5, ignore_eos=True)
+        else:
+            params = [SamplingParams(temperature=1.0, top_p=1.0, ignore_eos=True, max_tokens=n) for n in out_lens]
+        t0 = time.perf_counter()
+        outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        elapsed = time.perf_counter() - t0
+        r = {"requests": len(prompts), "elapsed_s": elapsed, "requests_per_s": len(prompts) / elapsed,
+             "system_lens": [len(s) for s in load_systems], "prompt_tokens": sum(map(len, prompts)),
+             "output_tokens": sum(len(o.outputs[0].token_ids) for o in outs)}
+        relayed += sum(1 for p in prompts if any(p[: len(s)] == s and len(p) > len(s) for s in load_systems))
+        if accuracy:
+            r["outputs"] = [[list(o.outputs[0].token_ids),
+                             [{str(k): v.logprob for k, v in s.items()} for s in o.outputs[0].logprobs]]
+                            for o in outs]
+        result[name] = r
+        print(f"  {args.worker} {name}: {r['requests_per_s']:.2f} requests/s", flush=True)
+    if args.latency and not accuracy:
+        system_ids = [] if args.worker.startswith("noprefix") else loads[names[0]][0][0]
+        result["latency"] = decode_latency(llm, system_ids, args)
     if args.worker in ("relay", "accuracy-relay"):
         from vllm_relay.stats import relay_stats
 
         result["relay_stats"] = relay_stats(llm)
-        if result["relay_stats"]["relay_requests"] < len(prompts):
-            raise RuntimeError(f"relay served only {result['relay_stats']['relay_requests']} of "
-                               f"{len(prompts)} requests: the prefix was not routed")
+        if result["relay_stats"]["relay_requests"] < relayed:
+            raise RuntimeError(f"relay served only {result['relay_stats']['relay_requests']} of the "
+                               f"{relayed} requests behind a system prompt: they were not routed")
     print("RESULT " + json.dumps(result), flush=True)
 
 
 def run_config(args, config):
-    if config == "bench":
+    if config == "bench":  # `vllm bench throughput` itself (single workload only)
         cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "bench", "throughput", "--model", args.model,
                "--load-format", "dummy", "--dataset-name", "random", "--random-input-len", str(args.input_len),
                "--random-output-len", str(args.output_len), "--random-prefix-len", str(args.prefix_len),
@@ -113,7 +190,7 @@ def run_config(args, config):
         if line.startswith("RESULT "):
             return json.loads(line[7:])
         if line.startswith("Throughput:"):
-            return {"config": "bench", "requests_per_s": float(line.split()[1])}
+            return {"config": "bench", "single": {"requests_per_s": float(line.split()[1])}}
     raise RuntimeError(f"{config} failed (rc {proc.returncode}):\n{log[-6000:]}")
 
 
@@ -145,6 +222,12 @@ def main():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tensor-parallel-size", type=int, default=1)
     p.add_argument("--configs", default="default,relay")
+    p.add_argument("--workloads", default="single", help="single and/or multi, comma-separated")
+    p.add_argument("--multi-system-lens", default="512,1024,2048,4096", help="the multi workload's prompts")
+    p.add_argument("--latency", action="store_true", help="also the decode-latency sweep (B = 1..256)")
+    p.add_argument("--latency-steps", type=int, default=64)
+    p.add_argument("--latency-batches", default="1,2,4,8,16,32,64,128,256")
+    p.add_argument("--shared-path", help="relay's shared_path setting (default: its own, auto)")
     p.add_argument("--accuracy", action="store_true")
     p.add_argument("--out")
     p.add_argument("--worker")
@@ -154,17 +237,32 @@ def main():
     results = {}
     if args.accuracy:
         ref, relay = run_config(args, "accuracy-reference"), run_config(args, "accuracy-relay")
-        results = {"accuracy": compare(ref, relay), "system_len": relay["system_len"],
+        w = args.workloads.split(",")[0]
+        results = {"accuracy": compare(ref[w], relay[w]), "system_lens": relay[w]["system_lens"],
                    "relay_stats": relay["relay_stats"]}
         print(json.dumps(results))
     else:
         for config in args.configs.split(","):
             results[config] = run_config(args, config)
-            print(f"{config:>9}: {results[config]['requests_per_s']:.2f} requests/s "
-                  f"{json.dumps(results[config].get('relay_stats', ''))}", flush=True)
-        base = results.get("default", {}).get("requests_per_s")
-        if base and "relay" in results:
-            print(f"relay / default = {results['relay']['requests_per_s'] / base:.2f}x")
+            if args.out:  # keep what is done, whatever fails later
+                with open(args.out, "w") as f:
+                    json.dump({"args": {k: v for k, v in vars(args).items() if k != "worker"}, **results}, f,
+                              indent=1)
+        for name in args.workloads.split(","):
+            line = ", ".join(f"{c} {r[name]['requests_per_s']:.2f}" for c, r in results.items() if name in r)
+            print(f"{name}: requests/s: {line}")
+            got = {c: r[name]["requests_per_s"] for c, r in results.items() if name in r}
+            if "relay" in got and "default" in got:
+                print(f"  relay / default = {got['relay'] / got['default']:.3f}x")
+            if "relay" in got and "noprefix" in got:
+                print(f"  relay / no system prompt = {got['relay'] / got['noprefix']:.3f}")
+            if "noprefix-relay" in got and "noprefix" in got:
+                print(f"  relay backend without prompts / default = {got['noprefix-relay'] / got['noprefix']:.3f}")
+        lat = {c: r["latency"] for c, r in results.items() if "latency" in r}
+        if "relay" in lat and "default" in lat:
+            for a, b in zip(lat["relay"], lat["default"]):
+                print(f"  decode B={a['batch']:4d}: relay {a['ms_per_step']:.2f} ms, default "
+                      f"{b['ms_per_step']:.2f} ms, relay/default {a['ms_per_step'] / b['ms_per_step']:.3f}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"args": {k: v for k, v in vars(args).items() if k != "worker"}, **results}, f, indent=1)

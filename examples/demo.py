@@ -1,73 +1,52 @@
 """`make demo`: serve a tiny locally built model with relay attention on the CPU and chat with it.
 
 Builds (once, then cached) a tiny random Llama and its tokenizer, starts vLLM's OpenAI server with
-`--attention-backend relay` on a free loopback port, waits for it to be healthy, sends one chat
-request with a system message through the official `openai` client, prints the reply, and stops
-the server and every process it started. Any failure prints the server log's tail and exits 1.
-The model's weights are random: the reply is fluent nonsense, and that is expected.
+`--attention-backend relay` and the relay endpoint plugin (`VLLM_PLUGINS=relay`) on a free loopback
+port, registers a chat system prompt over HTTP (`POST /v1/relay/system_prompts`), sends one chat
+request with that system message through the official `openai` client, prints the reply and the
+`/metrics` line that counts it, and stops the server and every process it started. Any failure
+prints the server log's tail and exits 1. The model's weights are random: the reply is fluent
+nonsense, and that is expected.
 """
 
 import json
-import os
+import shlex
 import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 
-STARTUP_TIMEOUT_S = 600
 MODEL = "tiny-llama-gqa"
 SYSTEM = "You are a terse assistant for a shipping company. Answer in one sentence."
-# The system message is registered at start-up as the chat template renders it, so the chat
-# request below, which starts with it, is served by relay attention.
-RELAY_CONFIG = {"relay": {"system_prompts": {"shipping": {"chat_system": SYSTEM}},
-                          "max_prompts": 1, "max_prompt_tokens": 512,
-                          "log_stats_interval_s": 0.5}}
+RELAY_CONFIG = {"max_prompts": 1, "max_prompt_tokens": 512, "log_stats_interval_s": 0.5,
+                "metrics_interval_s": 0.2}
+METRIC = "vllm_relay_requests_total"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def post(url: str, body: dict) -> tuple[int, dict]:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=600) as r:
+        return r.status, json.loads(r.read())
 
 
-def wait_healthy(proc: subprocess.Popen, url: str, deadline: float) -> None:
+def metric_line(url: str, name: str, want: float, timeout_s: float = 30.0) -> str:
+    """The /metrics line of `name` once it reads `want` (the server refreshes it every 0.2 s)."""
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with code {proc.returncode} before it was healthy")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(1)
-    raise RuntimeError(f"the server was not healthy within {STARTUP_TIMEOUT_S} s")
+        with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
+            lines = [line for line in r.read().decode().splitlines() if line.startswith(name + "{")]
+        if lines and float(lines[0].rsplit(" ", 1)[1]) == want:
+            return lines[0]
+        time.sleep(0.2)
+    raise RuntimeError(f"/metrics never showed {name} = {want}")
 
 
-def stop(proc: subprocess.Popen) -> None:
-    """Stop the server's whole process group (API server, engine core, workers)."""
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    try:  # children that outlived the leader
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-
-
-def wait_for_relay_summary(log, timeout_s: float = 30.0) -> str:
+def engine_summary(server, timeout_s: float = 30.0) -> str:
     """The engine core's relay summary line once it counts our request (logged when it changes)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        log.seek(0)
-        lines = [line.rstrip() for line in log if "relay requests 1," in line]
+        lines = [line.rstrip() for line in server.log_text().splitlines() if "relay requests 1," in line]
         if lines:
             return lines[-1]
         time.sleep(0.5)
@@ -76,34 +55,34 @@ def wait_for_relay_summary(log, timeout_s: float = 30.0) -> str:
 
 def main() -> int:
     from vllm_relay.testing.models import get_model
+    from vllm_relay.testing.server import RelayServer
 
     t0 = time.monotonic()
-    model = get_model(MODEL)
-    port = free_port()
-    log = tempfile.NamedTemporaryFile("w+", prefix="vllm-relay-demo-", suffix=".log", delete=False)
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
-           "--served-model-name", MODEL, "--attention-backend", "relay",
-           "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
-           "--max-model-len", "2048", "--enforce-eager", "--enable-prompt-tokens-details",
-           "--additional-config", json.dumps(RELAY_CONFIG)]
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
-    print(f"[demo] starting: {' '.join(cmd[2:])}\n[demo] server log: {log.name}", flush=True)
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    previous = signal.signal(signal.SIGTERM, lambda *_: (stop(proc), sys.exit(143)))
+    server = RelayServer(get_model(MODEL), MODEL, relay=RELAY_CONFIG,
+                         # Blocks of 16 (vLLM's CPU default is 128): relay shares whole blocks.
+                         args=["--max-model-len", "2048", "--enable-prompt-tokens-details",
+                               "--block-size", "16"])
+    print(f"[demo] starting: VLLM_PLUGINS=relay {shlex.join(['python', *server.cmd[1:]])}\n"
+          f"[demo] server log: {server.log_path}", flush=True)
+    previous = signal.signal(signal.SIGTERM, lambda *_: (server.stop(), sys.exit(143)))
     try:
-        wait_healthy(proc, f"http://127.0.0.1:{port}/health", time.monotonic() + STARTUP_TIMEOUT_S)
+        server.start()
         print(f"[demo] server healthy after {time.monotonic() - t0:.0f} s", flush=True)
-        log.seek(0)
-        relay_lines = [line.rstrip() for line in log
-                       if "relay attention backend active" in line or "system prompts ready" in line]
-        if not any("relay attention backend active" in line for line in relay_lines):
+        log = server.log_text()
+        if "relay attention backend active" not in log:
             raise RuntimeError("the server log does not show the relay attention backend active")
-        for line in relay_lines:
-            print(f"[server] {line}")
+        for line in log.splitlines():
+            if "relay attention backend active" in line or "Loaded endpoint plugin relay" in line:
+                print(f"[server] {line.rstrip()}")
+
+        body = {"name": "shipping", "messages": [{"role": "system", "content": SYSTEM}]}
+        print(f"[demo] POST /v1/relay/system_prompts {json.dumps(body)}")
+        status, prompt = post(server.url + "/v1/relay/system_prompts", body)
+        print(f"[demo] -> {status} {json.dumps(prompt)}")
 
         from openai import OpenAI
 
-        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused")
+        client = OpenAI(base_url=f"{server.url}/v1", api_key="unused")
         reply = client.chat.completions.create(
             model=MODEL,
             messages=[{"role": "system", "content": SYSTEM},
@@ -115,15 +94,14 @@ def main() -> int:
         details = reply.usage.prompt_tokens_details
         print(f"[demo] usage: {reply.usage.prompt_tokens} prompt + {reply.usage.completion_tokens} "
               f"completion tokens ({details.cached_tokens if details else 0} prompt tokens not recomputed)")
-        print(f"[server] {wait_for_relay_summary(log)}")
+        print(f"[metrics] {metric_line(server.url, METRIC, 1.0)}")
+        print(f"[server] {engine_summary(server)}")
         return 0
     except Exception as e:  # noqa: BLE001 - report anything, with the server's side of the story
-        log.seek(0)
-        tail = log.read()[-4000:]
-        print(f"[demo] FAILED: {e}\n--- server log tail ---\n{tail}", file=sys.stderr)
+        print(f"[demo] FAILED: {e}\n--- server log tail ---\n{server.log_text()[-4000:]}", file=sys.stderr)
         return 1
     finally:
-        stop(proc)
+        server.stop()
         signal.signal(signal.SIGTERM, previous)
         print("[demo] server stopped", flush=True)
 

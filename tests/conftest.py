@@ -10,3 +10,12 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def relay_server():
+    """A relay OpenAI server of the tiny model (or VLLM_RELAY_TEST_SERVER), shared by the session."""
+    from tests.entrypoints.server import relay_server as serve
+
+    with serve() as server:
+        yield server

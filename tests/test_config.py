@@ -25,6 +25,7 @@ def test_defaults():
     c = RelayConfig()
     assert (c.max_prompts, c.max_prompt_tokens, c.shared_path) == (2, 8192, "auto")
     assert c.system_prompts == {} and c.log_stats_interval_s == 10.0
+    assert c.admin_routes is True and c.metrics_interval_s == 1.0
 
 
 @pytest.mark.parametrize(
@@ -38,6 +39,9 @@ def test_defaults():
         ({"shared_path": "sometimes"}, r"shared_path='sometimes': must be one of \['auto', 'always', 'never'\]"),
         ({"log_stats_interval_s": -1.0}, r"log_stats_interval_s=-1.0: must be a finite number >= 0"),
         ({"log_stats_interval_s": float("inf")}, r"log_stats_interval_s=inf"),
+        ({"admin_routes": "no"}, r"admin_routes='no': must be true or false"),
+        ({"metrics_interval_s": 0}, r"metrics_interval_s=0: must be a finite number > 0"),
+        ({"metrics_interval_s": float("nan")}, r"metrics_interval_s=nan"),
     ],
 )
 def test_field_limits(kwargs, match):

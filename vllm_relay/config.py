@@ -104,6 +104,11 @@ class RelayConfig:
     log_stats_interval_s: float = 10.0
     # "auto" (the measured rule), "always" or "never": see SHARED_PATHS.
     shared_path: str = "auto"
+    # The OpenAI server's relay endpoints (vllm_relay.entrypoints, loaded with VLLM_PLUGINS=relay):
+    # False leaves only the read-only GET routes (no registering or deleting prompts over HTTP).
+    admin_routes: bool = True
+    # Seconds between the server's reads of the engine core's counters for its /metrics series.
+    metrics_interval_s: float = 1.0
 
     def __post_init__(self) -> None:
         if not _is_int(self.max_prompts) or self.max_prompts < 1:
@@ -124,6 +129,14 @@ class RelayConfig:
                 f"RelayConfig.log_stats_interval_s={interval!r}: must be a finite number >= 0"
             )
         self.log_stats_interval_s = float(interval)
+        if not isinstance(self.admin_routes, bool):
+            raise ValueError(f"RelayConfig.admin_routes={self.admin_routes!r}: must be true or false")
+        interval = self.metrics_interval_s
+        if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not (
+            math.isfinite(interval) and interval > 0
+        ):
+            raise ValueError(f"RelayConfig.metrics_interval_s={interval!r}: must be a finite number > 0")
+        self.metrics_interval_s = float(interval)
         self.system_prompts = self._checked_prompts(self.system_prompts)
 
     def _checked_prompts(self, prompts: object) -> dict[str, str | list[int] | dict[str, str]]:

@@ -15,6 +15,10 @@ if TYPE_CHECKING:
     VLLM_RELAY_MAX_PROMPT_TOKENS: int | None = None
     VLLM_RELAY_SYSTEM_PROMPTS_FILE: str | None = None
     VLLM_RELAY_CACHE: str | None = None
+    VLLM_RELAY_LEVEL_SPLITS: int | None = None
+    VLLM_RELAY_LEVEL_KERNEL: str | None = None
+    VLLM_RELAY_TEST_SERVER: str | None = None
+    VLLM_RELAY_TEST_API_KEY: str | None = None
 
 
 def _str(name: str) -> str | None:
@@ -41,9 +45,23 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # Path of a JSON file {name: text | [token ids] | {"chat_system": text}} merged into RelayConfig.system_prompts
     # (its entries win on a name clash). Long prompts do not fit comfortably in a CLI flag.
     "VLLM_RELAY_SYSTEM_PROMPTS_FILE": lambda: _str("VLLM_RELAY_SYSTEM_PROMPTS_FILE"),
+    # Tuning knob for benchmarks: the system level's FlashAttention-3 call with exactly this many
+    # KV splits and no ahead-of-time schedule (0 or unset: FA3's own dynamic split, bounded by
+    # vLLM's CUDA-graph cap). Results are the same either way; only the speed changes.
+    "VLLM_RELAY_LEVEL_SPLITS": lambda: _int("VLLM_RELAY_LEVEL_SPLITS"),
+    # Which kernel runs the system level: "flash" (a gather, FlashAttention-3, the relay fusion;
+    # the default) or "triton" (one fused launch: gather, split-K attention over the slot's pages,
+    # LSE merge). Measured in benchmarks/results/layer_h200.md; the results are the same.
+    "VLLM_RELAY_LEVEL_KERNEL": lambda: _str("VLLM_RELAY_LEVEL_KERNEL"),
     # Folder for the test fixtures' built models (vllm_relay.testing); unset: see
     # vllm_relay.testing.models.cache_root.
     "VLLM_RELAY_CACHE": lambda: _str("VLLM_RELAY_CACHE"),
+    # Base URL of an already running relay server (e.g. http://127.0.0.1:8000) for the endpoint
+    # tests (tests/entrypoints/test_server.py) to run against instead of starting their own; the
+    # server must run with the configuration of tests/entrypoints/server.py (benchmarks/gpu/endpoints.sh).
+    "VLLM_RELAY_TEST_SERVER": lambda: _str("VLLM_RELAY_TEST_SERVER"),
+    # The --api-key of that server.
+    "VLLM_RELAY_TEST_API_KEY": lambda: _str("VLLM_RELAY_TEST_API_KEY"),
 }
 
 

@@ -112,11 +112,9 @@ async def _on_each_engine(engine, method: str, *args) -> list:
     """Utility call `method` on every engine core of an AsyncLLM, in rank order. (vLLM's own
     `call_utility_async` reaches every data-parallel rank too, but returns only the first one's
     answer.)"""
-    client = engine.engine_core
-    cores = getattr(client, "core_engines", None) or []
-    if len(cores) <= 1:
-        return [await client.call_utility_async(method, *args)]
-    return list(await asyncio.gather(*(client._call_utility_async(method, *args, engine=c) for c in cores)))
+    from vllm_relay.entrypoints.engines import call_each
+
+    return list((await call_each(engine, method, *args)).values())
 
 
 async def async_register_system_prompt(engine, name: str, prompt, wait: bool = True,

@@ -1,20 +1,33 @@
 #!/usr/bin/env bash
 # GPU host, after benchmarks/gpu/run_all.sh has installed the project: end-to-end relay runs.
 # Usage: bash benchmarks/gpu/e2e.sh STEP...   with STEP one of
-#   acc2 acc3           relay vs FLASH_ATTN logprobs/greedy agreement (Llama-2-7B / Llama-3-8B shapes)
-#   tp2048 tp8192       throughput, relay vs default (Llama-2-7B shape), P = 2048 (1000 req) / 8192 (500 req)
-#   ref2048             noprefix, v1 and `vllm bench throughput` references for P = 2048
-#   noprefix            P = 0 with vLLM's default and with the relay backend (what relay costs there)
+#   acc2 acc3        relay vs FLASH_ATTN logprobs/greedy agreement (Llama-2-7B / Llama-3-8B shapes)
+#   l2 l3            throughput, single (P=2048) and multi-prompt workloads, default / relay / no system
+#                    prompt (+ relay backend without prompts on l3), and the decode-latency sweep
+#   l2_8192          throughput, P = 8192, default / relay / no system prompt (Llama-2-7B shape)
+#   serve2 serve3    serving through the OpenAI server at Poisson rates, default vs relay
+#   tp2048 tp8192 ref2048 noprefix   the earlier single-workload runs (see benchmarks/README.md)
+# N (requests per throughput workload, default 500) and RATES (default 1,4,8,16,32) tune the size.
 set -uo pipefail
 export PYTHONPATH=/tmp/site VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
 out=${OUT:-/tmp/out}; mkdir -p "$out"
+N=${N:-500}; RATES=${RATES:-1,4,8,16,32}; DUR=${DUR:-20}
 m2=$(python3 -m vllm_relay.testing build llama-2-7b-shape | tail -1 | cut -f2)
 m3=$(python3 -m vllm_relay.testing build llama-3-8b-shape | tail -1 | cut -f2)
 bt="python3 benchmarks/bench_throughput.py"
+bs="python3 benchmarks/bench_serving.py"
 for step in "$@"; do
   case $step in
     acc2) $bt --model "$m2" --accuracy --prefix-len 2048 --out "$out/acc_llama2.json" ;;
     acc3) $bt --model "$m3" --accuracy --prefix-len 2048 --out "$out/acc_llama3.json" ;;
+    l2) $bt --model "$m2" --prefix-len 2048 --num-prompts "$N" --max-model-len 5120 --workloads single,multi \
+          --latency --configs default,relay,noprefix --out "$out/e2e_llama2.json" ;;
+    l3) $bt --model "$m3" --prefix-len 2048 --num-prompts "$N" --max-model-len 5120 --workloads single,multi \
+          --latency --configs default,relay,noprefix,noprefix-relay --out "$out/e2e_llama3.json" ;;
+    l2_8192) $bt --model "$m2" --prefix-len 8192 --num-prompts "$N" --max-model-len 9000 \
+          --configs default,relay,noprefix --out "$out/e2e_llama2_8192.json" ;;
+    serve2) $bs --model "$m2" --rates "$RATES" --duration "$DUR" --out "$out/serving_llama2.json" ;;
+    serve3) $bs --model "$m3" --rates "$RATES" --duration "$DUR" --out "$out/serving_llama3.json" ;;
     tp2048) $bt --model "$m2" --prefix-len 2048 --num-prompts 1000 --max-model-len 4096 \
               --configs default,relay --out "$out/tp_2048.json" ;;
     tp8192) $bt --model "$m2" --prefix-len 8192 --num-prompts 500 --max-model-len 9000 \
@@ -23,7 +36,5 @@ for step in "$@"; do
               --configs noprefix,v1,bench --out "$out/ref_2048.json" ;;
     noprefix) $bt --model "$m2" --prefix-len 2048 --num-prompts 1000 --max-model-len 4096 \
               --configs noprefix,noprefix-relay --out "$out/noprefix.json" ;;
-    quick) $bt --model "$m2" --prefix-len 2048 --num-prompts 300 --max-model-len 4096 \
-              --configs relay --out "$out/quick.json" ;;
   esac
 done

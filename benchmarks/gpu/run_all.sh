@@ -1,18 +1,23 @@
 #!/usr/bin/env bash
 # One GPU-host session after the staging protocol (DEVELOPERS.md): install this project offline into
-# /tmp/site, then run the serving smoke test, the `gpu` tests and the ops benchmark, with logs in $OUT.
-# Usage: bash benchmarks/gpu/run_all.sh [smoke] [tests] [bench] [bench-quick]
+# /tmp/site, then run the serving smoke test, the `gpu` tests and the benchmarks, with logs in $OUT.
+# Usage: bash benchmarks/gpu/run_all.sh [smoke] [tests] [bench] [bench-quick] [layer] [layer-quick]
+#   layer: benchmarks/bench_layer.py (the planner's rule, host cost per layer; with .old/ as the
+#   previous implementation when present: `git archive 3c09a6c vllm_relay | tar -x -C .old`)
 set -uo pipefail
 export PYTHONPATH=/tmp/site VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 python3 -m pip install -q --no-index --no-deps --no-build-isolation --upgrade --target /tmp/site . \
   >"$out/install.log" 2>&1 || { cat "$out/install.log"; exit 1; }
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv | tee "$out/gpu.txt"
+old=""; [ -d .old/vllm_relay ] && old="--old-src .old"
 for step in "$@"; do
   case $step in
     smoke) timeout 420 bash benchmarks/gpu/serve_smoke.sh llama-2-7b-shape "$out/serve_smoke.log" 2>&1 | tee "$out/smoke.txt" ;;
-    tests) timeout 420 python3 -m pytest -m gpu -q -s -p no:cacheprovider tests 2>&1 | tee "$out/gpu_tests.txt" | grep -E "relay vs FA|relay stats|passed|failed|Error" | tail -25 ;;
+    tests) timeout 540 python3 -m pytest -m gpu -q -s -p no:cacheprovider tests 2>&1 | tee "$out/gpu_tests.txt" | grep -E "relay vs FA|graphs vs|worker stats|passed|failed|Error" | tail -25 ;;
     bench) timeout 500 python3 benchmarks/bench_ops.py --out "$out" 2>&1 | tee "$out/bench.txt" | tail -60 ;;
     bench-quick) timeout 300 python3 benchmarks/bench_ops.py --quick --out "$out" 2>&1 | tee "$out/bench.txt" | tail -60 ;;
+    layer) timeout 540 python3 benchmarks/bench_layer.py $old --out "$out" 2>&1 | tee "$out/layer.txt" | tail -70 ;;
+    layer-quick) timeout 300 python3 benchmarks/bench_layer.py --quick $old --out "$out" 2>&1 | tee "$out/layer.txt" | tail -40 ;;
   esac
 done

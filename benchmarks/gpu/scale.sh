@@ -2,9 +2,10 @@
 # GPU hosts, after `bash benchmarks/gpu/run_all.sh` has installed the project into /tmp/site: relay
 # under tensor and data parallelism, and many concurrent streams. Logs and JSON go under $OUT.
 # Usage: bash benchmarks/gpu/scale.sh STEP...   with STEP one of (host kind; rough minutes)
-#   exact-tp2         relay vs FLASH_ATTN at TP=2, tiny MHA and GQA models (gpu test rule)   h200-x2; ~5
-#   exact-dp2         the same at DP=2 (two engine cores behind an AsyncLLM)                 h200-x2; ~5
-#   exact-tp4         the same at TP=4 (the GQA model's KV heads replicated)                  h200-x4; ~5
+#   exact-tp2-mha exact-tp2-gqa   relay vs FLASH_ATTN at TP=2, tiny MHA / GQA model (the gpu
+#                     test's rules: graphs and eager relay, TRITON_ATTN as yardstick)          h200-x2; ~4 each
+#   exact-dp2-mha exact-dp2-gqa   the same at DP=2 (two engine cores behind an AsyncLLM)   h200-x2; ~4 each
+#   exact-tp4         the same at TP=4, GQA model (its 2 KV heads replicated)                 h200-x4; ~5
 #   tp2-13b-default   throughput, Llama-2-13B shape, TP=2, P=2048, vLLM's default             h200-x2; ~4
 #   tp2-13b-relay     the same with relay                                                     h200-x2; ~4
 #   tp4-70b-default   throughput, Llama-2-70B shape, TP=4, P=2048, vLLM's default             h200-x4; ~6
@@ -23,9 +24,9 @@ gpu_tests() {  # $1: the pytest -k expression, $2: the log name
 }
 for step in "$@"; do
   case $step in
-    exact-tp2) gpu_tests tp2 exact_tp2 ;;
-    exact-dp2) gpu_tests dp2 exact_dp2 ;;
-    exact-tp4) gpu_tests tp4 exact_tp4 ;;
+    exact-tp2-mha|exact-tp2-gqa|exact-dp2-mha|exact-dp2-gqa)
+      par=${step#exact-}; gpu_tests "${par%-*} and ${par#*-}" "exact_${par%-*}_${par#*-}" ;;
+    exact-tp4) gpu_tests "tp4 and gqa" exact_tp4_gqa ;;
     tp2-13b-default|tp2-13b-relay)
       timeout 520 $bt --model "$(model llama-2-13b-shape)" --tensor-parallel-size 2 --num-prompts 400 \
         --configs "${step##*-}" --out "$out/${step//-/_}.json" 2>&1 | tee "$out/${step//-/_}.txt" | tail -3 ;;

@@ -77,9 +77,11 @@ def run_async(engine: dict, prompts: list, params: list) -> dict:
             outs = await asyncio.gather(*(one(i, ids, sp) for i, (ids, sp) in enumerate(zip(prompts, params))))
             result = {"outputs": [greedy(out) for out in outs], "sampled": [], "preemptions": None}
             if engine.get("attention_backend") == "relay":
+                from vllm_relay.attention.planner import worker_stats
                 from vllm_relay.stats import async_relay_stats
 
                 result["relay_stats"] = await async_relay_stats(llm)
+                result["worker_stats"] = (await llm.collective_rpc(worker_stats))[0]  # engine 0's first worker
             return result
         finally:
             llm.shutdown()

@@ -16,7 +16,11 @@ def test_demo_serves_a_chat_with_relay_and_leaves_no_process():
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     out = proc.stdout
     assert "vllm-relay: relay attention backend active, implementation: cpu-torch" in out
+    registered = re.search(r"\[demo\] -> 201 (\{.*\})", out)
+    assert registered, out
+    assert '"name": "shipping"' in registered.group(1) and '"state": "ready"' in registered.group(1), out
     assert re.search(r"\[demo\] reply .*\n  '.+'", out), out
+    assert '[metrics] vllm_relay_requests_total{engine="0",model_name="tiny-llama-gqa"} 1.0' in out, out
     usage = re.search(r"usage: (\d+) prompt \+ (\d+) completion tokens \((\d+) prompt tokens not", out)
     assert usage and int(usage.group(2)) == 24, out
     served = re.search(r"relay requests 1, relay tokens \d+, system tokens reused (\d+)", out)

@@ -3,10 +3,12 @@
 bf16 cannot be bit-exact across attention implementations, so the yardstick is another of vLLM's own
 backends: relay may differ from FLASH_ATTN by at most twice what TRITON_ATTN does (the flash-attn
 tests' rule), on the same mixed workload as the CPU exactness test, and relay must have fired.
-The same rule at tensor parallelism 2 and 4 (each rank holds its KV heads of the system store; at 4
-the GQA model's 2 KV heads are replicated) and data parallelism 2 (independent engine cores behind
-an AsyncLLM; counters summed), all three engines at the same parallelism; those cases skip with
-fewer GPUs visible.
+Relay runs twice: with vLLM's default CUDA graphs (decode steps replay a full graph of the relay
+path) and eagerly with every decode token on the shared path; the two must agree by the same rule.
+The same rules at tensor parallelism 2 and 4 (each rank holds its KV heads of the system prompts'
+pages; at 4 the GQA model's 2 KV heads are replicated) and data parallelism 2 (independent engine
+cores behind an AsyncLLM; counters summed), every engine at the same parallelism; those cases skip
+with fewer GPUs visible.
 """
 
 import json
@@ -52,11 +54,17 @@ def test_relay_matches_flash_attention_on_cuda(name, parallel, tmp_path):
     base = {"model": model, "dtype": "bfloat16", "max_model_len": 512, "max_num_batched_tokens": 64,
             **PARALLEL[parallel]}
     relay_config = {"relay": {"system_prompts": systems, "max_prompts": 2, "max_prompt_tokens": 256}}
+    eager_config = {"relay": {**relay_config["relay"], "shared_path": "always"}}
     spec = {"prompts": prompts, "max_tokens": 16}
-    relay, log = run_engine({**spec, "engine": {**base, "attention_backend": "relay",
+    graphs = {"enforce_eager": False}
+    relay, log = run_engine({**spec, "engine": {**base, **graphs, "attention_backend": "relay",
                                                 "additional_config": relay_config}}, tmp_path, "relay")
-    flash, _ = run_engine({**spec, "engine": {**base, "attention_backend": "FLASH_ATTN"}}, tmp_path, "flash")
-    triton, _ = run_engine({**spec, "engine": {**base, "attention_backend": "TRITON_ATTN"}}, tmp_path, "triton")
+    eager, _ = run_engine({**spec, "engine": {**base, "attention_backend": "relay",
+                                              "additional_config": eager_config}}, tmp_path, "relay-eager")
+    flash, _ = run_engine({**spec, "engine": {**base, **graphs, "attention_backend": "FLASH_ATTN"}}, tmp_path,
+                          "flash")
+    triton, _ = run_engine({**spec, "engine": {**base, **graphs, "attention_backend": "TRITON_ATTN"}}, tmp_path,
+                           "triton")
 
     assert "implementation: cuda-flash-attn-3" in log
     print(name, "relay stats:", relay["relay_stats"])
@@ -69,3 +77,11 @@ def test_relay_matches_flash_attention_on_cuda(name, parallel, tmp_path):
           f"TRITON vs FA: {ref_same:.0%}, {ref_err:.3g}")
     assert relay_err <= 2 * ref_err + 1e-3, (relay_err, ref_err)
     assert relay_same >= ref_same - 0.15, (relay_same, ref_same)
+    # Graph replay against eager execution of the relay path.
+    graph_stats, eager_stats = relay["worker_stats"], eager["worker_stats"]
+    print(name, "worker stats: graphs", graph_stats, "eager", eager_stats)
+    assert graph_stats["graph_steps"] > 0 and graph_stats["shared_tokens"] > 0, graph_stats
+    assert eager_stats["graph_steps"] == 0 and eager_stats["shared_tokens"] > 0, eager_stats
+    replay_same, replay_err = divergence(relay["outputs"], eager["outputs"])
+    print(f"{name}: relay graphs vs relay eager: {replay_same:.0%} identical, max diff {replay_err:.3g}")
+    assert replay_err <= 2 * ref_err + 1e-3, (replay_err, ref_err)

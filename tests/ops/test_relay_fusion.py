@@ -290,3 +290,35 @@ def test_relay_fusion_cuda_no_system_rows():
     out_lse = torch.empty_like(lse_ctx)
     out = relay_fusion(o_sys, lse_sys, o_ctx, lse_ctx, out_lse=out_lse, sys_index=sys_index)
     assert torch.equal(out, o_ctx) and torch.equal(out_lse, lse_ctx)
+
+
+# ---- fuse_in_place: relay_attention's compact launch --------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("update_lse", [False, True])
+@pytest.mark.parametrize("T, N, H, D", [(1, 1, 1, 16), (37, 11, 3, 59), (130, 64, 8, 128)])
+def test_fuse_in_place_equals_relay_fusion(dtype, update_lse, T, N, H, D):
+    """Same result as the checked relay_fusion (its torch twin), tokens without a level row
+    untouched bit for bit, the LSE merged in place only when asked."""
+    from vllm_relay.ops.relay_fusion import fuse_in_place
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu" and not interpreter_on():
+        pytest.skip("needs CUDA or TRITON_INTERPRET=1")
+    out = torch.randn(T, H, D).to(dtype).to(device)
+    lse = (torch.randn(H, T) * 3).to(device)
+    o_level = torch.randn(N, H, D).to(dtype).to(device)
+    lse_level = (torch.randn(H, N) * 3).to(device)
+    row_index = torch.full((T,), -1, dtype=torch.int32)
+    rows = torch.randperm(T)[: min(N, T)]
+    row_index[rows] = torch.randperm(N)[: rows.numel()].int()
+    row_index = row_index.to(device)
+    want_out, want_lse = out.clone(), lse.clone()
+    relay_fusion_torch(o_level, lse_level, want_out, want_lse, out=want_out,
+                       out_lse=want_lse if update_lse else None, sys_index=row_index)
+    got_out, got_lse = out.clone(), lse.clone()
+    assert fuse_in_place(got_out, got_lse, o_level, lse_level, row_index, update_lse) is got_out
+    untagged = row_index < 0
+    assert torch.equal(got_out[untagged], out[untagged])
+    assert_close(got_out, want_out, dtype)
+    torch.testing.assert_close(got_lse, want_lse if update_lse else lse, atol=1e-5, rtol=1e-5)

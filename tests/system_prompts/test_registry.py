@@ -139,39 +139,6 @@ def test_abort_fill(reg):
     assert reg.free_slots() == [1]
 
 
-def test_mark_failed_keeps_the_reason_and_frees_the_slot(reg):
-    ready(reg, "a", [1])
-    b = reg.register("b", [2])
-    v = reg.version
-    failed = reg.mark_failed("b", "its fill request was aborted")
-    assert failed is b and (b.state, b.slot, b.error) == ("failed", None, "its fill request was aborted")
-    assert reg.version == v + 1 and reg.free_slots() == [1] and "b" in reg
-    assert [p.name for p in reg.prompts()] == ["a", "b"]  # listed after the slot holders
-    assert reg.ready_snapshot()[1] == [reg.get("a")] and reg.snapshot("filling")[1] == []
-    assert not reg.try_acquire(b)
-    with pytest.raises(ValueError, match=r"cannot acquire system prompt 'b': it is failed"):
-        reg.acquire("b")
-    with pytest.raises(ValueError, match=r"cannot mark system prompt 'b' ready: its fill failed \(its fill"):
-        reg.mark_ready("b")
-    with pytest.raises(ValueError, match=r"cannot mark system prompt 'a' failed: it is ready"):
-        reg.mark_failed("a", "x")
-    # The slot is free for anyone; registering the name again (same tokens) retries the fill.
-    c = ready(reg, "c", [3])
-    with pytest.raises(ValueError, match=r"no free slot, all max_prompts=2 are taken by \['a', 'c'\]"):
-        reg.register("b", [2])
-    reg.unregister("c")
-    retry = reg.register("b", [2])
-    assert retry is not b and (retry.state, retry.slot, retry.error) == ("filling", 1, None)
-    assert retry.generation > c.generation > b.generation
-
-
-def test_unregister_a_failed_prompt(reg):
-    reg.register("a", [1])
-    reg.mark_failed("a", "boom")
-    reg.unregister("a")
-    assert len(reg) == 0 and reg.free_slots() == [0, 1]
-
-
 def test_mark_ready_idempotent(reg):
     reg.register("a", [1])
     v = reg.version
@@ -286,3 +253,56 @@ def test_snapshot_by_state(reg):
     version, filling = reg.snapshot("filling")
     assert version == reg.version and [p.name for p in filling] == ["a"]
     assert [p.name for p in reg.snapshot("ready")[1]] == ["b"] == [p.name for p in reg.ready_prompts()]
+
+
+# ---- drain: delete while requests still run ------------------------------------------------------
+
+
+def test_drain_idle_prompt_frees_its_slot_at_once(reg):
+    ready(reg, "a", [1, 2])
+    v = reg.version
+    drained = reg.drain("a")
+    assert drained.state == "draining" and drained.refcount == 0
+    assert reg.get("a") is None and reg.prompts() == [] and reg.free_slots() == [0, 1]
+    assert reg.version > v
+
+
+def test_drain_held_prompt_keeps_its_slot_until_the_last_release(reg):
+    a = ready(reg, "a", [1, 2])
+    reg.acquire("a")
+    reg.acquire("a")
+    drained = reg.drain("a")
+    assert drained is a and a.state == "draining" and reg.get("a") is None
+    assert not reg.try_acquire(a)  # no new request may use it
+    assert reg.owns_slot(a)  # its KV pages stay: requests still read them
+    assert [(p.name, p.state, p.slot) for p in reg.prompts()] == [("a", "draining", 0)]
+    # The name is free at once; the new registration gets another slot: no shared KV.
+    new = reg.register("a", [1, 2])
+    assert new is not a and new.slot == 1 and new.generation > a.generation
+    with pytest.raises(ValueError, match=r"all max_prompts=2 are taken by \['a \(draining\)', 'a'\]"):
+        reg.register("b", [3])
+    reg.release(a)
+    assert a.refcount == 1 and reg.free_slots() == []
+    v = reg.version
+    reg.release(a)
+    assert reg.free_slots() == [0] and reg.version > v and not reg.owns_slot(a)
+    assert [(p.name, p.state, p.slot) for p in reg.prompts()] == [("a", "filling", 1)]
+
+
+def test_release_by_name_releases_the_current_registration(reg):
+    a = ready(reg, "a", [1])
+    reg.acquire("a")
+    reg.drain("a")
+    b = ready(reg, "a", [1])
+    reg.acquire("a")
+    assert reg.release("a") is b and b.refcount == 0 and a.refcount == 1
+    with pytest.raises(ValueError, match=r"refcount is 0, more releases than acquires"):
+        reg.release(b)
+
+
+def test_drain_refuses_filling_and_unknown(reg):
+    reg.register("a", [1])
+    with pytest.raises(ValueError, match=r"cannot drain system prompt 'a': it is filling .* abort its fill"):
+        reg.drain("a")
+    with pytest.raises(ValueError, match=r"no system prompt named 'z'"):
+        reg.drain("z")

@@ -76,6 +76,9 @@ class RelayMetadataBuilder(FlashAttentionMetadataBuilder):
 
         apply_worker()
         self.planner = RelayPlanner(vllm_config, kv_cache_spec, device)
+        from vllm_relay import envs
+
+        self.level_splits = envs.VLLM_RELAY_LEVEL_SPLITS or 0
         self.level_scheduler_metadata = None
         if self.use_full_cuda_graph and self.aot_schedule:
             self.level_scheduler_metadata = torch.zeros(1 + round_up(self.planner.num_slots, 4) * 4,
@@ -99,11 +102,14 @@ class RelayMetadataBuilder(FlashAttentionMetadataBuilder):
             return meta
         meta = super().build(0, plan.context, fast_build)  # FlashAttention over the context tables
         level = plan.level
-        level.call["num_splits"] = meta.max_num_splits
-        if plan.run_level or plan.graph:
-            sched = self._schedule_level(level.call, meta.max_num_splits, fast_build)
-            if sched is not None:
-                level.call["scheduler_metadata"] = sched
+        if self.level_splits:  # a fixed split count, no ahead-of-time schedule (see envs)
+            level.call["num_splits"] = self.level_splits
+        else:
+            level.call["num_splits"] = meta.max_num_splits
+            if plan.run_level or plan.graph:
+                sched = self._schedule_level(level.call, meta.max_num_splits, fast_build)
+                if sched is not None:
+                    level.call["scheduler_metadata"] = sched
         context = dict(cu_seqlens_q=meta.query_start_loc, seqused_k=meta.seq_lens,
                        max_seqlen_q=meta.max_query_len, max_seqlen_k=meta.max_seq_len,
                        block_table=meta.block_table, scheduler_metadata=meta.scheduler_metadata,

@@ -26,6 +26,7 @@ from dataclasses import asdict
 from typing import Any
 
 from vllm_relay.config import RelayConfig, check_prompt_name, check_prompt_spec
+from vllm_relay.engine.admin import RelayAdmin
 from vllm_relay.engine.fills import Fills
 from vllm_relay.engine.pages import PromptPages
 from vllm_relay.engine.requests import (
@@ -58,7 +59,7 @@ def vllm_method(name: str):
 
 def describe(p: SystemPrompt) -> dict:
     return {"name": p.name, "slot": p.slot, "state": p.state, "tokens": p.num_tokens,
-            "refcount": p.refcount, "generation": p.generation, "error": p.error}
+            "refcount": p.refcount, "generation": p.generation, "error": None}
 
 
 def _log_loop(ref: weakref.ref, interval_s: float) -> None:
@@ -92,6 +93,7 @@ class RelayEngine:
         self._system_lens: dict[str, int] = {}  # tagged request in the scheduler -> tokens stripped (0: fill)
         self._freed: dict[str, int] = {}  # the same, for requests freed since the last outputs
         self._last_line = ""
+        self.admin = RelayAdmin(self)  # per-prompt usage and the serving surface's utility calls
 
     # ---- start-up ----------------------------------------------------------------------------
 
@@ -106,6 +108,7 @@ class RelayEngine:
         core.relay_unregister_system_prompt = relay.unregister_system_prompt
         core.relay_system_prompts = relay.system_prompts
         core.relay_stats = relay.stats
+        relay.admin.expose(core)
         relay.fills.startup()
         if relay.config.system_prompts:
             relay._last_line = relay.summary()
@@ -131,7 +134,10 @@ class RelayEngine:
         self.pages.sweep(self.registry)
 
     def system_prompts(self) -> list[dict]:
-        return [describe(p) for p in self.registry.prompts()]
+        """Every prompt holding a slot, by slot, then the last failed registrations, with why."""
+        failed = [{"name": f["name"], "slot": None, "state": "failed", "tokens": f["tokens"], "refcount": 0,
+                   "generation": f["generation"], "error": f.get("error")} for f in self.admin.failed()]
+        return [describe(p) for p in self.registry.prompts()] + failed
 
     def stats(self) -> dict:
         return {**asdict(self.counters), "held_requests": len(self._held), "prompts": self.system_prompts()}
@@ -148,6 +154,7 @@ class RelayEngine:
         if request is not sent:
             _logger().warning_once("vllm-relay: dropped the %r key of a request's extra_args (vllm_xargs): "
                                    "only the engine core tags requests for relay", TAG_KEY)
+        request, expected = self.admin.take_chat_expectation(request)
         if not relay_eligible(request):
             return preprocess(self.core, request)
         ids = request.prompt_token_ids
@@ -156,15 +163,16 @@ class RelayEngine:
         filling = match_filling(ids, self.registry, longer_than=routed.system_len if routed else 0)
         if filling is not None:
             if prompt is not None:
-                self.registry.release(prompt.name)
+                self.registry.release(prompt)
             prompt = filling
+        self.admin.check_chat(expected, ids)
         if prompt is None:
             return preprocess(self.core, request)
         try:
             req, wave = preprocess(self.core, self._rewrite(request, prompt))
         except BaseException:
             if filling is None:
-                self.registry.release(prompt.name)
+                self.registry.release(prompt)
             raise
         held = filling is not None
         setattr(req, INFO_ATTR, RelayInfo(prompt, held=held, original=request if held else None,
@@ -211,6 +219,7 @@ class RelayEngine:
         self._system_lens[request.request_id] = 0 if info.fill else self.pages.relay_len(info.prompt)
         if not info.fill:
             self.counters.relay_requests += 1
+            self.admin.on_admitted(info.prompt)
 
     def admit_held(self, prompt: SystemPrompt) -> None:
         """Add the requests held for `prompt` (its fill finished): routed if it is ready, else the
@@ -272,6 +281,7 @@ class RelayEngine:
             c.system_tokens_reused += lens.get(r.req_id, 0)
         for rid in out.scheduled_cached_reqs.resumed_req_ids:
             c.system_tokens_reused += lens.get(rid, 0)
+        self.admin.on_schedule(out, lens)
 
     def on_free(self, request) -> None:
         """A request leaves the scheduler (finished, aborted or failed): release its prompt."""
@@ -304,7 +314,7 @@ class RelayEngine:
     def _release(self, info: RelayInfo) -> None:
         if info.acquired:
             info.acquired = False
-            self.registry.release(info.prompt.name)
+            self.registry.release(info.prompt)
 
     def log_if_changed(self) -> None:
         line = self.summary()

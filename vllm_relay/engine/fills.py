@@ -90,10 +90,10 @@ class Fills:
             if idle > MAX_IDLE_STARTUP_STEPS:
                 raise RuntimeError(
                     f"vllm-relay: system prompt fills made no progress: {list(self.in_flight)}")
-        failed = [p for p in relay.registry.prompts() if p.state == "failed"]
+        failed = [f for f in relay.admin.failed() if f["name"] in relay.config.system_prompts]
         if failed:
             raise RuntimeError("vllm-relay: system prompts failed to fill: "
-                               + "; ".join(f"{p.name!r}: {p.error}" for p in failed))
+                               + "; ".join(f"{f['name']!r}: {f['error']}" for f in failed))
 
     def register(self, name: str, spec: Any, startup: bool = False) -> SystemPrompt:
         """Resolve `spec` to tokens, register it as `name` and start its fill unless the same
@@ -103,6 +103,7 @@ class Fills:
                              relay.pages.block_size)
         prompt = relay.registry.register(name, ids)
         relay.pages.sweep(relay.registry)  # a replaced registration gives its blocks back
+        relay.admin.on_registered(prompt, spec)
         if prompt.state == "filling" and fill_request_id(prompt) not in self.in_flight:
             try:
                 self._start(prompt, startup)
@@ -178,19 +179,24 @@ class Fills:
                     _logger().exception("vllm-relay: finishing the fill of system prompt %r raised",
                                         prompt.name)
                     reason = f"finishing its fill raised {type(e).__name__}: {e}"
-            if reason is not None:
+            if reason is not None and relay.admin.fill_cancelled(rid):  # deleted while it filled
+                if relay.registry.get(prompt.name) is prompt and prompt.state == "filling":
+                    relay.registry.abort_fill(prompt.name)
+            elif reason is not None:
                 self.fail(prompt, reason)
             relay.admit_held(prompt)
         if outcomes:
             relay.pages.sweep(relay.registry)  # a failed prompt gives back any blocks it kept
 
     def fail(self, prompt: SystemPrompt, reason: str) -> None:
-        """Mark `prompt` failed (if it is still this filling registration) and count it."""
-        registry = self.relay.registry
-        if registry.get(prompt.name) is not prompt or prompt.state != "filling":
+        """Drop `prompt` (if it is still this filling registration), count it, and have it listed
+        as failed, with `reason`, until its name is registered again or deleted."""
+        relay = self.relay
+        if relay.registry.get(prompt.name) is not prompt or prompt.state != "filling":
             return
-        registry.mark_failed(prompt.name, reason)
-        self.relay.counters.fills_failed += 1
+        relay.registry.abort_fill(prompt.name)
+        relay.counters.fills_failed += 1
+        relay.admin.on_fill_failed(prompt, reason)
         _logger().warning("vllm-relay: the fill of system prompt %r failed: %s; requests that begin with it "
                           "take the ordinary path", prompt.name, reason)
 

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from vllm_relay.ops.relay_fusion import relay_fusion
+from vllm_relay.ops.level_attention import level_attention
+from vllm_relay.ops.relay_fusion import fuse_in_place
 
 
 @dataclass
@@ -37,6 +38,9 @@ class SharedLevel:
             scheduler_metadata / num_splits.
         q_buf, out_buf: optional persistent [N, Hq, D] buffers for the gathered queries and the
             level's output (CUDA graphs need fixed addresses); allocated per call when None.
+        fused: when set, the level runs as one `level_attention` launch with these keywords
+            (perm, tiles, group_pages, group_lens, ws, num_splits) instead of a gather, an
+            attn_fn call and a fusion.
     """
 
     perm: torch.Tensor
@@ -44,6 +48,7 @@ class SharedLevel:
     call: dict
     q_buf: torch.Tensor | None = None
     out_buf: torch.Tensor | None = None
+    fused: dict | None = None
 
 
 @dataclass
@@ -98,6 +103,10 @@ def relay_attention(q, k_cache, v_cache, plan: RelayPlan, out, softmax_scale: fl
         out.copy_(o_ctx)
     last = len(levels) - 1
     for i, level in enumerate(levels):
+        if level.fused is not None:
+            level_attention(q, k_cache, v_cache, out, lse, softmax_scale=softmax_scale, update_lse=i != last,
+                            **level.fused)
+            continue
         if level.q_buf is not None:
             q_level = torch.index_select(q, 0, level.perm, out=level.q_buf)
         else:
@@ -106,6 +115,5 @@ def relay_attention(q, k_cache, v_cache, plan: RelayPlan, out, softmax_scale: fl
                                      softmax_scale=softmax_scale, causal=False,
                                      return_softmax_lse=True, **level.call, **extra)
         # In place: `out` holds the merged state so far; its LSE is updated for the next level.
-        relay_fusion(o_level, lse_level, out, lse, out=out, out_lse=None if i == last else lse,
-                     sys_index=level.row_index)
+        fuse_in_place(out, lse, o_level, lse_level, level.row_index, update_lse=i != last)
     return out

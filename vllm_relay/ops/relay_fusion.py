@@ -81,6 +81,35 @@ def relay_fusion_torch(o_sys, lse_sys, o_ctx, lse_ctx, out=None, out_lse=None, s
 
 
 @triton.jit
+def _merge_weights(ls, lc):
+    """Per row: (weight of the system part, weight of the context part, system empty, context
+    empty, merged LSE), from natural-log LSEs, FlashAttention-2's +inf read as -inf."""
+    lc = tl.where(lc == float("inf"), float("-inf"), lc)
+    ls = tl.where(ls == float("inf"), float("-inf"), ls)
+    sys_empty = ls == float("-inf")  # also every token without a system part
+    ctx_empty = lc == float("-inf")
+    m = tl.maximum(ls, lc)
+    m = tl.where(m == float("-inf"), 0.0, m)  # both empty: avoid (-inf) - (-inf)
+    es = tl.exp(ls - m)
+    ec = tl.exp(lc - m)
+    denom = es + ec
+    denom = tl.where(denom > 0, denom, 1.0)  # both empty: the result is o_ctx anyway
+    merged = tl.where(sys_empty, lc, m + tl.log(denom))
+    return es / denom, ec / denom, sys_empty, ctx_empty, merged
+
+
+@triton.jit
+def _blend(ws, wc, sys_empty, ctx_empty, os_, oc):
+    """The merged tile in o_ctx's dtype; drops zero-weight terms instead of multiplying by 0
+    (empty rows may hold NaN or garbage)."""
+    fs = os_.to(tl.float32)
+    fc = oc.to(tl.float32)
+    blend = ws[:, None] * tl.where(ws[:, None] > 0, fs, 0.0) + wc[:, None] * tl.where(wc[:, None] > 0, fc, 0.0)
+    res = tl.where(ctx_empty[:, None], fs, blend).to(oc.dtype)
+    return tl.where(sys_empty[:, None], oc, res)
+
+
+@triton.jit
 def _relay_fusion_kernel(
     out_ptr, out_lse_ptr, o_sys_ptr, lse_sys_ptr, o_ctx_ptr, lse_ctx_ptr, sys_index_ptr,
     num_rows,
@@ -114,19 +143,7 @@ def _relay_fusion_kernel(
     lc = tl.load(lse_ctx_ptr + t * stride_lc_t + h * stride_lc_h, mask=r_mask, other=float("-inf"))
     ls = tl.load(lse_sys_ptr + s * stride_ls_t + h * stride_ls_h, mask=r_mask & (s >= 0),
                  other=float("-inf"))
-    # FlashAttention-2 reports +inf for a row that saw no key.
-    lc = tl.where(lc == float("inf"), float("-inf"), lc)
-    ls = tl.where(ls == float("inf"), float("-inf"), ls)
-    sys_empty = ls == float("-inf")  # also every token without a system part
-    ctx_empty = lc == float("-inf")
-    m = tl.maximum(ls, lc)
-    m = tl.where(m == float("-inf"), 0.0, m)  # both empty: avoid (-inf) - (-inf)
-    es = tl.exp(ls - m)
-    ec = tl.exp(lc - m)
-    denom = es + ec
-    denom = tl.where(denom > 0, denom, 1.0)  # both empty: the result is o_ctx anyway
-    ws = (es / denom)[:, None]
-    wc = (ec / denom)[:, None]
+    ws, wc, sys_empty, ctx_empty, merged = _merge_weights(ls, lc)
 
     # Rows without a system part are o_ctx already when out aliases it: neither read nor written.
     rw_mask = tile_mask & (~sys_empty)[:, None] if OUT_IS_CTX else tile_mask
@@ -134,17 +151,42 @@ def _relay_fusion_kernel(
                  mask=rw_mask)
     os_ = tl.load(o_sys_ptr + s[:, None] * stride_os_t + h[:, None] * stride_os_h + d[None, :],
                   mask=tile_mask & (~sys_empty)[:, None], other=0.0)
-    fs = os_.to(tl.float32)
-    fc = oc.to(tl.float32)
-    # Drop zero-weight terms instead of multiplying by 0: empty rows may hold NaN or garbage.
-    blend = ws * tl.where(ws > 0, fs, 0.0) + wc * tl.where(wc > 0, fc, 0.0)
-    res = tl.where(ctx_empty[:, None], fs, blend).to(oc.dtype)
-    res = tl.where(sys_empty[:, None], oc, res)
+    res = _blend(ws, wc, sys_empty, ctx_empty, os_, oc)
     tl.store(out_ptr + t[:, None] * stride_out_t + h[:, None] * stride_out_h + d[None, :], res,
              mask=rw_mask)
     if HAS_OUT_LSE:
-        merged = tl.where(sys_empty, lc, m + tl.log(denom))
         tl.store(out_lse_ptr + t * stride_lo_t + h * stride_lo_h, merged, mask=r_mask)
+
+
+@triton.jit(do_not_specialize=["num_tokens", "num_level_rows"])
+def _fuse_in_place_kernel(
+    out_ptr, lse_ptr, o_lvl_ptr, lse_lvl_ptr, row_ptr, num_tokens, num_level_rows,
+    NUM_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    UPDATE_LSE: tl.constexpr,
+):
+    # `relay_attention`'s merge of one shared level into the running output, with every layout
+    # fixed (contiguous [T, H, D] outputs, FlashAttention's [H, T] LSEs), so the launch passes
+    # pointers and two counts only: it runs once per layer, often outside any CUDA graph.
+    r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    r_mask = r < num_tokens * NUM_HEADS
+    t = r // NUM_HEADS
+    h = r % NUM_HEADS
+    d = tl.arange(0, BLOCK_D)
+    s = tl.load(row_ptr + t, mask=r_mask, other=-1).to(tl.int64)
+    has = r_mask & (s >= 0)
+    lc = tl.load(lse_ptr + h * num_tokens + t, mask=has, other=float("-inf"))
+    ls = tl.load(lse_lvl_ptr + h * num_level_rows + s, mask=has, other=float("-inf"))
+    ws, wc, sys_empty, ctx_empty, merged = _merge_weights(ls, lc)
+    rw_mask = (has & ~sys_empty)[:, None] & (d < HEAD_DIM)[None, :]
+    row_off = (t * NUM_HEADS + h)[:, None] * HEAD_DIM + d[None, :]
+    oc = tl.load(out_ptr + row_off, mask=rw_mask)
+    os_ = tl.load(o_lvl_ptr + (s * NUM_HEADS + h)[:, None] * HEAD_DIM + d[None, :], mask=rw_mask, other=0.0)
+    tl.store(out_ptr + row_off, _blend(ws, wc, sys_empty, ctx_empty, os_, oc), mask=rw_mask)
+    if UPDATE_LSE:
+        tl.store(lse_ptr + h * num_tokens + t, merged, mask=has)
 
 
 def _lse_strides(lse: torch.Tensor, layout: str) -> tuple[int, int]:
@@ -158,13 +200,22 @@ def _interpreted(kernel):
     `triton.jit` picks compiled or interpreted when the module is imported; a test run may import
     this module before TRITON_INTERPRET is set, so the interpreted twin is built on demand here.
     """
+    import types
+
     from triton.runtime.interpreter import InterpretedFunction
 
     if isinstance(kernel, InterpretedFunction):
         return kernel
     cached = getattr(kernel, "_relay_interpreted", None)
     if cached is None:
-        cached = InterpretedFunction(kernel.fn)
+        fn = kernel.fn
+        # The @triton.jit helpers it calls must be interpreted too: rebind them in a copy of its globals.
+        helpers = {name: _interpreted(obj) for name, obj in fn.__globals__.items()
+                   if isinstance(obj, triton.runtime.JITFunction) and name in fn.__code__.co_names}
+        if helpers:
+            fn = types.FunctionType(fn.__code__, {**fn.__globals__, **helpers}, fn.__name__, fn.__defaults__,
+                                    fn.__closure__)
+        cached = InterpretedFunction(fn)
         kernel._relay_interpreted = cached
     return cached
 
@@ -231,6 +282,36 @@ def relay_fusion_triton(o_sys, lse_sys, o_ctx, lse_ctx, out=None, out_lse=None, 
         OUT_IS_CTX=out_is_ctx,
         num_warps=num_warps,
     )
+    return out
+
+
+def fuse_in_place(out, lse, o_level, lse_level, row_index, update_lse: bool) -> torch.Tensor:
+    """Merge a shared level into `out` in place: `relay_fusion(o_level, lse_level, out, lse,
+    out=out, out_lse=lse if update_lse else None, sys_index=row_index)` for `relay_attention`'s
+    layouts, launched with little host work (it runs once per layer). Falls back to
+    `relay_fusion` for any other layout, and on the CPU.
+
+    Args:
+        out: [T, H, D] running output (contiguous), fp16/bf16/fp32; lse: its LSE, float32 [H, T]
+            (contiguous), updated in place when `update_lse`.
+        o_level: [N, H, D] (contiguous) level output; lse_level: float32 [H, N] (contiguous).
+        row_index: int32 [T], each token's level row or -1.
+    """
+    T, H, D = out.shape
+    N = o_level.shape[0]
+    interpret = not out.is_cuda and os.environ.get("TRITON_INTERPRET", "0") == "1"
+    if not ((out.is_cuda or interpret) and out.is_contiguous() and o_level.is_contiguous() and lse.is_contiguous()
+            and lse_level.is_contiguous() and lse.shape == (H, T) and lse_level.shape == (H, N)
+            and o_level.shape[1:] == out.shape[1:] and row_index.shape == (T,)):
+        return relay_fusion(o_level, lse_level, out, lse, out=out, out_lse=lse if update_lse else None,
+                            sys_index=row_index)
+    if T == 0:
+        return out
+    block_r, block_d, num_warps = _launch_config(T * H, D, out.element_size(), interpret)
+    kernel = _interpreted(_fuse_in_place_kernel) if interpret else _fuse_in_place_kernel
+    kernel[(triton.cdiv(T * H, block_r),)](
+        out, lse, o_level if N else out, lse_level if N else lse, row_index, T, N,
+        NUM_HEADS=H, HEAD_DIM=D, BLOCK_R=block_r, BLOCK_D=block_d, UPDATE_LSE=update_lse, num_warps=num_warps)
     return out
 
 

@@ -2,9 +2,9 @@
 
 A system prompt is given as token ids, as text (tokenized as a completion prompt would be: with
 the tokenizer's special tokens, e.g. BOS), or as {"chat_system": text}: the system message as the
-model's chat template renders it. The chat form is found by rendering the template twice, with
-that system message and two different user messages, and keeping the common token prefix: the
-tokens every chat with this system message starts with (often including the user turn's header).
+model's chat template renders it. The chat form is found by rendering the template for a few probe
+conversations with that system message and keeping their common token prefix: the tokens every
+chat with this system message starts with (often including the user turn's header); see chat.py.
 
 Pure Python: the tokenizer and the template renderer come in as callables, so this is testable
 without vLLM; `vllm_relay.validate.PromptTools` makes them from the model's tokenizer.
@@ -16,25 +16,16 @@ import secrets
 from collections.abc import Callable, Mapping, Sequence
 
 from vllm_relay.config import CHAT_SYSTEM_KEY, check_token_ids
+from vllm_relay.system_prompts.chat import CHAT_PROBES, chat_prompt_ids, common_prefix, probe_conversations
 from vllm_relay.system_prompts.registry import SystemPrompt
 
-# Two user messages that share no leading character, class or length, so the common prefix of
-# the two renders stops exactly where the user's text begins.
-CHAT_PROBES = ("Hello.", "42?")
+__all__ = ["CHAT_PROBES", "common_prefix", "fill_request_id", "fill_salt", "prompt_token_ids", "relay_salt",
+           "salt_secret"]
 
 # text, add_special_tokens -> token ids
 Encode = Callable[[str, bool], list[int]]
 # chat messages [{"role", "content"}] -> rendered prompt text
 RenderChat = Callable[[list[dict[str, str]]], str]
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> list[int]:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return list(a[:n])
 
 
 def prompt_token_ids(
@@ -55,19 +46,14 @@ def prompt_token_ids(
     elif isinstance(prompt, Mapping):
         if render_chat is None:
             raise ValueError(f"{what}: given as {CHAT_SYSTEM_KEY!r}, but no chat template renderer")
-        system = {"role": "system", "content": prompt[CHAT_SYSTEM_KEY]}
         try:
-            texts = [render_chat([system, {"role": "user", "content": u}]) for u in CHAT_PROBES]
+            probes = probe_conversations(prompt[CHAT_SYSTEM_KEY])
+            texts = {key: render_chat(messages) for key, messages in probes.items()}
         except Exception as e:  # the template is the model's code: any error is the prompt's error
             raise ValueError(f"{what}: the model's chat template cannot render it: {e}") from e
         # Rendered text is tokenized without special tokens, as vLLM tokenizes chat prompts.
-        renders = [encode(text, False) for text in texts]  # type: ignore[misc]
-        ids = common_prefix(*renders)
-        if not ids:
-            raise ValueError(
-                f"{what}: the chat template renders nothing common before the user message "
-                f"(first tokens {renders[0][:8]} vs {renders[1][:8]})"
-            )
+        renders = {key: encode(text, False) for key, text in texts.items()}  # type: ignore[misc]
+        ids = chat_prompt_ids(what, renders)
     else:
         ids = list(prompt)
     return check_token_ids(what, ids, max_tokens)

@@ -1,11 +1,12 @@
 """Which system prompt lives in which slot of the KV store, and who is using it.
 
 A prompt's life: `register` gives it a free slot in state "filling" (its KV is not computed yet);
-whoever computes the KV calls `mark_ready`, or `mark_failed` with the reason if that failed (the
-prompt stays listed, holding no slot, until it is registered again or unregistered); requests
-`acquire` it while they run and `release` it when they finish; `unregister` frees the slot once
-nobody holds it. A prompt that is filling or held cannot be changed or removed: its slot's KV is
-being written, or read by running requests.
+whoever computes the KV calls `mark_ready`; requests `acquire` it while they run and `release` it
+when they finish; `unregister` frees the slot once nobody holds it. A prompt that is filling or
+held cannot be changed or removed: its slot's KV is being written, or read by running requests.
+`drain` removes a ready prompt at once for new requests while its running ones finish: it keeps
+its slot, in state "draining", until the last of them releases it, and its name is free at once
+(a new registration of that name gets another slot, so the two never share KV).
 
 The engine core's input thread (routing new requests) and its busy loop (filling slots, finishing
 requests) call in from different threads, so every method takes one lock. No vLLM or torch here.
@@ -23,7 +24,7 @@ from vllm_relay.config import check_prompt_name, check_token_ids
 if TYPE_CHECKING:
     from vllm_relay.config import RelayConfig
 
-PromptState = Literal["filling", "ready", "failed"]
+PromptState = Literal["filling", "ready", "draining"]
 
 
 @dataclass(slots=True, eq=False)
@@ -37,15 +38,13 @@ class SystemPrompt:
     """
 
     name: str
-    slot: int | None  # None once failed: a failed prompt holds no slot
+    slot: int
     token_ids: tuple[int, ...]
     state: PromptState = "filling"
     refcount: int = 0
     # Unique per registration (1, 2, ...): keys what was computed from this record, e.g. the
     # prefix-cache salt of its requests, which must change when a name gets new tokens.
     generation: int = 0
-    # Why the fill failed (state "failed"), for the operator.
-    error: str | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -65,6 +64,8 @@ class SystemPromptRegistry:
         self.max_prompt_tokens = max_prompt_tokens
         self._lock = threading.Lock()
         self._by_name: dict[str, SystemPrompt] = {}
+        # Drained prompts still read by running requests: they keep their slots, not their names.
+        self._draining: list[SystemPrompt] = []
         self._version = 0
         self._generations = 0
 
@@ -89,9 +90,9 @@ class SystemPromptRegistry:
             return self._by_name.get(name)
 
     def prompts(self) -> list[SystemPrompt]:
-        """Every registered prompt (filling, ready, then failed ones), by slot."""
+        """Every prompt holding a slot (filling, ready or draining), by slot."""
         with self._lock:
-            return sorted(self._by_name.values(), key=_by_slot)
+            return sorted([*self._by_name.values(), *self._draining], key=lambda p: p.slot)
 
     def ready_prompts(self) -> list[SystemPrompt]:
         """The prompts whose KV is computed, by slot: the ones requests may be routed to."""
@@ -106,13 +107,13 @@ class SystemPromptRegistry:
         """(version, prompts in `state` by slot), read together like `ready_snapshot`."""
         with self._lock:
             chosen = [p for p in self._by_name.values() if p.state == state]
-            return self._version, sorted(chosen, key=_by_slot)
+            return self._version, sorted(chosen, key=lambda p: p.slot)
 
     def owns_slot(self, prompt: SystemPrompt) -> bool:
-        """Whether `prompt` (this very record) still holds its slot, so its KV must be kept (a
-        failed prompt holds none)."""
+        """Whether `prompt` (this very record) still holds its slot, so its KV must be kept:
+        it is the registration of its name, or it is draining (requests still read it)."""
         with self._lock:
-            return self._by_name.get(prompt.name) is prompt and prompt.slot is not None
+            return self._by_name.get(prompt.name) is prompt or any(p is prompt for p in self._draining)
 
     def free_slots(self) -> list[int]:
         with self._lock:
@@ -132,15 +133,14 @@ class SystemPromptRegistry:
         """Give `name` a slot, in state "filling"; return its record.
 
         Registering the same tokens again returns the existing record unchanged (so start-up
-        and API retries are idempotent), unless it failed: then it is registered afresh (a retry).
-        Other tokens under a registered name replace it in the same slot, back to "filling", but
-        only while nobody holds it and it is not filling.
+        and API retries are idempotent). Other tokens under a registered name replace it in the
+        same slot, back to "filling", but only while nobody holds it and it is not filling.
         """
         check_prompt_name(name)
         ids = tuple(check_token_ids(f"system prompt {name!r}", token_ids, self.max_prompt_tokens))
         with self._lock:
             old = self._by_name.get(name)
-            if old is not None and old.state != "failed":
+            if old is not None:
                 if old.token_ids == ids:
                     return old
                 self._check_idle(old, "re-register it with different tokens")
@@ -164,33 +164,16 @@ class SystemPromptRegistry:
         """Record that `name`'s KV is computed; requests may now be routed to it. Idempotent."""
         with self._lock:
             prompt = self._lookup(name)
-            if prompt.state == "failed":
-                raise ValueError(f"cannot mark system prompt {name!r} ready: its fill failed ({prompt.error})")
             if prompt.state != "ready":
                 prompt.state = "ready"
                 self._version += 1
             return prompt
 
-    def mark_failed(self, name: str, reason: str) -> SystemPrompt:
-        """Record that computing `name`'s KV failed, and why; it frees its slot and routes nothing.
-
-        Only a filling prompt can fail (a ready one's KV is already computed).
-        """
-        with self._lock:
-            prompt = self._lookup(name)
-            if prompt.state != "filling":
-                raise ValueError(f"cannot mark system prompt {name!r} failed: it is {prompt.state}")
-            prompt.state, prompt.slot, prompt.error = "failed", None, reason
-            self._version += 1
-            return prompt
-
     def abort_fill(self, name: str) -> None:
-        """Drop a prompt that is still filling and whose fill never started (the caller that
-        registered it gets the error instead), freeing its slot.
+        """Drop a prompt that is still filling (its KV computation failed), freeing its slot.
 
         `unregister` refuses filling prompts so that a slot being written cannot be handed to
-        another prompt; this is the filler's own way out. A fill that started and failed is
-        `mark_failed` instead, so that whoever waits for it learns why.
+        another prompt; this is the filler's own way out.
         """
         with self._lock:
             prompt = self._lookup(name)
@@ -208,6 +191,27 @@ class SystemPromptRegistry:
             self._check_idle(self._lookup(name), "unregister it")
             del self._by_name[name]
             self._version += 1
+
+    def drain(self, name: str) -> SystemPrompt:
+        """Stop routing to `name` at once; free its slot when its last request releases it.
+
+        Returns the record, in state "draining" while requests still hold it. The name is free
+        for a new registration at once; that one gets another slot. A filling prompt is refused
+        (its slot is being written): abort its fill instead.
+        """
+        with self._lock:
+            prompt = self._lookup(name)
+            if prompt.state == "filling":
+                raise ValueError(
+                    f"cannot drain system prompt {name!r}: it is filling (its KV is being computed "
+                    f"into slot {prompt.slot}); abort its fill instead"
+                )
+            del self._by_name[name]
+            prompt.state = "draining"
+            if prompt.refcount > 0:
+                self._draining.append(prompt)
+            self._version += 1
+            return prompt
 
     def acquire(self, name: str) -> SystemPrompt:
         """Count one more request using `name`; it must be ready. Pair with `release`."""
@@ -233,16 +237,24 @@ class SystemPromptRegistry:
             prompt.refcount += 1
             return True
 
-    def release(self, name: str) -> SystemPrompt:
-        """Count one request fewer using `name`."""
+    def release(self, prompt: SystemPrompt | str) -> SystemPrompt:
+        """Count one request fewer using `prompt` (a record, or the name of a registered one).
+
+        Pass the record a request acquired: after a `drain` its name may belong to another
+        registration. The last release of a draining prompt frees its slot.
+        """
         with self._lock:
-            prompt = self._lookup(name)
+            if isinstance(prompt, str):
+                prompt = self._lookup(prompt)
             if prompt.refcount <= 0:
                 raise ValueError(
-                    f"cannot release system prompt {name!r}: refcount is {prompt.refcount}, "
+                    f"cannot release system prompt {prompt.name!r}: refcount is {prompt.refcount}, "
                     f"more releases than acquires"
                 )
             prompt.refcount -= 1
+            if prompt.refcount == 0 and prompt.state == "draining":
+                self._draining.remove(prompt)
+                self._version += 1
             return prompt
 
     # ---- helpers (caller holds the lock) -----------------------------------------------------
@@ -266,12 +278,9 @@ class SystemPromptRegistry:
             )
 
     def _free_slots(self) -> list[int]:
-        taken = {p.slot for p in self._by_name.values() if p.slot is not None}
+        taken = {p.slot for p in (*self._by_name.values(), *self._draining)}
         return [s for s in range(self.max_prompts) if s not in taken]
 
     def _names(self) -> list[str]:
-        return [p.name for p in sorted(self._by_name.values(), key=_by_slot) if p.slot is not None]
-
-
-def _by_slot(prompt: SystemPrompt) -> tuple[bool, int, str]:
-    return prompt.slot is None, prompt.slot or 0, prompt.name
+        held = sorted([*self._by_name.values(), *self._draining], key=lambda p: p.slot)
+        return [p.name + (" (draining)" if p.state == "draining" else "") for p in held]

@@ -1,0 +1,226 @@
+"""Serving benchmark through the real OpenAI server: relay against vLLM's default server.
+
+For each configuration, one server process is started (`vllm serve` on a GPU host, vLLM's
+api_server module elsewhere) and streamed /v1/completions requests arrive as a Poisson process at
+each rate in turn. The workload is a chat service: two system prompts of about 2k and 1k tokens
+(token ids, registered with relay at start-up; ordinary cached prefixes for the default server),
+20% of the requests without one, a random user part, and a fixed number of output tokens
+(ignore_eos). Per rate: TTFT, TPOT (between the first and the last token of each request) and
+end-to-end latency, p50 and p99, and the achieved request throughput.
+
+  default  vLLM as it ships (prefix caching on, full and piecewise CUDA graphs)
+  relay    --attention-backend relay with the two system prompts registered
+
+Writes {"model", "workload", "configs": {NAME: [{"rate", "ttft_ms": {"p50", "p99"}, "tpot_ms",
+"e2e_ms", "req_per_s", "requests"}]}} (the shape benchmarks/plot.py reads). Usage (GPU host):
+  python3 benchmarks/bench_serving.py --model DIR --rates 1,4,8,16,32 --duration 25 --out results.json
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", required=True)
+    p.add_argument("--configs", default="default,relay")
+    p.add_argument("--rates", default="1,4,8,16")
+    p.add_argument("--duration", type=float, default=25.0, help="seconds of arrivals per rate")
+    p.add_argument("--min-requests", type=int, default=20)
+    p.add_argument("--system-lens", default="2048,1024")
+    p.add_argument("--plain-fraction", type=float, default=0.2)
+    p.add_argument("--user-len", default="64,192", help="min,max tokens of a request's own part")
+    p.add_argument("--output-len", type=int, default=200)
+    p.add_argument("--max-model-len", type=int, default=4096)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--server-args", default="", help="extra server arguments")
+    p.add_argument("--startup-timeout", type=float, default=900)
+    p.add_argument("--out")
+    return p.parse_args()
+
+
+def vocab_size(model: str) -> int:
+    with open(os.path.join(model, "config.json")) as f:
+        return json.load(f)["vocab_size"]
+
+
+def make_workload(args):
+    """(system prompts as token ids, a request generator) from a seed; token ids avoid the
+    special tokens at the start of the vocabulary."""
+    rng = random.Random(args.seed)
+    vocab = vocab_size(args.model)
+    systems = [[1] + [rng.randrange(100, vocab) for _ in range(n - 1)] for n in map(int, args.system_lens.split(","))]
+    lo, hi = map(int, args.user_len.split(","))
+
+    def request(r: random.Random) -> list[int]:
+        own = [r.randrange(100, vocab) for _ in range(r.randint(lo, hi))]
+        if r.random() < args.plain_fraction:
+            return [1] + own
+        return r.choice(systems) + own
+
+    return systems, request
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(args, config, systems, port, log_path):
+    gpu = _has_gpu()
+    entry = ["-m", "vllm.entrypoints.cli.main", "serve", args.model] if gpu else \
+            ["-m", "vllm.entrypoints.openai.api_server", "--model", args.model]
+    cmd = [sys.executable, *entry, "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "m",
+           "--max-model-len", str(args.max_model_len), "--seed", str(args.seed), *args.server_args.split()]
+    if gpu:
+        cmd += ["--load-format", "dummy"]
+    if config == "relay":
+        relay = {"system_prompts": {f"s{i}": ids for i, ids in enumerate(systems)}, "max_prompts": len(systems),
+                 "max_prompt_tokens": max(map(len, systems))}
+        cmd += ["--attention-backend", "relay", "--additional-config", json.dumps({"relay": relay})]
+    log = open(log_path, "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return proc, log
+
+
+def _has_gpu() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:  # noqa: BLE001
+        return False
+
+
+async def wait_healthy(session, base, proc, timeout):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode} during start-up")
+        try:
+            async with session.get(f"{base}/health") as r:
+                if r.status == 200:
+                    return
+        except Exception:  # noqa: BLE001 - not up yet
+            pass
+        await asyncio.sleep(1)
+    raise RuntimeError("server did not become healthy")
+
+
+async def one_request(session, base, prompt, output_len):
+    """Stream one completion; returns (ttft, tpot, e2e) in seconds, or raises."""
+    body = {"model": "m", "prompt": prompt, "max_tokens": output_len, "temperature": 0.0, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True}}
+    t0 = time.perf_counter()
+    first = last = None
+    tokens = 0
+    async with session.post(f"{base}/v1/completions", json=body) as r:
+        if r.status != 200:
+            raise RuntimeError(f"HTTP {r.status}: {(await r.text())[:300]}")
+        async for raw in r.content:
+            line = raw.decode().strip()
+            if not line.startswith("data:") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[5:])
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+            if chunk["choices"]:  # a token chunk (dummy weights may decode to empty text)
+                now = time.perf_counter()
+                first = first or now
+                last = now
+    if first is None or tokens != output_len:
+        raise RuntimeError(f"streamed {tokens} of {output_len} tokens")
+    # A chunk may carry several tokens when the server falls behind: time per token, not per chunk.
+    tpot = (last - first) / max(tokens - 1, 1)
+    return first - t0, tpot, last - t0
+
+
+def percentiles(xs):
+    xs = sorted(xs)
+
+    def q(p):
+        return xs[min(len(xs) - 1, int(round(p * (len(xs) - 1))))] * 1e3
+
+    return {"p50": q(0.5), "p99": q(0.99)}
+
+
+async def run_rate(session, base, rate, args, request):
+    rng = random.Random(args.seed * 1000 + int(rate * 10))
+    n = max(args.min_requests, int(rate * args.duration))
+    tasks, t = [], time.perf_counter()
+    start = t
+    for _ in range(n):
+        tasks.append(asyncio.create_task(one_request(session, base, request(rng), args.output_len)))
+        t += rng.expovariate(rate)
+        await asyncio.sleep(max(0.0, t - time.perf_counter()))
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    elapsed = time.perf_counter() - start
+    errors = [r for r in results if isinstance(r, BaseException)]
+    if errors:
+        raise RuntimeError(f"{len(errors)} of {n} requests failed at rate {rate}: {errors[0]}")
+    ttft, tpot, e2e = zip(*results)
+    return {"rate": rate, "requests": n, "req_per_s": n / elapsed, "ttft_ms": percentiles(ttft),
+            "tpot_ms": percentiles(tpot), "e2e_ms": percentiles(e2e)}
+
+
+async def bench_config(args, config, systems, request, log_dir):
+    import aiohttp
+
+    port = free_port()
+    proc, log = start_server(args, config, systems, port, os.path.join(log_dir, f"server_{config}.log"))
+    base = f"http://127.0.0.1:{port}"
+    rows = []
+    try:
+        timeout = aiohttp.ClientTimeout(total=None)
+        async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
+            t0 = time.monotonic()
+            await wait_healthy(session, base, proc, args.startup_timeout)
+            print(f"[{config}] healthy after {time.monotonic() - t0:.0f} s", flush=True)
+            await one_request(session, base, request(random.Random(-1)), 8)  # warm-up
+            for rate in map(float, args.rates.split(",")):
+                row = await run_rate(session, base, rate, args, request)
+                rows.append(row)
+                print(f"[{config}] rate {rate:5.1f}: {row['req_per_s']:.2f} req/s, TTFT p50 "
+                      f"{row['ttft_ms']['p50']:.1f} ms, TPOT p50 {row['tpot_ms']['p50']:.2f} ms "
+                      f"(p99 {row['tpot_ms']['p99']:.2f}), E2E p50 {row['e2e_ms']['p50']:.0f} ms", flush=True)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+    return rows
+
+
+def main():
+    args = parse_args()
+    systems, request = make_workload(args)
+    log_dir = os.path.dirname(os.path.abspath(args.out)) if args.out else "."
+    out = {"model": os.path.basename(os.path.normpath(args.model)),
+           "workload": {k: getattr(args, k) for k in ("system_lens", "plain_fraction", "user_len", "output_len",
+                                                       "duration", "seed")},
+           "configs": {}}
+    for config in args.configs.split(","):
+        out["configs"][config] = asyncio.run(bench_config(args, config, systems, request, log_dir))
+        if args.out:  # keep what is done, whatever fails later
+            with open(args.out, "w") as f:
+                json.dump(out, f, indent=1)
+    if "default" in out["configs"] and "relay" in out["configs"]:
+        print("rate | TTFT p50 relay/default | TPOT p50 relay/default | E2E p50 relay/default")
+        for d, r in zip(out["configs"]["default"], out["configs"]["relay"]):
+            print(f"{d['rate']:5.1f} | {r['ttft_ms']['p50'] / d['ttft_ms']['p50']:.3f} | "
+                  f"{r['tpot_ms']['p50'] / d['tpot_ms']['p50']:.3f} | {r['e2e_ms']['p50'] / d['e2e_ms']['p50']:.3f}")
+
+
+if __name__ == "__main__":
+    main()

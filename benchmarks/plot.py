@@ -1,0 +1,206 @@
+"""Turn the benchmark JSON in benchmarks/results/ into the PNGs the README shows.
+
+    python benchmarks/plot.py [--results benchmarks/results] [--out DIR]   (default: --out = --results)
+
+Reads every *.json in the results folder and writes:
+
+- ``throughput_vs_prompt_len.png``: requests/s against the system-prompt length P, for relay and
+  vLLM's default, with the no-system-prompt ceiling. From `bench_throughput.py` files
+  (``{"args": {"prefix_len": P, "model": ...}, CONFIG: {"requests_per_s": ...}, ...}``): configs
+  ``relay`` and ``default`` at P = args.prefix_len; ``noprefix-relay`` and ``noprefix`` (the same
+  requests without the shared prefix) are relay and vLLM's default at P = 0; ``noprefix``
+  (averaged over the files that have it) is also the ceiling line.
+- ``<name>.png`` for each serving-benchmark file ``<name>.json``: TTFT, TPOT and end-to-end latency
+  (p50 solid, p99 dashed) and achieved requests/s against the Poisson request rate, one line per
+  configuration. Expected shape::
+
+      {"model": str,
+       "configs": {NAME: [{"rate": float,                      # requests/s offered
+                           "ttft_ms": {"p50": float, "p99": float},
+                           "tpot_ms": {"p50": float, "p99": float},
+                           "e2e_ms": {"p50": float, "p99": float},
+                           "req_per_s": float}, ...]}}        # achieved; one row per rate
+
+Other JSON (accuracy, kernel benchmarks) is ignored. A plot without data is skipped with a message
+saying what is missing; the script fails only on a file that claims a shape and breaks it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+THROUGHPUT_PNG = "throughput_vs_prompt_len.png"
+LATENCIES = (
+    ("ttft_ms", "time to first token (ms)"),
+    ("tpot_ms", "time per output token (ms)"),
+    ("e2e_ms", "end-to-end latency (ms)"),
+)
+COLORS = {"relay": "tab:blue", "default": "tab:orange", "noprefix": "tab:gray"}
+
+
+def model_label(path: str) -> str:
+    """A model folder's name without the fixture cache's hash suffix."""
+    return re.sub(r"-[0-9a-f]{10}$", "", Path(path).name)
+
+
+def load(results: Path) -> tuple[list[tuple[Path, dict]], list[tuple[Path, dict]]]:
+    """(throughput files, serving files) found in `results`."""
+    throughput, serving = [], []
+    for path in sorted(results.glob("*.json")):
+        data = json.loads(path.read_text())
+        if not isinstance(data, dict):
+            continue
+        if isinstance(data.get("configs"), dict):
+            serving.append((path, data))
+        elif (
+            isinstance(data.get("args"), dict)
+            and "prefix_len" in data["args"]
+            and any(isinstance(v, dict) and "requests_per_s" in v for v in data.values())
+        ):
+            throughput.append((path, data))
+    return throughput, serving
+
+
+def throughput_points(
+    files: list[tuple[Path, dict]],
+) -> tuple[dict[str, dict[int, float]], float | None, str]:
+    """({"relay"|"default": {P: requests/s}}, ceiling requests/s or None, workload label)."""
+    series: dict[str, dict[int, float]] = {"relay": {}, "default": {}}
+    ceiling, workloads = [], set()
+    for _path, data in files:
+        a = data["args"]
+        P = int(a["prefix_len"])
+        workloads.add(
+            f"{model_label(a['model'])}, {a.get('input_len', '?')} in / {a.get('output_len', '?')} out"
+        )
+        for config, (name, at) in {
+            "relay": ("relay", P),
+            "default": ("default", P),
+            "noprefix-relay": ("relay", 0),
+        }.items():
+            if config in data:
+                series[name][at] = float(data[config]["requests_per_s"])
+        if "noprefix" in data:
+            ceiling.append(float(data["noprefix"]["requests_per_s"]))
+    mean = statistics.mean(ceiling) if ceiling else None
+    if mean is not None:  # vLLM's default with no system prompt is the ceiling itself
+        series["default"][0] = mean
+    return series, mean, "; ".join(sorted(workloads))
+
+
+def plot_throughput(files: list[tuple[Path, dict]], out: Path) -> Path | None:
+    series, ceiling, workload = throughput_points(files)
+    if not any(len(points) > 1 for points in series.values()):
+        print(
+            f"[plot] skip {THROUGHPUT_PNG}: no bench_throughput.py results with relay or default at two "
+            f"system-prompt lengths"
+        )
+        return None
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, label in (("relay", "relay"), ("default", "vLLM default (prefix caching)")):
+        points = sorted(series[name].items())
+        if points:
+            xs, ys = zip(*points)
+            ax.plot(xs, ys, "o-", color=COLORS[name], label=label)
+            for x, y in points:  # the higher of the two values at x labelled above, the lower below
+                above = y >= max(other.get(x, y) for other in series.values())
+                ax.annotate(
+                    f"{y:.1f}",
+                    (x, y),
+                    textcoords="offset points",
+                    xytext=(8, 6 if above else -13),
+                    fontsize=8,
+                )
+    if ceiling is not None:
+        ax.axhline(
+            ceiling, color=COLORS["noprefix"], linestyle="--", label=f"no system prompt ({ceiling:.1f})"
+        )
+    ax.set_xlabel("system-prompt length P (tokens)")
+    ax.set_ylabel("throughput (requests/s)")
+    ax.set_title(f"Throughput vs system-prompt length ({workload} tokens per request)", fontsize=10)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = out / THROUGHPUT_PNG
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def check_serving(path: Path, data: dict) -> None:
+    for name, rows in data["configs"].items():
+        if not isinstance(rows, list) or not rows:
+            raise ValueError(f"{path}: configs[{name!r}] must be a non-empty list of rows")
+        for row in rows:
+            missing = [k for k in ("rate", "req_per_s", *(m for m, _ in LATENCIES)) if k not in row]
+            missing += [
+                f"{m}.{q}" for m, _ in LATENCIES if m in row for q in ("p50", "p99") if q not in row[m]
+            ]
+            if missing:
+                raise ValueError(f"{path}: configs[{name!r}] row {row.get('rate')!r} lacks {missing}")
+
+
+def plot_serving(path: Path, data: dict, out: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    check_serving(path, data)
+    fig, axes = plt.subplots(1, 4, figsize=(17, 4))
+    for i, (name, rows) in enumerate(sorted(data["configs"].items())):
+        rows = sorted(rows, key=lambda r: r["rate"])
+        rates = [r["rate"] for r in rows]
+        color = COLORS.get(name, f"C{i}")
+        for ax, (metric, label) in zip(axes, LATENCIES):
+            ax.plot(rates, [r[metric]["p50"] for r in rows], "o-", color=color, label=f"{name} p50")
+            ax.plot(
+                rates, [r[metric]["p99"] for r in rows], "s--", color=color, alpha=0.6, label=f"{name} p99"
+            )
+            ax.set_ylabel(label)
+        axes[3].plot(rates, [r["req_per_s"] for r in rows], "o-", color=color, label=name)
+    axes[3].plot(axes[3].get_xlim(), axes[3].get_xlim(), ":", color="black", alpha=0.4, label="offered")
+    axes[3].set_ylabel("achieved requests/s")
+    for ax in axes:
+        ax.set_xlabel("request rate (requests/s, Poisson)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"Latency vs request rate ({model_label(str(data.get('model', '?')))})", fontsize=10)
+    fig.tight_layout()
+    png = out / f"{path.stem}.png"
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+    return png
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--results", type=Path, default=RESULTS)
+    p.add_argument("--out", type=Path, help="default: the results folder")
+    args = p.parse_args(argv)
+    out = args.out or args.results
+    out.mkdir(parents=True, exist_ok=True)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    throughput, serving = load(args.results)
+    written = [plot_throughput(throughput, out)]
+    if not serving:
+        print(
+            f'[plot] skip the latency plots: no serving benchmark JSON ({{"model", "configs": ...}}) '
+            f"in {args.results}"
+        )
+    written += [plot_serving(path, data, out) for path, data in serving]
+    for png in filter(None, written):
+        print(f"[plot] wrote {png}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
