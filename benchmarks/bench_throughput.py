@@ -19,7 +19,8 @@ for B in 1..256. Each configuration runs in its own process (a fresh engine, its
   bench     `vllm bench throughput` itself, for the default configuration (cross-check of this driver)
 
 `--accuracy` instead compares relay with FLASH_ATTN on the same full prompts (greedy, top-5
-logprobs over the first 8 generated tokens). Usage (GPU host):
+logprobs over the first 8 generated tokens). `--tensor-parallel-size N` runs every configuration
+over N GPUs (data parallelism is a serving feature: vllm.LLM refuses it). Usage (GPU host):
   python3 benchmarks/bench_throughput.py --model DIR --prefix-len 2048 --num-prompts 1000 \
       --max-model-len 4096 --configs default,relay --out results.json
 """
@@ -84,7 +85,7 @@ def strip_system(prompts, systems):
 def engine_kwargs(args, config, systems):
     # Stats on: the latency sweep reads each request's engine timestamps (the same cost for every config).
     kw = dict(model=args.model, load_format="dummy", max_model_len=args.max_model_len, seed=args.seed,
-              disable_log_stats=False)
+              disable_log_stats=False, tensor_parallel_size=args.tensor_parallel_size)
     if config == "noprefix-relay":
         kw["attention_backend"] = "relay"
     elif config in ("relay", "accuracy-relay"):
@@ -180,7 +181,7 @@ def run_config(args, config):
                "--load-format", "dummy", "--dataset-name", "random", "--random-input-len", str(args.input_len),
                "--random-output-len", str(args.output_len), "--random-prefix-len", str(args.prefix_len),
                "--num-prompts", str(args.num_prompts), "--max-model-len", str(args.max_model_len),
-               "--seed", str(args.seed)]
+               "--seed", str(args.seed), "--tensor-parallel-size", str(args.tensor_parallel_size)]
     else:
         cmd = [sys.executable, __file__, *sys.argv[1:], "--worker", config]
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -219,6 +220,7 @@ def main():
     p.add_argument("--num-prompts", type=int, default=1000)
     p.add_argument("--max-model-len", type=int, default=4096)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tensor-parallel-size", type=int, default=1)
     p.add_argument("--configs", default="default,relay")
     p.add_argument("--workloads", default="single", help="single and/or multi, comma-separated")
     p.add_argument("--multi-system-lens", default="512,1024,2048,4096", help="the multi workload's prompts")

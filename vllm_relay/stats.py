@@ -5,6 +5,9 @@ The engine core exposes four utility calls (see `vllm_relay.engine.RelayEngine`)
 `relay_system_prompts()` and `relay_stats()`. The helpers below make them for a `vllm.LLM`
 (`call_utility`, or a direct call when vLLM runs the engine in-process) and for an `AsyncLLM`
 (`call_utility_async`). A failed call raises with the engine core's message.
+
+Under data parallelism every engine core (one per rank) holds its own prompts and counters: the
+AsyncLLM helpers register on each, wait for each, and add up their counters.
 """
 
 from __future__ import annotations
@@ -96,26 +99,45 @@ def relay_stats(llm) -> dict:
 def _find(name: str, prompts: list[dict], registered: dict) -> dict:
     for p in prompts:
         if p["name"] == name and p["generation"] == registered["generation"]:
+            if p["state"] == "failed":
+                raise RuntimeError(f"system prompt {name!r} failed to fill: {p['error']}")
             return p
-    raise RuntimeError(f"system prompt {name!r} was dropped while filling (its fill failed)")
+    raise RuntimeError(f"system prompt {name!r} was unregistered or replaced while filling")
 
 
 # ---- AsyncLLM (the OpenAI server's engine client) -----------------------------------------
 
 
+async def _on_each_engine(engine, method: str, *args) -> list:
+    """Utility call `method` on every engine core of an AsyncLLM, in rank order. (vLLM's own
+    `call_utility_async` reaches every data-parallel rank too, but returns only the first one's
+    answer.)"""
+    from vllm_relay.entrypoints.engines import call_each
+
+    return list((await call_each(engine, method, *args)).values())
+
+
 async def async_register_system_prompt(engine, name: str, prompt, wait: bool = True,
                                        timeout_s: float = 600.0) -> dict:
-    """`register_system_prompt` for an `AsyncLLM` (`engine.engine_core.call_utility_async`)."""
-    call = engine.engine_core.call_utility_async
-    state = await call("relay_register_system_prompt", name, prompt)
+    """`register_system_prompt` for an `AsyncLLM`: on every engine core (data-parallel rank);
+    with `wait`, until it is ready on all of them. Returns the first rank's state."""
+    states = await _on_each_engine(engine, "relay_register_system_prompt", name, prompt)
     deadline = time.monotonic() + timeout_s
-    while wait and state["state"] != "ready":
+    while wait and any(s["state"] != "ready" for s in states):
         await asyncio.sleep(POLL_INTERVAL_S)
-        state = _find(name, await call("relay_system_prompts"), state)
+        listed = await _on_each_engine(engine, "relay_system_prompts")
+        states = [_find(name, prompts, state) for prompts, state in zip(listed, states, strict=True)]
         if time.monotonic() > deadline:
-            raise TimeoutError(f"system prompt {name!r} not ready after {timeout_s} s: {state}")
-    return state
+            raise TimeoutError(f"system prompt {name!r} not ready after {timeout_s} s: {states}")
+    return states[0]
 
 
 async def async_relay_stats(engine) -> dict:
-    return await engine.engine_core.call_utility_async("relay_stats")
+    """`relay_stats` for an `AsyncLLM`. Under data parallelism: the counters added up over the
+    engine cores, `prompts` as the first one lists them, and each one's own stats in `engines`."""
+    per_engine = await _on_each_engine(engine, "relay_stats")
+    if len(per_engine) == 1:
+        return per_engine[0]
+    keys = (*RelayCounters.__dataclass_fields__, "held_requests")
+    summed = {k: sum(e[k] for e in per_engine) for k in keys}
+    return {**summed, "prompts": per_engine[0]["prompts"], "engines": per_engine}

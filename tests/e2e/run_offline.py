@@ -3,7 +3,8 @@
 Used by the e2e tests: each engine runs in a fresh process, as vLLM's CPU build spawns its engine
 core and workers and two engines in one test process would share global state.
 Usage: python run_offline.py SPEC_JSON OUT_JSON, where SPEC_JSON holds
-  {"engine": {LLM kwargs}, "prompts": [[token ids], ...], "max_tokens": int}
+  {"engine": {LLM kwargs}, "prompts": [[token ids], ...], "max_tokens": int or [int per prompt]}
+With data_parallel_size > 1 the engine is an AsyncLLM (vllm.LLM refuses data parallelism).
 """
 
 import json
@@ -22,16 +23,16 @@ def main() -> None:
     spec = json.load(open(spec_path))
     engine = {"dtype": "float32", "enforce_eager": True, "max_model_len": 1024, "seed": 0,
               "block_size": 16, "disable_log_stats": False, **spec["engine"]}
+    max_tokens = spec.get("max_tokens", 12)
+    if isinstance(max_tokens, int):
+        max_tokens = [max_tokens] * len(spec["prompts"])
+    params = [SamplingParams(temperature=0.0, max_tokens=n, logprobs=5, ignore_eos=True) for n in max_tokens]
+    if engine.get("data_parallel_size", 1) > 1:  # vllm.LLM refuses data parallelism: the server's AsyncLLM
+        return json.dump(run_async(engine, spec["prompts"], params), open(out_path, "w"))
     llm = LLM(**engine)
-    params = SamplingParams(temperature=0.0, max_tokens=spec.get("max_tokens", 12), logprobs=5,
-                            ignore_eos=True)
     outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in spec["prompts"]], params,
                         use_tqdm=False)
-    result = {"outputs": [{
-        "prompt_len": len(out.prompt_token_ids),
-        "tokens": list(out.outputs[0].token_ids),
-        "logprobs": [{str(tok): lp.logprob for tok, lp in step.items()} for step in out.outputs[0].logprobs],
-    } for out in outs]}
+    result = {"outputs": [greedy(out) for out in outs]}
     # Client-visible sampling semantics: n > 1 with a per-request seed, and stop strings.
     sampled = SamplingParams(n=2, seed=11, temperature=1.0, max_tokens=24, stop=["e"])
     outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in spec.get("sampled_prompts", [])],
@@ -48,6 +49,44 @@ def main() -> None:
 
         result["worker_stats"] = llm.collective_rpc(worker_stats)[0]
     json.dump(result, open(out_path, "w"))
+
+
+def greedy(out) -> dict:
+    return {"prompt_len": len(out.prompt_token_ids), "tokens": list(out.outputs[0].token_ids),
+            "logprobs": [{str(tok): lp.logprob for tok, lp in step.items()} for step in out.outputs[0].logprobs]}
+
+
+def run_async(engine: dict, prompts: list, params: list) -> dict:
+    """The prompts, all at once, through an AsyncLLM (data parallelism: its client balances them
+    over the engine cores); relay stats added up over the engines, each engine's kept."""
+    import asyncio
+
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.inputs import TokensPrompt
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    async def go() -> dict:
+        llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine))
+        try:
+            async def one(i, ids, sp):
+                final = None
+                async for out in llm.generate(TokensPrompt(prompt_token_ids=ids), sp, request_id=f"r{i}"):
+                    final = out
+                return final
+
+            outs = await asyncio.gather(*(one(i, ids, sp) for i, (ids, sp) in enumerate(zip(prompts, params))))
+            result = {"outputs": [greedy(out) for out in outs], "sampled": [], "preemptions": None}
+            if engine.get("attention_backend") == "relay":
+                from vllm_relay.attention.planner import worker_stats
+                from vllm_relay.stats import async_relay_stats
+
+                result["relay_stats"] = await async_relay_stats(llm)
+                result["worker_stats"] = (await llm.collective_rpc(worker_stats))[0]  # engine 0's first worker
+            return result
+        finally:
+            llm.shutdown()
+
+    return asyncio.run(go())
 
 
 if __name__ == "__main__":

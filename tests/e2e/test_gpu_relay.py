@@ -5,6 +5,10 @@ backends: relay may differ from FLASH_ATTN by at most twice what TRITON_ATTN doe
 tests' rule), on the same mixed workload as the CPU exactness test, and relay must have fired.
 Relay runs twice: with vLLM's default CUDA graphs (decode steps replay a full graph of the relay
 path) and eagerly with every decode token on the shared path; the two must agree by the same rule.
+The same rules at tensor parallelism 2 and 4 (each rank holds its KV heads of the system prompts'
+pages; at 4 the GQA model's 2 KV heads are replicated) and data parallelism 2 (independent engine
+cores behind an AsyncLLM; counters summed), every engine at the same parallelism; those cases skip
+with fewer GPUs visible.
 """
 
 import json
@@ -32,12 +36,23 @@ def divergence(got: list, want: list) -> tuple[float, float]:
     return same / len(got), worst
 
 
+PARALLEL = {"tp1": {}, "tp2": {"tensor_parallel_size": 2}, "tp4": {"tensor_parallel_size": 4},
+            "dp2": {"data_parallel_size": 2}}
+
+
+@pytest.mark.parametrize("parallel", list(PARALLEL))
 @pytest.mark.parametrize("name", ["tiny-llama-mha", "tiny-llama-gqa"])
-def test_relay_matches_flash_attention_on_cuda(name, tmp_path):
+def test_relay_matches_flash_attention_on_cuda(name, parallel, tmp_path):
+    import torch
+
+    gpus = max(PARALLEL[parallel].values(), default=1)
+    if torch.cuda.device_count() < gpus:
+        pytest.skip(f"{parallel} needs {gpus} GPUs, {torch.cuda.device_count()} visible")
     model = get_model(name)
     vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
     systems, prompts, num_relay = workload(vocab, seed=3)
-    base = {"model": model, "dtype": "bfloat16", "max_model_len": 512, "max_num_batched_tokens": 64}
+    base = {"model": model, "dtype": "bfloat16", "max_model_len": 512, "max_num_batched_tokens": 64,
+            **PARALLEL[parallel]}
     relay_config = {"relay": {"system_prompts": systems, "max_prompts": 2, "max_prompt_tokens": 256}}
     eager_config = {"relay": {**relay_config["relay"], "shared_path": "always"}}
     spec = {"prompts": prompts, "max_tokens": 16}
@@ -54,9 +69,11 @@ def test_relay_matches_flash_attention_on_cuda(name, tmp_path):
     assert "implementation: cuda-flash-attn-3" in log
     print(name, "relay stats:", relay["relay_stats"])
     assert relay["relay_stats"]["relay_requests"] == num_relay, relay["relay_stats"]  # no sampled_prompts here
+    for engine_stats in relay["relay_stats"].get("engines", []):  # DP: every engine core served some
+        assert engine_stats["relay_requests"] > 0, relay["relay_stats"]
     relay_same, relay_err = divergence(relay["outputs"], flash["outputs"])
     ref_same, ref_err = divergence(triton["outputs"], flash["outputs"])
-    print(f"{name}: relay vs FA: {relay_same:.0%} identical, max diff {relay_err:.3g}; "
+    print(f"{name} {parallel}: relay vs FA: {relay_same:.0%} identical, max diff {relay_err:.3g}; "
           f"TRITON vs FA: {ref_same:.0%}, {ref_err:.3g}")
     assert relay_err <= 2 * ref_err + 1e-3, (relay_err, ref_err)
     assert relay_same >= ref_same - 0.15, (relay_same, ref_same)

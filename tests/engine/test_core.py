@@ -28,8 +28,12 @@ def model_path():
     return str(get_model("tiny-llama-gqa"))
 
 
-def make_core(model_path, relay=None, tokenizer=False, backend="relay", batched_tokens=64):
-    """An EngineCore with a real scheduler and prefix caching; RelayEngine attached if enabled."""
+def make_core(model_path, relay=None, tokenizer=False, backend="relay", batched_tokens=64, core_cls=None,
+              **attrs):
+    """An EngineCore with a real scheduler and prefix caching; RelayEngine attached if enabled.
+
+    `core_cls` (a subclass of EngineCore) and `attrs` (attributes set before the RelayEngine is
+    attached) let tests run vLLM's own subclass methods on it, e.g. DPEngineCoreProc's."""
     from vllm.config import AttentionConfig, CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
     from vllm.utils.hashing import get_hash_fn_by_name
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
@@ -52,8 +56,10 @@ def make_core(model_path, relay=None, tokenizer=False, backend="relay", batched_
     vllm_config.cache_config.num_gpu_blocks = 64
     spec = FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=16, dtype=torch.float32)
     kv = KVCacheConfig(num_blocks=64, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["l0"], spec)])
-    core = object.__new__(EngineCore)
+    core = object.__new__(core_cls or EngineCore)
     core.vllm_config, core.mm_receiver_cache = vllm_config, None
+    for name, value in attrs.items():
+        setattr(core, name, value)
     core.structured_output_manager = StructuredOutputManager(vllm_config)
     hash_fn = get_hash_fn_by_name("sha256")
     init_none_hash(hash_fn)
@@ -144,7 +150,8 @@ def test_prompt_logprobs_kv_transfer_and_repetition_penalty_are_not_eligible(par
 def test_startup_fill_makes_prompt_ready(core):
     relay = relay_of(core)
     assert core.relay_system_prompts() == [
-        {"name": "sys", "slot": 0, "state": "ready", "tokens": 40, "refcount": 0, "generation": 1}]
+        {"name": "sys", "slot": 0, "state": "ready", "tokens": 40, "refcount": 0, "generation": 1,
+         "error": None}]
     assert relay.counters.fills_completed == 1 and relay.counters.fill_tokens == len(SYS)
     assert not core.scheduler.requests  # the fill finished and left
 
@@ -156,7 +163,7 @@ def test_matching_request_is_rewritten(core):
     tag = {"slot": 0, "system_len": SHARED, "fill": False}
     assert req.sampling_params.extra_args == {"mine": 1, TAG_KEY: tag}
     assert read_tag(req.sampling_params).system_len == SHARED
-    assert req.cache_salt == "vllm-relay:sys:1:user"
+    assert req.cache_salt == f"vllm-relay:{relay_of(core).secret}:relay:sys:1:user"
     assert req.max_tokens == MAX_MODEL_LEN - len(SYS + OWN)  # stops where the full prompt would
     # The request as sent (the front end's copy, in-process) is untouched.
     assert sent.prompt_token_ids == SYS + OWN and sent.sampling_params.extra_args == {"mine": 1}
@@ -243,7 +250,7 @@ RT = [200 + i for i in range(20)]
 def test_runtime_fill_holds_matching_requests(core):
     state = core.relay_register_system_prompt("rt", RT)
     assert state == {"name": "rt", "slot": 1, "state": "filling", "tokens": 20, "refcount": 0,
-                     "generation": 2}
+                     "generation": 2, "error": None}
     assert core.relay_register_system_prompt("rt", RT)["state"] == "filling"  # idempotent: one fill
     held = submit(core, ecr("held", RT + OWN))
     dropped = submit(core, ecr("dropped", RT + OWN))
@@ -263,7 +270,9 @@ def test_held_request_runs_unrouted_when_fill_fails(core):
     core.abort_requests([fill_request_id(relay_of(core).registry.get("rt"))])
     req = core.scheduler.requests["held"]
     assert req.prompt_token_ids == RT + OWN and read_tag(req.sampling_params) is None
-    assert [p["name"] for p in core.relay_system_prompts()] == ["sys"]
+    assert [(p["name"], p["state"], p["slot"]) for p in core.relay_system_prompts()] == [
+        ("sys", "ready", 0), ("rt", "failed", None)]
+    assert "aborted" in core.relay_system_prompts()[1]["error"]
     assert core.relay_stats()["fills_failed"] == 1
 
 
@@ -365,8 +374,9 @@ def test_relay_engine_end_to_end(tmp_path):
     chat_len = SYSTEM_MESSAGE_TOKENS + 7
     shared_chat = chat_len - chat_len % 16  # whole blocks
     assert r["prompts_at_start"] == [
-        {"name": "sys", "slot": 0, "state": "ready", "tokens": 40, "refcount": 0, "generation": 1},
-        {"name": "chat", "slot": 1, "state": "ready", "tokens": chat_len, "refcount": 0, "generation": 2},
+        {"name": "sys", "slot": 0, "state": "ready", "tokens": 40, "refcount": 0, "generation": 1, "error": None},
+        {"name": "chat", "slot": 1, "state": "ready", "tokens": chat_len, "refcount": 0, "generation": 2,
+         "error": None},
     ]
     assert "vllm-relay: system prompts ready" in proc.stdout + proc.stderr
     g = r["stats_generate"]

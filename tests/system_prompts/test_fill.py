@@ -10,6 +10,7 @@ from vllm_relay.system_prompts.fill import (
     fill_salt,
     prompt_token_ids,
     relay_salt,
+    salt_secret,
 )
 
 
@@ -53,9 +54,24 @@ def test_errors():
 def test_ids_and_salts_change_with_each_registration():
     reg = SystemPromptRegistry(2, 8)
     first = reg.register("sys", [1, 2])
-    assert fill_request_id(first) == "vllm-relay-fill:sys:1" and fill_salt(first) == "vllm-relay-fill:sys:1"
-    assert relay_salt(first, None) == "vllm-relay:sys:1"
-    assert relay_salt(first, "u:v") == "vllm-relay:sys:1:u:v"
+    secret = salt_secret()
+    assert fill_request_id(first) == "vllm-relay-fill:sys:1"
+    assert fill_salt(first, secret) == f"vllm-relay:{secret}:fill:sys:1"
+    assert relay_salt(first, None, secret) == f"vllm-relay:{secret}:relay:sys:1"
+    assert relay_salt(first, "u:v", secret) == f"vllm-relay:{secret}:relay:sys:1:u:v"
+    assert relay_salt(first, "", secret) == relay_salt(first, None, secret)  # "" is no salt to vLLM too
     reg.mark_ready("sys")
     second = reg.register("sys", [1, 3])
-    assert relay_salt(second, None) == "vllm-relay:sys:2" != relay_salt(first, None)
+    assert relay_salt(second, None, secret) == f"vllm-relay:{secret}:relay:sys:2" != relay_salt(first, None, secret)
+
+
+def test_salt_secrets_are_fresh_and_unambiguous():
+    secrets = {salt_secret() for _ in range(100)}
+    assert len(secrets) == 100 and all(len(s) == 32 and ":" not in s for s in secrets)
+    # A relay salt with a user salt never equals a fill salt, whatever the names and user salt.
+    reg = SystemPromptRegistry(2, 8)
+    fill = reg.register("3", [1])
+    relay = reg.register("fill", [2])
+    s = salt_secret()
+    assert fill_salt(fill, s) != relay_salt(relay, "3:1", s) and not relay_salt(relay, "x", s).startswith(
+        fill_salt(fill, s))

@@ -137,6 +137,8 @@ def test_tiny_models_load_and_vary(built, tok, name, kv_heads):
     [
         ("llama-2-7b-shape", (4096, 11008, 32, 32, 32, 128, 32000, 10000.0)),
         ("llama-3-8b-shape", (4096, 14336, 32, 32, 8, 128, 128256, 500000.0)),
+        ("llama-2-13b-shape", (5120, 13824, 40, 40, 40, 128, 32000, 10000.0)),
+        ("llama-2-70b-shape", (8192, 28672, 80, 64, 8, 128, 32000, 10000.0)),
     ],
 )
 def test_shape_configs(built, tok, name, shape):

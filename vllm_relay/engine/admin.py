@@ -131,7 +131,7 @@ class RelayAdmin:
                 f"{relay.config.max_prompts} are taken by {taken}; delete one first",
             )
         try:
-            prompt = relay._register(name, token_ids)
+            prompt = relay.fills.register(name, token_ids)
         except ValueError as e:  # e.g. token ids outside the vocabulary
             return error(422, str(e))
         usage = self._usage[prompt.generation]
@@ -214,6 +214,7 @@ class RelayAdmin:
 
     def on_registered(self, prompt: SystemPrompt, spec: Any) -> None:
         """A registration (start-up, offline helper or `add`): record when and how it was given."""
+        self._failed.pop(prompt.name, None)  # a name registered again is no longer a failed one
         if prompt.generation in self._usage:
             return  # the same tokens again: the same registration
         text = (
@@ -242,6 +243,10 @@ class RelayAdmin:
             if info is not None and (u := self._usage.get(info.prompt.generation)) is not None:
                 u.tokens_reused += S
 
+    def failed(self) -> list[dict]:
+        """The last failed registrations' listing entries (with "error": why), oldest first."""
+        return list(self._failed.values())
+
     def fill_cancelled(self, rid: str) -> bool:
         """Whether fill `rid` ended because its prompt was deleted (else: it failed)."""
         if rid in self._cancelled:
@@ -250,8 +255,8 @@ class RelayAdmin:
             return True
         return False
 
-    def on_fill_failed(self, prompt: SystemPrompt) -> None:
-        failed = {**self.entry(prompt), "state": "failed", "slot": None, "live_requests": 0}
+    def on_fill_failed(self, prompt: SystemPrompt, reason: str) -> None:
+        failed = {**self.entry(prompt), "state": "failed", "slot": None, "live_requests": 0, "error": reason}
         self._failed.pop(prompt.name, None)
         self._failed[prompt.name] = failed
         while len(self._failed) > self.relay.config.max_prompts:  # bounded: the latest few

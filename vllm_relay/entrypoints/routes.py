@@ -79,9 +79,8 @@ def build_router(serving: RelayServing, admin: bool) -> APIRouter:
             if entry is None:
                 return error_response(409, f"system prompt {reg.name!r} was deleted while it was filling")
             if entry["state"] == "failed":
-                return error_response(
-                    500, f"the fill of system prompt {reg.name!r} failed (see the server log)"
-                )
+                why = entry.get("error") or "see the server log"
+                return error_response(500, f"the fill of system prompt {reg.name!r} failed: {why}")
         return JSONResponse(prompt_object(entry), status_code=201 if entry["state"] == "ready" else 202)
 
     @router.delete(PATH + "/{name}")

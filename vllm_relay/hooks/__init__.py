@@ -10,8 +10,9 @@ def apply_all() -> None:
     (`protocol.relay_enabled`, or a RelayEngine attached to the engine core / scheduler); the
     spawned engine core's entry point only loads plugins first when the CUSTOM backend is selected.
     """
-    from vllm_relay.hooks import engine, platform, runner
+    from vllm_relay.hooks import engine, frontend, platform, runner
 
     platform.apply()
     runner.apply()
     engine.apply()
+    frontend.apply()

@@ -12,9 +12,13 @@ runs the original unchanged. The patches (listed in patches/README.md) only forw
   the server reports healthy only once they are ready.
 - `EngineCore.preprocess_add_request`: the one place every request enters (LLM and the OpenAI
   server, in-process and multiprocess): routes it (`RelayEngine.preprocess`).
-- `EngineCore.add_request` / `abort_requests`: hold requests for a filling prompt, drop held ones.
+- `EngineCore.add_request` / `abort_requests`: hold requests for a filling prompt; after an
+  abort, apply fill outcomes (an aborted fill fails its prompt and releases its held requests).
 - `Scheduler.schedule` / `update_from_output` / `_free_request`: count, hide fill outputs, finish
   fills, release prompts when their requests end (finished, aborted or failed).
+- `Scheduler.finish_requests`: aborts (by id, or of everything: pause(mode="abort"), shutdown)
+  reach held requests too, and return them so their clients get the same finish; fills, which
+  have no client, are left out of what it returns.
 """
 
 from __future__ import annotations
@@ -70,12 +74,10 @@ def _add_request(self, request, request_wave: int = 0):
 
 
 def _abort_requests(self, request_ids):
+    original(_EngineCore, "abort_requests")(self, request_ids)
     relay = getattr(self, ENGINE_ATTR, None)
     if relay is not None:
-        relay.abort(request_ids)
-    original(_EngineCore, "abort_requests")(self, request_ids)
-    if relay is not None:
-        relay.finish_fills()  # an aborted fill frees the requests it held
+        relay.fills.finish()  # an aborted fill fails its prompt and frees the requests it held
 
 
 def _schedule(self, *args, **kwargs):
@@ -92,6 +94,19 @@ def _update_from_output(self, scheduler_output, model_runner_output):
     if relay is not None:
         relay.on_outputs(outputs)
     return outputs
+
+
+def _finish_requests(self, request_ids, finished_status):
+    relay = getattr(self, ENGINE_ATTR, None)
+    if relay is None:
+        return original(_Scheduler, "finish_requests")(self, request_ids, finished_status)
+    if request_ids is not None and not isinstance(request_ids, str):
+        request_ids = list(request_ids)  # read twice: by the RelayEngine, then by vLLM
+    held = relay.finish_held(request_ids, finished_status)
+    finished = original(_Scheduler, "finish_requests")(self, request_ids, finished_status)
+    if request_ids is None:  # everything ends: fills too, and no request is left to admit
+        relay.fills.finish()
+    return relay.client_requests(finished) + held
 
 
 def _free_request(self, request, *args, **kwargs):
@@ -114,4 +129,5 @@ def apply() -> None:
     patch(EngineCore, "abort_requests", _abort_requests)
     patch(Scheduler, "schedule", _schedule)
     patch(Scheduler, "update_from_output", _update_from_output)
+    patch(Scheduler, "finish_requests", _finish_requests)
     patch(Scheduler, "_free_request", _free_request)

@@ -7,18 +7,20 @@ conversations with that system message and keeping their common token prefix: th
 chat with this system message starts with (often including the user turn's header); see chat.py.
 
 Pure Python: the tokenizer and the template renderer come in as callables, so this is testable
-without vLLM; `vllm_relay.hooks.engine` passes vLLM's own.
+without vLLM; `vllm_relay.validate.PromptTools` makes them from the model's tokenizer.
 """
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable, Mapping, Sequence
 
 from vllm_relay.config import CHAT_SYSTEM_KEY, check_token_ids
 from vllm_relay.system_prompts.chat import CHAT_PROBES, chat_prompt_ids, common_prefix, probe_conversations
 from vllm_relay.system_prompts.registry import SystemPrompt
 
-__all__ = ["CHAT_PROBES", "common_prefix", "fill_request_id", "fill_salt", "prompt_token_ids", "relay_salt"]
+__all__ = ["CHAT_PROBES", "common_prefix", "fill_request_id", "fill_salt", "prompt_token_ids", "relay_salt",
+           "salt_secret"]
 
 # text, add_special_tokens -> token ids
 Encode = Callable[[str, bool], list[int]]
@@ -44,9 +46,13 @@ def prompt_token_ids(
     elif isinstance(prompt, Mapping):
         if render_chat is None:
             raise ValueError(f"{what}: given as {CHAT_SYSTEM_KEY!r}, but no chat template renderer")
+        try:
+            probes = probe_conversations(prompt[CHAT_SYSTEM_KEY])
+            texts = {key: render_chat(messages) for key, messages in probes.items()}
+        except Exception as e:  # the template is the model's code: any error is the prompt's error
+            raise ValueError(f"{what}: the model's chat template cannot render it: {e}") from e
         # Rendered text is tokenized without special tokens, as vLLM tokenizes chat prompts.
-        renders = {key: encode(render_chat(messages), False)  # type: ignore[misc]
-                   for key, messages in probe_conversations(prompt[CHAT_SYSTEM_KEY]).items()}
+        renders = {key: encode(text, False) for key, text in texts.items()}  # type: ignore[misc]
         ids = chat_prompt_ids(what, renders)
     else:
         ids = list(prompt)
@@ -58,18 +64,33 @@ def fill_request_id(prompt: SystemPrompt) -> str:
     return f"vllm-relay-fill:{prompt.name}:{prompt.generation}"
 
 
-def fill_salt(prompt: SystemPrompt) -> str:
+def salt_secret() -> str:
+    """A fresh secret for one engine's relay salts: 128 random bits as hex (no ':').
+
+    vLLM keys the prefix cache by the request's `cache_salt`, which any client may set to any
+    string. Relay's salts start with this secret, which never leaves the engine core (not in
+    outputs, stats, logs or errors), so no client-supplied salt can equal one, and so no client
+    request can read blocks computed by relay's requests or fills, or write blocks they read.
+    A new secret per engine also keeps a persistent KV store (a KV connector) from serving blocks
+    computed under an earlier engine's registrations, whose generations restart at 1.
+    """
+    return secrets.token_hex(16)
+
+
+def fill_salt(prompt: SystemPrompt, secret: str) -> str:
     """Prefix-cache salt of a fill request: its blocks are never shared with anything."""
-    return f"vllm-relay-fill:{prompt.name}:{prompt.generation}"
+    return f"vllm-relay:{secret}:fill:{prompt.name}:{prompt.generation}"
 
 
-def relay_salt(prompt: SystemPrompt, user_salt: str | None) -> str:
+def relay_salt(prompt: SystemPrompt, user_salt: str | None, secret: str) -> str:
     """Prefix-cache salt of a request routed to `prompt`.
 
     A routed request's cached blocks hold its own tokens at positions shifted by S, computed
     with this registration's system KV: they may be shared only with requests routed to the
-    same registration, and with the same user salt (whose isolation the user asked for). Names
-    hold no ':', so the user's salt, appended after one, cannot make two salts collide.
+    same registration, and with the same user salt (whose isolation the user asked for). The
+    secret and names hold no ':' and the third field tells relay from fill salts, so the user's
+    salt, appended after one more ':', cannot make two salts collide. An empty user salt means
+    none, as it does to vLLM.
     """
-    salt = f"vllm-relay:{prompt.name}:{prompt.generation}"
-    return salt if user_salt is None else f"{salt}:{user_salt}"
+    salt = f"vllm-relay:{secret}:relay:{prompt.name}:{prompt.generation}"
+    return f"{salt}:{user_salt}" if user_salt else salt

@@ -8,9 +8,10 @@ benchmarks load is built by this module:
   about 17 MB. Small enough for CPU tests, with a real head_dim (64). vLLM's
   ``dtype="auto"`` turns float32 checkpoints into bfloat16, so pass
   ``dtype="float32"`` to compare with transformers token for token.
-- ``llama-2-7b-shape`` / ``llama-3-8b-shape``: config.json only, for
-  ``--load-format dummy`` on a GPU, so benchmarks run at real shapes
-  (MHA 32/32 and GQA 32/8) without real weights.
+- ``llama-2-7b-shape`` / ``llama-3-8b-shape`` / ``llama-2-13b-shape`` /
+  ``llama-2-70b-shape``: config.json only, for ``--load-format dummy`` on a
+  GPU, so benchmarks run at real shapes (MHA 32/32, GQA 32/8, MHA 40/40 for
+  tensor parallelism 2, GQA 64/8 for tensor parallelism 4) without real weights.
 
 Every folder carries the tokenizer from ``tokenizer.py`` (3072 tokens). In the
 shape folders it is smaller than ``vocab_size``; that is fine because vLLM only
@@ -85,6 +86,33 @@ SHAPE_MODELS = {
         # Llama-3-8B has 8192; 16384 leaves room for 8k-token prompts plus output.
         max_position_embeddings=16384,
         rope_theta=500000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        dtype="bfloat16",
+    ),
+    # Tensor-parallel shapes; max_position_embeddings as the 7B shape's, for long system prompts.
+    "llama-2-13b-shape": dict(
+        hidden_size=5120,
+        intermediate_size=13824,
+        num_hidden_layers=40,
+        num_attention_heads=40,
+        num_key_value_heads=40,
+        vocab_size=32000,
+        max_position_embeddings=16384,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        dtype="bfloat16",
+    ),
+    "llama-2-70b-shape": dict(
+        hidden_size=8192,
+        intermediate_size=28672,
+        num_hidden_layers=80,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        vocab_size=32000,
+        max_position_embeddings=16384,
+        rope_theta=10000.0,
         rms_norm_eps=1e-5,
         tie_word_embeddings=False,
         dtype="bfloat16",

@@ -1,0 +1,241 @@
+"""Every row of README.md's "Bad input" table, each through the path a user's input takes.
+
+Configuration and start-up prompts: `EngineArgs.create_engine_config`, which every front end
+calls before it starts an engine (hooks/frontend.py runs vllm_relay.validate there). Run-time
+registration: the engine core's utility calls, on a real scheduler. Engine and model features:
+the worker-side checks. The last test keeps the table and these tests in step.
+"""
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from vllm_relay import envs
+from vllm_relay.testing.models import get_model
+from vllm_relay.testing.tokenizer import SYSTEM_MESSAGE
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+BASE = {"max_prompts": 2, "max_prompt_tokens": 256}
+IDS_300 = list(range(1, 301))
+
+# (relay section, env, engine args, error excerpt). A relay section that is a dict is merged over
+# BASE; an env value starting with "file:" names a prompts file holding the rest.
+FRONT_END = [
+    ([1], {}, {}, 'additional_config["relay"]: must be a dict, got list'),
+    ({"max_prompt": 4}, {}, {}, "unknown keys ['max_prompt']; valid keys are"),
+    ({"max_prompts": 0}, {}, {}, "RelayConfig.max_prompts=0: must be an int >= 1"),
+    ({"max_prompt_tokens": 0}, {}, {}, "RelayConfig.max_prompt_tokens=0: must be an int >= 1"),
+    ({"shared_path": "sometimes"}, {}, {},
+     "RelayConfig.shared_path='sometimes': must be one of ['auto', 'always', 'never']"),
+    ({"log_stats_interval_s": -1}, {}, {}, "RelayConfig.log_stats_interval_s=-1: must be a finite number >= 0"),
+    ({"admin_routes": "yes"}, {}, {}, "RelayConfig.admin_routes='yes': must be true or false"),
+    ({"metrics_interval_s": 0}, {}, {}, "RelayConfig.metrics_interval_s=0: must be a finite number > 0"),
+    ({"system_prompts": ["hi"]}, {}, {}, "RelayConfig.system_prompts: must be a dict name -> text"),
+    ({"system_prompts": {"a": [1], "b": [2], "c": [3]}}, {}, {}, "3 prompts (a, b, c), more than max_prompts=2"),
+    ({"system_prompts": {"my prompt": [1]}}, {}, {},
+     "system prompt name 'my prompt': allowed characters are [A-Za-z0-9_.-]"),
+    ({"system_prompts": {"x" * 65: [1]}}, {}, {}, "characters, more than 64"),
+    ({"system_prompts": {"a": ""}}, {}, {}, "empty text (a system prompt needs at least 1 token)"),
+    ({"system_prompts": {"a": {"chat": "hi"}}}, {}, {},
+     "a dict prompt must be {'chat_system': text}, got keys ['chat']"),
+    ({"system_prompts": {"a": {"chat_system": ""}}}, {}, {}, "'chat_system' must be a non-empty string, got ''"),
+    ({"system_prompts": {"a": 5}}, {}, {}, "token ids must be a sequence of ints, got int"),
+    ({"system_prompts": {"a": []}}, {}, {}, "empty token ids (a system prompt needs at least 1 token)"),
+    ({"system_prompts": {"a": [1, -2]}}, {}, {}, "token id -2 is not a non-negative int"),
+    ({"system_prompts": {"a": IDS_300}}, {}, {}, "300 tokens, more than max_prompt_tokens=256"),
+    ({}, {"VLLM_RELAY_MAX_PROMPTS": "two"}, {}, "VLLM_RELAY_MAX_PROMPTS='two': not an integer"),
+    ({}, {"VLLM_RELAY_MAX_PROMPT_TOKENS": "-5"}, {}, "RelayConfig.max_prompt_tokens=-5: must be an int >= 1"),
+    ({}, {"VLLM_RELAY_SYSTEM_PROMPTS_FILE": "/missing/prompts.json"}, {},
+     "cannot read it: No such file or directory"),
+    ({}, {"VLLM_RELAY_SYSTEM_PROMPTS_FILE": "file:{name: 1"}, {}, "not valid JSON"),
+    ({}, {"VLLM_RELAY_SYSTEM_PROMPTS_FILE": "file:[1, 2]"}, {}, "must hold a JSON object {name: text"),
+    ({"system_prompts": {"a": "word " * 400}}, {}, {},
+     "system prompt 'a': 402 tokens, more than max_prompt_tokens=256"),
+    ({"system_prompts": {"a": {"chat_system": "word " * 300}}}, {}, {},
+     "system prompt 'a': 308 tokens, more than max_prompt_tokens=256"),
+    ({"system_prompts": {"a": "hi"}}, {}, {"skip_tokenizer_init": True},
+     "given as text, but the engine has no tokenizer (skip_tokenizer_init); give token ids instead"),
+    ({"system_prompts": {"a": {"chat_system": "hi"}}}, {}, {"model": "no-chat-template"},
+     "the model's chat template cannot render it"),
+    ({"system_prompts": {"a": [1, 5000]}}, {}, {}, "token id 5000 is out of the model's vocabulary (size 3072)"),
+    ({"system_prompts": {"a": list(range(1, 16))}}, {}, {},
+     "15 tokens, fewer than one KV cache block (16 tokens): relay shares whole blocks"),
+    ({"system_prompts": {"a": list(range(1, 65))}}, {}, {"max_model_len": 64},
+     "64 tokens leave no room for a request's own tokens within max_model_len=64"),
+]
+
+REGISTRATION = [
+    ("slots", "no free slot, all max_prompts=2 are taken by ['sys', 'rt']; unregister one first"),
+    ("reregister", "cannot re-register it with different tokens: system prompt 'rt' is filling"),
+    ("unregister-unknown", "no system prompt named 'nope'; registered: ['sys']"),
+    ("unregister-held", "cannot unregister it: system prompt 'sys' is held by 1 request(s)"),
+]
+FILL_FAILED = "system prompt 'rt' failed to fill: its fill request was aborted"
+ENGINE_FEATURES = "The relay attention backend does not support: speculative decoding"
+MODEL_FEATURES = "The relay attention backend (cpu) does not support: ALiBi"
+XARGS = "not an error: dropped, with a warning (only the engine core tags requests)"
+
+ALL_ERRORS = [row[-1] for row in FRONT_END] + [e for _, e in REGISTRATION] + [
+    FILL_FAILED, ENGINE_FEATURES, MODEL_FEATURES, XARGS]
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch):
+    for name in envs.environment_variables:
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture(scope="module")
+def no_chat_template_model(tmp_path_factory):
+    """A copy of the tiny model whose tokenizer has no chat template."""
+    path = tmp_path_factory.mktemp("models") / "no-chat-template"
+    shutil.copytree(get_model("tiny-llama-gqa"), path)
+    config = json.loads((path / "tokenizer_config.json").read_text())
+    del config["chat_template"]
+    (path / "tokenizer_config.json").write_text(json.dumps(config))
+    (path / "chat_template.jinja").unlink(missing_ok=True)
+    return str(path)
+
+
+def engine_args(relay, **engine):
+    from vllm.engine.arg_utils import EngineArgs
+
+    import vllm_relay
+
+    vllm_relay.register()
+    section = {**BASE, **relay} if isinstance(relay, dict) else relay
+    kwargs = {"model": get_model("tiny-llama-gqa"), "attention_backend": "relay", "max_model_len": 512,
+              "block_size": 16, "additional_config": {"relay": section}, **engine}
+    return EngineArgs(**kwargs)
+
+
+@pytest.mark.parametrize("relay, env, engine, error", FRONT_END, ids=[row[-1][:40] for row in FRONT_END])
+def test_front_end_rejects(relay, env, engine, error, monkeypatch, tmp_path, no_chat_template_model):
+    for name, value in env.items():
+        if value.startswith("file:"):
+            (tmp_path / "prompts.json").write_text(value[5:])
+            value = str(tmp_path / "prompts.json")
+        monkeypatch.setenv(name, value)
+    if engine.get("model") == "no-chat-template":
+        engine = {**engine, "model": no_chat_template_model}
+    with pytest.raises(ValueError, match=re.escape(error)):
+        engine_args(relay, **engine).create_engine_config()
+
+
+def test_front_end_accepts_a_good_configuration_and_ignores_relay_settings_without_relay():
+    text = "You are a helpful assistant. Answer briefly and politely, in plain English."
+    good = {"system_prompts": {"a": text, "b": {"chat_system": SYSTEM_MESSAGE}}}
+    config = engine_args(good).create_engine_config()
+    assert config.additional_config["relay"]["system_prompts"]["a"] == text
+    engine_args({"max_prompts": 0}, attention_backend=None).create_engine_config()  # relay not selected
+
+
+# ---- run-time registration (engine core) -------------------------------------------------------
+
+
+@pytest.fixture
+def core():
+    from tests.engine.test_core import SYS, make_core
+
+    return make_core(str(get_model("tiny-llama-gqa")), relay={"system_prompts": {"sys": SYS}})
+
+
+@pytest.mark.parametrize("case, error", REGISTRATION, ids=[c for c, _ in REGISTRATION])
+def test_registration_rejects(core, case, error):
+    from tests.engine.test_core import OWN, RT, SYS, ecr, submit
+
+    if case in ("slots", "reregister"):
+        core.relay_register_system_prompt("rt", RT)  # filling
+    if case == "unregister-held":
+        submit(core, ecr("r", SYS + OWN))  # holds "sys"
+    with pytest.raises(ValueError, match=re.escape(error)):
+        if case == "slots":
+            core.relay_register_system_prompt("third", list(range(1, 17)))
+        elif case == "reregister":
+            core.relay_register_system_prompt("rt", RT[:-1])
+        elif case == "unregister-unknown":
+            core.relay_unregister_system_prompt("nope")
+        else:
+            core.relay_unregister_system_prompt("sys")
+
+
+def test_failed_fill_is_listed_with_its_reason_and_raised_to_waiters(core):
+    from vllm.v1.engine.core import EngineCore
+
+    from tests.engine.test_core import RT
+    from vllm_relay.stats import _find
+
+    state = core.relay_register_system_prompt("rt", RT)
+    EngineCore.pause_scheduler(core, mode="abort", clear_cache=False)
+    listed = core.relay_system_prompts()
+    assert listed[1]["state"] == "failed" and listed[1]["error"].startswith("its fill request was aborted")
+    with pytest.raises(RuntimeError, match=re.escape(FILL_FAILED)):
+        _find("rt", listed, state)  # what register_system_prompt(wait=True) does with it
+
+
+# ---- engine and model features (worker start-up) -----------------------------------------------
+
+
+@pytest.mark.parametrize("feature", ["speculative", "mrope", "kv_cache_dtype"])
+def test_engine_features_are_refused(feature, monkeypatch):
+    from vllm.config import ModelConfig, set_current_vllm_config
+
+    from vllm_relay.attention.common import check_engine
+
+    engine = {}
+    if feature == "speculative":
+        engine["speculative_config"] = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3}
+    elif feature == "kv_cache_dtype":
+        engine["kv_cache_dtype"] = "fp8"
+    config = engine_args({}, **engine).create_engine_config()
+    if feature == "mrope":
+        monkeypatch.setattr(ModelConfig, "uses_mrope", property(lambda self: True))
+    expected = {"speculative": ENGINE_FEATURES, "mrope": "M-RoPE / XD-RoPE position encodings",
+                "kv_cache_dtype": "kv_cache_dtype='fp8' other than the model's"}[feature]
+    with set_current_vllm_config(config), pytest.raises(NotImplementedError, match=re.escape(expected)):
+        check_engine()
+
+
+@pytest.mark.parametrize("feature, value", [("alibi_slopes", [1.0]), ("sliding_window", 64),
+                                            ("logits_soft_cap", 30.0), ("sinks", object())])
+def test_model_features_are_refused(feature, value):
+    from vllm.v1.attention.backend import AttentionType
+
+    from vllm_relay.attention.common import check_layer
+
+    layer = {"alibi_slopes": None, "sliding_window": None, "logits_soft_cap": None,
+             "attn_type": AttentionType.DECODER, feature: value}
+    with pytest.raises(NotImplementedError, match=r"The relay attention backend \(cpu\) does not support: "):
+        check_layer("cpu", **layer)
+    if feature == "alibi_slopes":
+        with pytest.raises(NotImplementedError, match=re.escape(MODEL_FEATURES)):
+            check_layer("cpu", **layer)
+
+
+def test_a_client_relay_tag_is_dropped_with_a_warning(core, monkeypatch):
+    from tests.engine.test_core import ecr, submit
+    from vllm_relay.engine import core as engine_core
+    from vllm_relay.protocol import TAG_KEY, read_tag
+
+    warnings = []
+
+    class Logger:
+        def warning_once(self, fmt, *args):
+            warnings.append(fmt % args)
+
+    monkeypatch.setattr(engine_core, "_logger", Logger)
+    req = submit(core, ecr("r", [1, 2, 3], extra_args={TAG_KEY: {"slot": 0, "system_len": 9, "fill": True}}))
+    assert read_tag(req.sampling_params) is None and len(warnings) == 1 and TAG_KEY in warnings[0]
+
+
+def test_readme_table_lists_every_tested_row():
+    text = README.read_text()
+    section = text[text.index("## Bad input"):]
+    section = section[: section.index("\n## ", 1)]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| input")]
+    assert len(rows) == len(ALL_ERRORS), (len(rows), len(ALL_ERRORS))
+    for error in ALL_ERRORS:
+        assert sum(error in row for row in rows) >= 1, f"README's Bad input table lacks: {error}"

@@ -1,0 +1,32 @@
+"""Front-end hook: check the relay configuration before any engine process starts.
+
+`EngineArgs.create_engine_config` is where every front end (`vllm.LLM`, `AsyncLLM.from_engine_args`,
+`vllm serve` with one or many API servers) turns the user's arguments into a VllmConfig, in the
+front end's process, before it launches an engine core. When that config selects relay, we run
+`vllm_relay.validate.validate_engine_config` on it: keys, limits, the prompts file, each prompt
+tokenized with the model's tokenizer and chat template and checked against max_prompt_tokens,
+the vocabulary and max_model_len. A bad configuration then fails in seconds with the message the
+engine core would give only after loading the model, profiling memory and warming up.
+"""
+
+from vllm_relay.hooks._patch import original, patch
+from vllm_relay.protocol import relay_enabled
+
+_EngineArgs = None
+
+
+def _create_engine_config(self, *args, **kwargs):
+    vllm_config = original(_EngineArgs, "create_engine_config")(self, *args, **kwargs)
+    if relay_enabled(vllm_config):
+        from vllm_relay.validate import validate_engine_config
+
+        validate_engine_config(vllm_config)
+    return vllm_config
+
+
+def apply() -> None:
+    global _EngineArgs
+    from vllm.engine.arg_utils import EngineArgs
+
+    _EngineArgs = EngineArgs
+    patch(EngineArgs, "create_engine_config", _create_engine_config)

@@ -1,0 +1,98 @@
+"""Everything relay checks before it serves: the configuration and each system prompt as tokens.
+
+`validate_engine_config` runs in the front end on the VllmConfig built from the user's arguments
+(hooks/frontend.py), before any engine process starts: a bad relay configuration fails there in
+seconds, with the same message the engine core would give after loading the model, profiling
+memory and warming up. The engine core resolves prompts with the same `resolve_prompt`, for the
+configured ones (a VllmConfig can also reach it without the front end) and for run-time
+registrations.
+
+Checked, in order: the "relay" section of additional_config and the VLLM_RELAY_* variables
+(RelayConfig: keys, limits, the prompts file, each prompt's form); then each prompt tokenized with
+the model's tokenizer and chat template, against max_prompt_tokens, the model's vocabulary, the KV
+cache block (relay shares whole blocks; in the front end only when --block-size is given) and
+max_model_len. (The table of every check and its message is in README.md, "Bad input".)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllm_relay.config import RelayConfig
+from vllm_relay.system_prompts.fill import Encode, RenderChat, prompt_token_ids
+
+
+class PromptTools:
+    """The model's tokenizer and chat template as the two callables `prompt_token_ids` takes.
+
+    The tokenizer is loaded on first use only (prompts given as token ids need none), through
+    vLLM's cached loader, so the front end does not load it twice.
+    """
+
+    def __init__(self, vllm_config) -> None:
+        self.vllm_config = vllm_config
+        self._tokenizer: Any = None
+
+    def __call__(self) -> tuple[Encode | None, RenderChat | None]:
+        """(encode, render_chat); (None, None) when the engine has no tokenizer (skip_tokenizer_init)."""
+        model_config = self.vllm_config.model_config
+        if self._tokenizer is None:
+            from vllm.tokenizers.registry import cached_tokenizer_from_config
+
+            self._tokenizer = cached_tokenizer_from_config(model_config) or False
+        tok = self._tokenizer
+        if tok is False:
+            return None, None
+
+        def encode(text: str, add_special_tokens: bool) -> list[int]:
+            return list(tok.encode(text, add_special_tokens=add_special_tokens))
+
+        def render_chat(messages: list[dict[str, str]]) -> str:
+            from vllm.renderers.hf import safe_apply_chat_template
+
+            return safe_apply_chat_template(model_config, tok, messages, tokenize=False,
+                                            add_generation_prompt=True)
+
+        return encode, render_chat
+
+
+def resolve_prompt(name: str, spec: Any, config: RelayConfig, vllm_config, tools: PromptTools,
+                   block_size: int | None) -> list[int]:
+    """The token ids of system prompt `name` (a spec checked by RelayConfig / check_prompt_spec),
+    or ValueError saying why this engine cannot use it. `block_size`: the KV cache block, when
+    known (None skips that check)."""
+    what = f"system prompt {name!r}"
+    encode, render_chat = tools() if not isinstance(spec, list) else (None, None)
+    ids = prompt_token_ids(what, spec, config.max_prompt_tokens, encode, render_chat)
+    vocab = vllm_config.model_config.get_vocab_size()
+    if max(ids) >= vocab:
+        raise ValueError(f"{what}: token id {max(ids)} is out of the model's vocabulary (size {vocab})")
+    if block_size is not None and len(ids) < block_size:
+        raise ValueError(
+            f"{what}: {len(ids)} tokens, fewer than one KV cache block ({block_size} tokens): relay "
+            f"shares whole blocks, so it would share nothing"
+        )
+    max_model_len = vllm_config.model_config.max_model_len
+    if len(ids) >= max_model_len:
+        raise ValueError(
+            f"{what}: {len(ids)} tokens leave no room for a request's own tokens within "
+            f"max_model_len={max_model_len}"
+        )
+    # Without chunked prefill vLLM itself requires max_num_batched_tokens >= max_model_len, so a
+    # prompt that fits max_model_len is always fillable in one step.
+    return ids
+
+
+def validate_engine_config(vllm_config) -> dict[str, list[int]]:
+    """Check the whole relay configuration of an engine; return its start-up prompts as token ids.
+
+    Raises ValueError naming the setting or prompt at fault.
+    """
+    config = RelayConfig.from_vllm(vllm_config.additional_config)
+    tools = PromptTools(vllm_config)
+    # The block size is final here only if the user chose it: otherwise the engine picks the
+    # attention backend's preferred one, and checks prompts against it itself.
+    cache = vllm_config.cache_config
+    block_size = cache.block_size if cache.user_specified_block_size else None
+    return {name: resolve_prompt(name, spec, config, vllm_config, tools, block_size)
+            for name, spec in config.system_prompts.items()}
