@@ -24,6 +24,7 @@ from vllm.v1.attention.backends.flash_attn import (
     FlashAttentionMetadataBuilder,
 )
 
+from vllm_relay import envs
 from vllm_relay.attention import step as relay_step
 from vllm_relay.attention.common import check_engine, check_layer, log_active
 from vllm_relay.attention.planner import RelayPlanner
@@ -76,8 +77,6 @@ class RelayMetadataBuilder(FlashAttentionMetadataBuilder):
 
         apply_worker()
         self.planner = RelayPlanner(vllm_config, kv_cache_spec, device)
-        from vllm_relay import envs
-
         self.level_splits = envs.VLLM_RELAY_LEVEL_SPLITS or 0
         self.level_scheduler_metadata = None
         if self.use_full_cuda_graph and self.aot_schedule:
@@ -102,14 +101,15 @@ class RelayMetadataBuilder(FlashAttentionMetadataBuilder):
             return meta
         meta = super().build(0, plan.context, fast_build)  # FlashAttention over the context tables
         level = plan.level
-        if self.level_splits:  # a fixed split count, no ahead-of-time schedule (see envs)
-            level.call["num_splits"] = self.level_splits
-        else:
-            level.call["num_splits"] = meta.max_num_splits
-            if plan.run_level or plan.graph:
-                sched = self._schedule_level(level.call, meta.max_num_splits, fast_build)
-                if sched is not None:
-                    level.call["scheduler_metadata"] = sched
+        if level.fused is None:  # the FlashAttention level (a fused level is one Triton launch)
+            if self.level_splits:  # a fixed split count, no ahead-of-time schedule (see envs)
+                level.call["num_splits"] = self.level_splits
+            else:
+                level.call["num_splits"] = meta.max_num_splits
+                if plan.run_level or plan.graph:
+                    sched = self._schedule_level(level.call, meta.max_num_splits, fast_build)
+                    if sched is not None:
+                        level.call["scheduler_metadata"] = sched
         context = dict(cu_seqlens_q=meta.query_start_loc, seqused_k=meta.seq_lens,
                        max_seqlen_q=meta.max_query_len, max_seqlen_k=meta.max_seq_len,
                        block_table=meta.block_table, scheduler_metadata=meta.scheduler_metadata,

@@ -53,12 +53,3 @@ def check_engine() -> None:
         unsupported.append("micro-batching (dual-batch overlap splits a step the relay plan covers whole)")
     if unsupported:
         raise NotImplementedError(f"The relay attention backend does not support: {'; '.join(unsupported)}.")
-
-
-def relay_config():
-    """The RelayConfig of the engine being built (worker side, during model construction)."""
-    from vllm.config import get_current_vllm_config
-
-    from vllm_relay.config import RelayConfig
-
-    return RelayConfig.from_vllm(get_current_vllm_config().additional_config)
