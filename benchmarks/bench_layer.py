@@ -45,6 +45,9 @@ def args_():
     p.add_argument("--quick", action="store_true")
     p.add_argument("--old-src", help="a checkout of the previous vllm_relay (for the 'before' host row)")
     p.add_argument("--rep", type=int, default=60)
+    p.add_argument("--ns", help="batch sizes of the rule table (comma-separated)")
+    p.add_argument("--system-lens", help="system-prompt lengths of the rule table (comma-separated)")
+    p.add_argument("--models", help="model shapes of the rule table (comma-separated)")
     p.add_argument("--only", choices=["splits", "rule", "host"], help="run one part only")
     return p.parse_args()
 
@@ -167,9 +170,12 @@ def eager_ms(fn):
 def bench_rule():
     ns = (1, 2, 4, 8, 16, 64) if ARGS.quick else (1, 2, 4, 8, 16, 32, 64, 128)
     Ss = (2048,) if ARGS.quick else (512, 2048, 8192)
+    ns = tuple(map(int, ARGS.ns.split(","))) if ARGS.ns else ns
+    Ss = tuple(map(int, ARGS.system_lens.split(","))) if ARGS.system_lens else Ss
     cs = (128,)
     fa, rows = FA(), []
-    for name, (hq, hkv) in MODELS.items():
+    models = ARGS.models.split(",") if ARGS.models else list(MODELS)
+    for name, (hq, hkv) in ((m, MODELS[m]) for m in models):
         for S in Ss:
             for c in cs:
                 for n in ns:

@@ -16,8 +16,12 @@ for B in 1..256. Each configuration runs in its own process (a fresh engine, its
   noprefix-relay  the same, with --attention-backend relay (no system prompt registered): what relay
             costs a workload it cannot help (piecewise CUDA graphs, V1 runner)
   v1        vLLM's default with the V1 model runner (what relay runs on), to show the runner costs nothing
+  noprefix-v1  the no-prompt requests on the V1 model runner
   bench     `vllm bench throughput` itself, for the default configuration (cross-check of this driver)
 
+`--repeat K` runs each workload K times on the same engine (the first run stays the headline
+figure); `--triton-cache DIR` gives each configuration a fresh Triton cache and lists the kernels
+compiled inside each timed run.
 `--accuracy` instead compares relay with FLASH_ATTN on the same full prompts (greedy, top-5
 logprobs over the first 8 generated tokens). `--tensor-parallel-size N` runs every configuration
 over N GPUs (data parallelism is a serving feature: vllm.LLM refuses it). Usage (GPU host):
@@ -85,7 +89,8 @@ def strip_system(prompts, systems):
 def engine_kwargs(args, config, systems):
     # Stats on: the latency sweep reads each request's engine timestamps (the same cost for every config).
     kw = dict(model=args.model, load_format="dummy", max_model_len=args.max_model_len, seed=args.seed,
-              disable_log_stats=False, tensor_parallel_size=args.tensor_parallel_size)
+              disable_log_stats=False, tensor_parallel_size=args.tensor_parallel_size,
+              enable_logging_iteration_details=args.iteration_details)
     if config == "noprefix-relay":
         kw["attention_backend"] = "relay"
     elif config in ("relay", "accuracy-relay"):
@@ -125,9 +130,23 @@ def decode_latency(llm, system_ids, args):
     return rows
 
 
+def compiled_during(t0: float, t1: float) -> list[str]:
+    """Triton kernels (of any process of this run) compiled between wall times t0 and t1: a
+    compilation inside a timed run is start-up work that leaked into the measurement."""
+    cache = os.environ.get("TRITON_CACHE_DIR")
+    if not cache or not os.path.isdir(cache):
+        return []
+    names = []
+    for entry in os.scandir(cache):
+        for f in os.scandir(entry.path) if entry.is_dir() else ():
+            if f.name.endswith(".json") and not f.name.startswith("__grp__") and t0 <= f.stat().st_mtime <= t1:
+                names.append(f.name[:-5])
+    return sorted(names)
+
+
 def worker(args):
     """One configuration in this process; prints one JSON line."""
-    if args.worker == "v1":
+    if args.worker in ("v1", "noprefix-v1"):
         os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
@@ -149,19 +168,25 @@ def worker(args):
             params = SamplingParams(temperature=0.0, max_tokens=8, logprobs=5, ignore_eos=True)
         else:
             params = [SamplingParams(temperature=1.0, top_p=1.0, ignore_eos=True, max_tokens=n) for n in out_lens]
-        t0 = time.perf_counter()
-        outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
-        elapsed = time.perf_counter() - t0
+        runs = []  # the first run is what `vllm bench throughput` measures; repeats show the warm engine
+        for _ in range(1 if accuracy else args.repeat):
+            t0, wall0 = time.perf_counter(), time.time()
+            outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+            runs.append({"elapsed_s": time.perf_counter() - t0, "wall": [wall0, time.time()]})
+        elapsed = runs[0]["elapsed_s"]
         r = {"requests": len(prompts), "elapsed_s": elapsed, "requests_per_s": len(prompts) / elapsed,
              "system_lens": [len(s) for s in load_systems], "prompt_tokens": sum(map(len, prompts)),
-             "output_tokens": sum(len(o.outputs[0].token_ids) for o in outs)}
+             "output_tokens": sum(len(o.outputs[0].token_ids) for o in outs),
+             "runs_requests_per_s": [len(prompts) / x["elapsed_s"] for x in runs]}
+        r["triton_compiled"] = [compiled_during(*x["wall"]) for x in runs]
         relayed += sum(1 for p in prompts if any(p[: len(s)] == s and len(p) > len(s) for s in load_systems))
         if accuracy:
             r["outputs"] = [[list(o.outputs[0].token_ids),
                              [{str(k): v.logprob for k, v in s.items()} for s in o.outputs[0].logprobs]]
                             for o in outs]
         result[name] = r
-        print(f"  {args.worker} {name}: {r['requests_per_s']:.2f} requests/s", flush=True)
+        print(f"  {args.worker} {name}: {', '.join(f'{x:.2f}' for x in r['runs_requests_per_s'])} requests/s; "
+              f"Triton kernels compiled during the runs: {r['triton_compiled']}", flush=True)
     if args.latency and not accuracy:
         system_ids = [] if args.worker.startswith("noprefix") else loads[names[0]][0][0]
         result["latency"] = decode_latency(llm, system_ids, args)
@@ -184,14 +209,44 @@ def run_config(args, config):
                "--seed", str(args.seed), "--tensor-parallel-size", str(args.tensor_parallel_size)]
     else:
         cmd = [sys.executable, __file__, *sys.argv[1:], "--worker", config]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    env = dict(os.environ)
+    if args.triton_cache:  # a fresh cache per configuration: every compilation is seen (and paid)
+        env["TRITON_CACHE_DIR"] = os.path.join(args.triton_cache, config)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     log = proc.stdout + proc.stderr
+    if args.out:  # the engine's own log beside the results (its step statistics, warnings)
+        with open(f"{os.path.splitext(args.out)[0]}.{config}.log", "w") as f:
+            f.write(log)
     for line in log.splitlines():
         if line.startswith("RESULT "):
-            return json.loads(line[7:])
+            result = json.loads(line[7:])
+            if args.iteration_details:
+                result["iterations"] = iteration_summary(log)
+            return result
         if line.startswith("Throughput:"):
             return {"config": "bench", "single": {"requests_per_s": float(line.split()[1])}}
     raise RuntimeError(f"{config} failed (rc {proc.returncode}):\n{log[-6000:]}")
+
+
+def iteration_summary(log: str) -> dict:
+    """vLLM's per-iteration log lines (`enable_logging_iteration_details`) summed up: time in steps
+    with prompt tokens, and the median decode-only step by batch size (rounded to 64)."""
+    import re
+    import statistics
+
+    pat = re.compile(r"Iteration\((\d+)\): (\d+) context requests, (\d+) context tokens, (\d+) generation "
+                     r"requests, \d+ generation tokens, iteration elapsed time: ([\d.]+) ms")
+    mixed_ms, mixed, by_batch = 0.0, 0, {}
+    for m in pat.finditer(log):
+        ctx_reqs, gen_reqs, ms = int(m[2]), int(m[4]), float(m[5])
+        if ctx_reqs:
+            mixed_ms, mixed = mixed_ms + ms, mixed + 1
+        else:
+            by_batch.setdefault(64 * round(gen_reqs / 64), []).append(ms)
+    return {"steps_with_prompts": mixed, "ms_in_steps_with_prompts": round(mixed_ms, 1),
+            "decode_steps": sum(map(len, by_batch.values())),
+            "ms_in_decode_steps": round(sum(map(sum, by_batch.values())), 1),
+            "decode_ms_median_by_batch": {b: round(statistics.median(v), 2) for b, v in sorted(by_batch.items())}}
 
 
 def compare(ref, relay):
@@ -229,6 +284,11 @@ def main():
     p.add_argument("--latency-batches", default="1,2,4,8,16,32,64,128,256")
     p.add_argument("--shared-path", help="relay's shared_path setting (default: its own, auto)")
     p.add_argument("--accuracy", action="store_true")
+    p.add_argument("--repeat", type=int, default=1, help="runs of each workload on the same engine (the first "
+                   "is reported as requests_per_s, all in runs_requests_per_s)")
+    p.add_argument("--iteration-details", action="store_true", help="vLLM's per-step log, summed up per config")
+    p.add_argument("--triton-cache", help="a folder for a fresh Triton cache per configuration, to report the "
+                   "kernels compiled inside the timed runs")
     p.add_argument("--out")
     p.add_argument("--worker")
     args = p.parse_args()

@@ -91,7 +91,8 @@ def _add_op(a, b):
     return a + b
 
 
-@triton.jit
+# The counts vary every step: no specialization on them (one compiled kernel serves every step).
+@triton.jit(do_not_specialize=["num_tokens", "num_splits"])
 def _level_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, perm_ptr, tiles_ptr, pages_ptr, lens_ptr,
     ws_o_ptr, ws_lse_ptr, counter_ptr,

@@ -14,8 +14,10 @@ benchmarks load is built by this module:
   tensor parallelism 2, GQA 64/8 for tensor parallelism 4) without real weights.
 
 Every folder carries the tokenizer from ``tokenizer.py`` (3072 tokens). In the
-shape folders it is smaller than ``vocab_size``; that is fine because vLLM only
-needs token ids below ``vocab_size``.
+shape folders it is padded with filler words up to ``vocab_size``, so every id a
+dummy model samples decodes to text, as with a real tokenizer (otherwise vLLM's
+incremental detokenizer re-decodes the whole prompt at every step, a front-end
+cost that grows with the prompt length and distorts throughput comparisons).
 
 ``get_model(name)`` builds a folder once per cache key (these sources and the
 library versions) and renames it into place, so concurrent test workers never
@@ -169,7 +171,8 @@ def build_tiny_model(name: str, path: str | Path, seed: int = SEED) -> Path:
 def build_shape_config(name: str, path: str | Path, seed: int = SEED) -> Path:
     """Write tokenizer and config (no weights) for ``--load-format dummy``."""
     spec = SHAPE_MODELS[name]
-    path = build_tokenizer(path, seed=seed, model_max_length=spec["max_position_embeddings"])
+    path = build_tokenizer(path, seed=seed, model_max_length=spec["max_position_embeddings"],
+                           vocab_size=spec["vocab_size"])
     config = _llama_config(path, **spec)
     config.save_pretrained(path)
     _write_generation_config(config, path)

@@ -114,16 +114,52 @@ def train(seed: int = 0, vocab_size: int = VOCAB_SIZE):
     return tok
 
 
-def build_tokenizer(path: str | Path, seed: int = 0, model_max_length: int = 4096) -> Path:
+def fill_vocab(tok, vocab_size: int):
+    """Extend ``tok``'s BPE vocab with filler words up to ``vocab_size`` ids.
+
+    A real tokenizer covers its model's whole vocab, so every token a model samples decodes to
+    text. A model of a real shape (32000 or 128256 ids) with the 3k-token test tokenizer would
+    sample ids the tokenizer cannot decode; vLLM's incremental detokenizer then never advances
+    and re-decodes the whole prompt at every step, a front-end cost that grows with the prompt
+    and no real deployment pays. The fillers (`` w<base-26 number>``) have no merges, so they
+    never appear in an encoding: texts encode exactly as before.
+    """
+    import json
+
+    from tokenizers import Tokenizer
+
+    spec = json.loads(tok.to_str())
+    vocab = spec["model"]["vocab"]
+    next_id = max(max(vocab.values()), *(t["id"] for t in spec["added_tokens"])) + 1
+    i = 0
+    while next_id < vocab_size:
+        word, n = "", i
+        while True:
+            word, n = chr(ord("a") + n % 26) + word, n // 26
+            if not n:
+                break
+        i += 1
+        token = "\u0120w" + word  # "\u0120" is the byte-level form of a leading space
+        if token not in vocab:
+            vocab[token] = next_id
+            next_id += 1
+    return Tokenizer.from_str(json.dumps(spec))
+
+
+def build_tokenizer(path: str | Path, seed: int = 0, model_max_length: int = 4096,
+                    vocab_size: int | None = None) -> Path:
     """Write a Hugging Face fast-tokenizer folder to ``path`` and return it.
 
     The folder holds tokenizer.json, tokenizer_config.json (special tokens and
     the chat template) and special_tokens_map.json; it loads with
     ``transformers.AutoTokenizer.from_pretrained``, which is what vLLM uses.
+    ``vocab_size``: pad the vocab with filler words up to that many ids (`fill_vocab`).
     """
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     tok = train(seed)
+    if vocab_size is not None and vocab_size > tok.get_vocab_size():
+        tok = fill_vocab(tok, vocab_size)
     tok.save(str(path / "tokenizer.json"))
     special = {"bos_token": BOS, "eos_token": EOS, "unk_token": UNK, "pad_token": PAD}
     config = {
