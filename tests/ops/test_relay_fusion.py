@@ -322,3 +322,41 @@ def test_fuse_in_place_equals_relay_fusion(dtype, update_lse, T, N, H, D):
     assert torch.equal(got_out[untagged], out[untagged])
     assert_close(got_out, want_out, dtype)
     torch.testing.assert_close(got_lse, want_lse if update_lse else lse, atol=1e-5, rtol=1e-5)
+
+
+# ---- warm-up: every fuse_in_place variant compiled at start-up ------------------------------------
+
+@pytest.mark.parametrize("H", [1, 4, 8, 20, 32, 40, 64])
+@pytest.mark.parametrize("max_tokens", [1, 100, 512, 8192, 20000])
+def test_warm_up_sizes_cover_every_launch_config(H, max_tokens):
+    # The warm-up samples step sizes at powers of two; every size up to max_tokens must pick one of
+    # the sampled launch configurations (else a later step compiles one mid-run).
+    from vllm_relay.ops.relay_fusion import _launch_config, _powers_of_two
+
+    for D, elem in ((64, 2), (128, 2), (128, 4), (256, 2)):
+        sampled = {_launch_config(t * H, D, elem, False) for t in _powers_of_two(max_tokens)}
+        every = {_launch_config(t * H, D, elem, False) for t in range(1, max_tokens + 1)}
+        assert every <= sampled, (every - sampled)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("H, D", [(32, 128), (8, 64), (40, 128)])
+def test_warm_up_then_no_compilation_cuda(H, D):
+    from vllm_relay.ops.relay_fusion import _fuse_in_place_kernel, fuse_in_place, warm_up_fuse_in_place
+
+    caches = getattr(_fuse_in_place_kernel, "device_caches", None)
+    if caches is None:
+        pytest.skip("this Triton keeps no per-device kernel cache to inspect")
+    assert warm_up_fuse_in_place(H, D, torch.bfloat16, "cuda", 4096) >= 2
+    dev = torch.cuda.current_device()
+    before = len(caches[dev][0])
+    for T in (1, 7, 64, 300, 1000, 4096):
+        N = max(1, T // 3)
+        out = torch.randn(T, H, D, dtype=torch.bfloat16, device="cuda")
+        lse = torch.randn(H, T, device="cuda")
+        o_level = torch.randn(N, H, D, dtype=torch.bfloat16, device="cuda")
+        lse_level = torch.randn(H, N, device="cuda")
+        row_index = torch.randint(-1, N, (T,), dtype=torch.int32, device="cuda")
+        want = relay_fusion_torch(o_level, lse_level, out.clone(), lse.clone(), sys_index=row_index)
+        assert_close(fuse_in_place(out, lse, o_level, lse_level, row_index, False), want, torch.bfloat16)
+    assert len(caches[dev][0]) == before, "fuse_in_place compiled a kernel the warm-up did not"

@@ -26,6 +26,7 @@ from vllm_relay.attention import step as relay_step
 from vllm_relay.config import RelayConfig
 from vllm_relay.ops import SHARED_MAX_QUERY_LEN, SharedLevel, choose_shared, group_rows, prefix_block_table
 from vllm_relay.ops.level_attention import max_tiles, plan_tiles, tile_tokens, workspace
+from vllm_relay.ops.relay_fusion import warm_up_fuse_in_place
 
 # The shared path's threshold: a slot's decode requests take it when at least this many share the
 # slot in the step (else each reads the system pages itself, through the prefix path). A full CUDA
@@ -122,6 +123,8 @@ class RelayPlanner:
         if self.level_kernel == "flash":  # a gather, an attention call and the fusion: their buffers
             self.q_buf = torch.empty(self.max_rows, hq, model.get_head_size(), dtype=model.dtype, device=self.device)
             self.out_buf = torch.empty_like(self.q_buf)
+            # Compiled now, not by the first large steps of a loaded server (a second or more each).
+            warm_up_fuse_in_place(hq, model.get_head_size(), model.dtype, self.device, max_tokens)
         else:  # one fused launch: its split-K workspace, for the most tiles x slices any step uses
             cap = max(max_tiles(r, G, self.gqa) * level_splits(r, self.gqa, self.hkv, self.num_sms)
                       for r in range(1, self.max_rows + 1))

@@ -315,6 +315,38 @@ def fuse_in_place(out, lse, o_level, lse_level, row_index, update_lse: bool) -> 
     return out
 
 
+def warm_up_fuse_in_place(num_heads: int, head_dim: int, dtype: torch.dtype, device, max_tokens: int,
+                          update_lse: bool = False) -> int:
+    """Compile every `fuse_in_place` kernel that steps of up to `max_tokens` tokens can launch.
+
+    Its tile height depends on the step's size, and Triton compiles each one on first use (about a
+    second each); without this the first large steps of a loaded server stall on compilations.
+    Each variant runs once with no rows (it touches no memory). Returns the variants launched.
+    """
+    device = torch.device(device)
+    if device.type != "cuda":
+        return 0
+    elem = torch.empty((), dtype=dtype).element_size()
+    configs = {_launch_config(t * num_heads, head_dim, elem, False) for t in _powers_of_two(max_tokens)}
+    out = torch.zeros(1, num_heads, head_dim, dtype=dtype, device=device)
+    lse = torch.zeros(num_heads, 1, dtype=torch.float32, device=device)
+    rows = torch.full((1,), -1, dtype=torch.int32, device=device)
+    for block_r, block_d, num_warps in sorted(configs):
+        _fuse_in_place_kernel[(1,)](out, lse, out, lse, rows, 0, 1, NUM_HEADS=num_heads, HEAD_DIM=head_dim,
+                                    BLOCK_R=block_r, BLOCK_D=block_d, UPDATE_LSE=update_lse, num_warps=num_warps)
+    return len(configs)
+
+
+def _powers_of_two(n: int):
+    """1, 2, 4, ... up to the first power of two >= n (the launch config is monotonic in the size)."""
+    t = 1
+    while True:
+        yield t
+        if t >= n:
+            return
+        t *= 2
+
+
 def relay_fusion(o_sys, lse_sys, o_ctx, lse_ctx, out=None, out_lse=None, sys_index=None,
                  lse_layout="ht"):
     """Merge system and context attention outputs by their LSEs: out = a*o_sys + (1-a)*o_ctx.
