@@ -211,6 +211,22 @@ def test_small_graphs_hold_no_level_and_take_the_prefix_path():
     torch.testing.assert_close(out[:4], world.reference(), atol=2e-5, rtol=2e-5)
 
 
+@pytest.mark.parametrize("kernel", ["flash", "triton"])
+def test_plan_tensors_are_aligned_views_of_exact_length(kernel, monkeypatch):
+    # Kernels compiled at start-up assume 16-byte aligned pointers (Triton specializes on it): every
+    # persistent plan tensor starts 128-byte aligned in the one staging buffer, at its own length.
+    monkeypatch.setenv("VLLM_RELAY_LEVEL_KERNEL", kernel)
+    planner = RelayPlanner(vllm_config(full_graphs=True), SimpleNamespace(block_size=BLOCK), "cpu")
+    G = planner.num_slots
+    views = {"req_pages": None, "req_slot": None, "perm": planner.max_rows, "cu": G + 1, "lens": G,
+             "tiles": planner.tile_cap, "row_index": None}
+    for name, length in views.items():
+        t = getattr(planner, name)
+        assert (t.data_ptr() - planner._dev.data_ptr()) % 128 == 0, name  # CUDA buffers start 256-aligned
+        if length is not None:
+            assert t.shape[0] == length, (name, t.shape)
+
+
 def test_step_with_fewer_requests_than_prepared_raises():
     relay_step._current = relay_step.RelayStep(3, 3, np.zeros(3, np.int32), np.zeros(3, np.int32),
                                                np.ones(3, np.int32))

@@ -111,11 +111,13 @@ class RelayPlanner:
         # One int32 staging buffer and its device twin:
         # [req_pages | req_slot | perm | cu | lens | tiles (fused level) | row_index].
         sizes = [max_reqs, max_reqs, self.max_rows, G + 1, G, 3 * self.tile_cap, max_tokens]
-        self._offsets = np.concatenate(([0], np.cumsum(sizes)))
+        # Each view starts 128-byte aligned: Triton specializes kernels on their pointers' alignment,
+        # and a view at an odd offset would make the kernels compiled at start-up miss.
+        self._offsets = np.concatenate(([0], np.cumsum([-(-n // 32) * 32 for n in sizes])))
         self._host = torch.zeros(int(self._offsets[-1]), dtype=torch.int32, pin_memory=self.device.type == "cuda")
         self._host_np = self._host.numpy()
         self._dev = torch.zeros_like(self._host, device=self.device)
-        views = [self._dev[a:b] for a, b in zip(self._offsets[:-1], self._offsets[1:])]
+        views = [self._dev[a: a + n] for a, n in zip(self._offsets[:-1], sizes)]
         self.req_pages, self.req_slot, self.perm, self.cu, self.lens, tiles, self.row_index = views
         self.tiles = tiles.view(self.tile_cap, 3)
         self.slot_pages = torch.zeros(G, self.max_pages, dtype=torch.int32, device=self.device)
@@ -213,8 +215,8 @@ class RelayPlanner:
         host[off[1]: off[1] + B] = req_slot
         host[off[2]: off[2] + rows] = 0
         host[off[2]: off[2] + perm.shape[0]] = perm
-        host[off[3]: off[4]] = cu
-        host[off[4]: off[5]] = lens
+        host[off[3]: off[3] + cu.shape[0]] = cu
+        host[off[4]: off[4] + lens.shape[0]] = lens
         if tiles is not None:
             host[off[5]: off[5] + tiles.size] = tiles.reshape(-1)
         host[off[6]: off[6] + T] = row_index
