@@ -4,6 +4,8 @@
 #   acc2 acc3        relay vs FLASH_ATTN logprobs/greedy agreement (Llama-2-7B / Llama-3-8B shapes)
 #   l2 l3            throughput, single (P=2048) and multi-prompt workloads, default / relay / no system
 #                    prompt (+ relay backend without prompts on l3), and the decode-latency sweep
+#   l3_n1000 l2_n1000  the acceptance size (1000 requests; results/n1000/): Llama-3 run twice per engine
+#                    with the relay backend without prompts, Llama-2 single and multi-prompt (about 8 min each)
 #   l2_8192          throughput, P = 8192, default / relay / no system prompt (Llama-2-7B shape)
 #   serve2 serve3    serving through the OpenAI server at Poisson rates, default vs relay
 #   tp2048 tp8192 ref2048 noprefix   the earlier single-workload runs (see benchmarks/README.md)
@@ -24,6 +26,10 @@ for step in "$@"; do
           --latency --configs default,relay,noprefix --out "$out/e2e_llama2.json" ;;
     l3) $bt --model "$m3" --prefix-len 2048 --num-prompts "$N" --max-model-len 5120 --workloads single,multi \
           --latency --configs default,relay,noprefix,noprefix-relay --out "$out/e2e_llama3.json" ;;
+    l3_n1000) $bt --model "$m3" --prefix-len 2048 --num-prompts 1000 --max-model-len 4096 --repeat 2 \
+          --triton-cache /tmp/tc-l3 --configs relay,noprefix,noprefix-relay,default --out "$out/e2e_llama3_n1000.json" ;;
+    l2_n1000) $bt --model "$m2" --prefix-len 2048 --num-prompts 1000 --max-model-len 5120 --workloads single,multi \
+          --triton-cache /tmp/tc-l2 --configs relay,noprefix,default --out "$out/e2e_llama2_n1000.json" ;;
     l2_8192) $bt --model "$m2" --prefix-len 8192 --num-prompts "$N" --max-model-len 9000 \
           --configs default,relay,noprefix --out "$out/e2e_llama2_8192.json" ;;
     serve2) $bs --model "$m2" --rates "$RATES" --duration "$DUR" --out "$out/serving_llama2.json" ;;
