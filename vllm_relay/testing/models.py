@@ -64,61 +64,28 @@ TINY_MODELS = {
     "tiny-llama-gqa": dict(_TINY, num_key_value_heads=2),  # GQA ratio 2
 }
 
+# What every shape has in common (Llama-2's vocab and RoPE; Llama-3 overrides them). The context
+# length is 16384 for all: room for 8k-token system prompts plus output (Llama-3-8B has 8192).
+_SHAPE = dict(
+    vocab_size=32000,
+    max_position_embeddings=16384,
+    rope_theta=10000.0,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=False,
+    dtype="bfloat16",
+)
+
 SHAPE_MODELS = {
-    "llama-2-7b-shape": dict(
-        hidden_size=4096,
-        intermediate_size=11008,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=32,
-        vocab_size=32000,
-        max_position_embeddings=16384,
-        rope_theta=10000.0,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=False,
-        dtype="bfloat16",
-    ),
-    "llama-3-8b-shape": dict(
-        hidden_size=4096,
-        intermediate_size=14336,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        vocab_size=128256,
-        # Llama-3-8B has 8192; 16384 leaves room for 8k-token prompts plus output.
-        max_position_embeddings=16384,
-        rope_theta=500000.0,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=False,
-        dtype="bfloat16",
-    ),
-    # Tensor-parallel shapes; max_position_embeddings as the 7B shape's, for long system prompts.
-    "llama-2-13b-shape": dict(
-        hidden_size=5120,
-        intermediate_size=13824,
-        num_hidden_layers=40,
-        num_attention_heads=40,
-        num_key_value_heads=40,
-        vocab_size=32000,
-        max_position_embeddings=16384,
-        rope_theta=10000.0,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=False,
-        dtype="bfloat16",
-    ),
-    "llama-2-70b-shape": dict(
-        hidden_size=8192,
-        intermediate_size=28672,
-        num_hidden_layers=80,
-        num_attention_heads=64,
-        num_key_value_heads=8,
-        vocab_size=32000,
-        max_position_embeddings=16384,
-        rope_theta=10000.0,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=False,
-        dtype="bfloat16",
-    ),
+    "llama-2-7b-shape": dict(_SHAPE, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                             num_attention_heads=32, num_key_value_heads=32),
+    "llama-3-8b-shape": dict(_SHAPE, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                             num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
+                             rope_theta=500000.0),
+    # Tensor-parallel shapes.
+    "llama-2-13b-shape": dict(_SHAPE, hidden_size=5120, intermediate_size=13824, num_hidden_layers=40,
+                              num_attention_heads=40, num_key_value_heads=40),
+    "llama-2-70b-shape": dict(_SHAPE, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
+                              num_attention_heads=64, num_key_value_heads=8),
 }
 
 MODEL_NAMES = [*TINY_MODELS, *SHAPE_MODELS]
