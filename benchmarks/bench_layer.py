@@ -33,9 +33,11 @@ from vllm_relay.attention.planner import RelayPlanner  # noqa: E402
 from vllm_relay.config import RelayConfig  # noqa: E402
 from vllm_relay.ops import RelayPlan, relay_attention  # noqa: E402
 
-MODELS = {"llama2-7b": (32, 32), "llama3-8b": (32, 8)}  # (Hq, Hkv)
+# The ops benchmark's FlashAttention entry points and graph capture (same head dim, block, dtype).
+from bench_ops import BLOCK, DTYPE, FA, MODELS, capture_graph  # noqa: E402
+from bench_ops import HEAD_DIM as D  # noqa: E402
+
 KERNELS = ("triton", "flash")  # the system level: one fused Triton launch, or gather + FA3 + fusion
-D, BLOCK, DTYPE = 128, 16, torch.bfloat16
 MAX_MODEL_LEN = 9216
 
 
@@ -125,22 +127,6 @@ class Layer:
                                        self.fa.varlen, {"fa_version": self.fa.version})
 
 
-class FA:
-    def __init__(self):
-        from vllm.v1.attention.backends.fa_utils import get_flash_attn_version
-        from vllm.vllm_flash_attn import flash_attn_varlen_func, get_scheduler_metadata
-
-        self.varlen, self.get_sm = flash_attn_varlen_func, get_scheduler_metadata
-        self.version = get_flash_attn_version() or 3
-
-    def schedule(self, batch, cu_q, max_q, lens, max_k, causal, hq, hkv, splits):
-        if self.version != 3:
-            return None
-        return self.get_sm(batch_size=batch, max_seqlen_q=max_q, max_seqlen_k=max_k, num_heads_q=hq,
-                           num_heads_kv=hkv, headdim=D, cache_seqlens=lens, qkv_dtype=DTYPE, cu_seqlens_q=cu_q,
-                           page_size=BLOCK, causal=causal, window_size=(-1, -1), num_splits=splits)
-
-
 def graph_ms(fn):
     try:
         return _graph_ms(fn)
@@ -152,15 +138,7 @@ def graph_ms(fn):
 def _graph_ms(fn):
     fn()
     torch.cuda.synchronize()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return triton.testing.do_bench(g.replay, warmup=20, rep=ARGS.rep, return_mode="median")
+    return triton.testing.do_bench(capture_graph(fn).replay, warmup=20, rep=ARGS.rep, return_mode="median")
 
 
 def eager_ms(fn):

@@ -42,6 +42,19 @@ def parse_args():
     return p.parse_args()
 
 
+def capture_graph(fn) -> torch.cuda.CUDAGraph:
+    """`fn` captured in a CUDA graph, after one warm-up call on a side stream (as torch asks)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
+
+
 def time_op(fn):
     """Median ms of `fn` replayed from a CUDA graph (falls back to eager launches)."""
     fn()
@@ -49,15 +62,7 @@ def time_op(fn):
     torch.cuda.synchronize()
     mode = "graph"
     try:
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            fn()
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-        run = graph.replay
+        run = capture_graph(fn).replay
     except Exception as e:  # noqa: BLE001 - report and time eagerly instead
         print(f"  (CUDA graph capture failed: {type(e).__name__}: {e}; timing eager launches)")
         mode, run = "eager", fn
@@ -89,14 +94,15 @@ class FA:
             cascade_attention = None
         self.cascade = cascade_attention
 
-    def schedule(self, batch, cu_q, max_q, seqlens, max_k, causal, hq, hkv):
-        """FlashAttention-3's AOT schedule, as FlashAttentionMetadataBuilder.build computes it."""
+    def schedule(self, batch, cu_q, max_q, seqlens, max_k, causal, hq, hkv, num_splits=0):
+        """FlashAttention-3's AOT schedule, as FlashAttentionMetadataBuilder.build computes it
+        (`num_splits`: its cap on key splits, 0 for FlashAttention's own heuristic)."""
         if self.version != 3:
             return None
         return self.get_scheduler_metadata(
             batch_size=batch, max_seqlen_q=max_q, max_seqlen_k=max_k, num_heads_q=hq, num_heads_kv=hkv,
             headdim=HEAD_DIM, cache_seqlens=seqlens, qkv_dtype=DTYPE, cu_seqlens_q=cu_q, page_size=BLOCK,
-            causal=causal, window_size=(-1, -1), num_splits=0)
+            causal=causal, window_size=(-1, -1), num_splits=num_splits)
 
 
 def decode_case(fa, hq, hkv, B, S, c):
