@@ -41,7 +41,7 @@ out = Path(sys.argv[1])
 for shape in ("tp2_13b", "tp4_70b"):
     files = {c: out / f"{shape}_{c}.json" for c in ("default", "relay")}
     if all(f.exists() for f in files.values()):
-        rps = {c: json.loads(f.read_text())[c]["requests_per_s"] for c, f in files.items()}
+        rps = {c: json.loads(f.read_text())[c]["single"]["requests_per_s"] for c, f in files.items()}
         print(f"{shape}: default {rps['default']:.2f} req/s, relay {rps['relay']:.2f} req/s, "
               f"relay / default = {rps['relay'] / rps['default']:.2f}x")
 EOF
