@@ -1,10 +1,10 @@
 """Relay under tensor and data parallelism on the CPU (gloo), exact against vLLM's own backend.
 
 Tensor parallelism: every rank holds its own KV heads of the system-prompt store (the tiny GQA
-model has 2 KV heads: one per rank) and captures them during fills; the engine core routes and
-tags once for all ranks. Data parallelism: vLLM 0.26 runs a dense model's DP ranks as independent
-engine cores, each with its own RelayEngine, start-up fills and counters; an AsyncLLM balances
-requests over them. The same mixed workload as the exactness test (two system prompts, ordinary
+model has 2 KV heads: one per rank at TP=2, each replicated on two ranks at TP=4) and captures them
+during fills; the engine core routes and tags once for all ranks. Data parallelism: vLLM 0.26
+runs a dense model's DP ranks as independent engine cores, each with its own RelayEngine, start-up
+fills and counters; an AsyncLLM balances requests over them. The same mixed workload as the exactness test (two system prompts, ordinary
 requests, chunked prefill) must give identical greedy tokens and top-5 logprobs within 1e-4 of
 vLLM's CPU backend at the same tensor parallelism, and relay must have served every relay request
 (under DP: summed over the engines, each of which served some).
@@ -22,10 +22,13 @@ from vllm_relay.testing.models import get_model
 pytestmark = pytest.mark.engine
 
 
-@pytest.mark.parametrize("parallel", [{"tensor_parallel_size": 2}, {"data_parallel_size": 2}], ids=["tp2", "dp2"])
+@pytest.mark.parametrize("parallel", [{"tensor_parallel_size": 2}, {"tensor_parallel_size": 4},
+                                      {"data_parallel_size": 2}], ids=["tp2", "tp4", "dp2"])
 def test_relay_is_exact_under_parallelism_on_cpu(parallel, tmp_path, monkeypatch):
-    # Two CPU workers on one NUMA node: vLLM needs their OpenMP threads bound by hand.
-    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
+    # Several CPU workers on one NUMA node: vLLM needs their OpenMP threads bound by hand (two
+    # cores in CI: TP=4 shares them).
+    workers = max(parallel.values())
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "|".join(str(i % 2) for i in range(workers)))
     model = get_model("tiny-llama-gqa")
     vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
     systems, prompts, num_relay = workload(vocab, seed=11)
