@@ -6,6 +6,8 @@
 #                    prompt (+ relay backend without prompts on l3), and the decode-latency sweep
 #   l3_n1000 l2_n1000  the acceptance size (1000 requests; results/n1000/): Llama-3 run twice per engine
 #                    with the relay backend without prompts, Llama-2 single and multi-prompt (about 8 min each)
+#   l3_runners       no system prompt at 1000 requests, run twice per engine: Model Runner V2 (vLLM's
+#                    default), the V1 runner relay selects, the relay backend (about 7 min)
 #   l2_8192          throughput, P = 8192, default / relay / no system prompt (Llama-2-7B shape)
 #   serve2 serve3    serving through the OpenAI server at Poisson rates, default vs relay
 #   tp2048 tp8192 ref2048 noprefix   the earlier single-workload runs (see benchmarks/README.md)
@@ -28,6 +30,8 @@ for step in "$@"; do
           --latency --configs default,relay,noprefix,noprefix-relay --out "$out/e2e_llama3.json" ;;
     l3_n1000) $bt --model "$m3" --prefix-len 2048 --num-prompts 1000 --max-model-len 4096 --repeat 2 \
           --triton-cache /tmp/tc-l3 --configs relay,noprefix,noprefix-relay,default --out "$out/e2e_llama3_n1000.json" ;;
+    l3_runners) $bt --model "$m3" --prefix-len 2048 --num-prompts 1000 --max-model-len 4096 --repeat 2 \
+          --triton-cache /tmp/tc-l3r --configs noprefix,noprefix-v1,noprefix-relay --out "$out/e2e_llama3_runners.json" ;;
     l2_n1000) $bt --model "$m2" --prefix-len 2048 --num-prompts 1000 --max-model-len 5120 --workloads single,multi \
           --triton-cache /tmp/tc-l2 --configs relay,noprefix,default --out "$out/e2e_llama2_n1000.json" ;;
     l2_8192) $bt --model "$m2" --prefix-len 8192 --num-prompts "$N" --max-model-len 9000 \

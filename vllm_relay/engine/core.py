@@ -300,9 +300,11 @@ class RelayEngine:
         for eco in outputs.values():
             self.fills.hide(eco)
             for o in eco.outputs:
-                stats = o.prefill_stats
+                stats = o.prefill_stats  # on one output per request: look it up only then
+                if stats is None:
+                    continue
                 S = self._system_lens.get(o.request_id) or self._freed.get(o.request_id)
-                if stats is not None and S:
+                if S:
                     # The client sees the full prompt; its system part was never computed here.
                     stats.num_prompt_tokens += S
                     stats.num_cached_tokens += S
