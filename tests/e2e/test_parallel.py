@@ -1,13 +1,13 @@
 """Relay under tensor and data parallelism on the CPU (gloo), exact against vLLM's own backend.
 
-Tensor parallelism: every rank holds its own KV heads of the system-prompt store (the tiny GQA
-model has 2 KV heads: one per rank at TP=2, each replicated on two ranks at TP=4) and captures them
-during fills; the engine core routes and tags once for all ranks. Data parallelism: vLLM 0.26
-runs a dense model's DP ranks as independent engine cores, each with its own RelayEngine, start-up
-fills and counters; an AsyncLLM balances requests over them. The same mixed workload as the exactness test (two system prompts, ordinary
-requests, chunked prefill) must give identical greedy tokens and top-5 logprobs within 1e-4 of
-vLLM's CPU backend at the same tensor parallelism, and relay must have served every relay request
-(under DP: summed over the engines, each of which served some).
+Tensor parallelism: every rank holds its own KV heads of the system-prompt store (the tiny GQA model
+has 2 KV heads: one per rank at TP=2, each replicated on two ranks at TP=4) and captures them during
+fills; the engine core routes and tags once for all ranks. Data parallelism: vLLM 0.26 runs a dense
+model's DP ranks as independent engine cores, each with its own RelayEngine, start-up fills and
+counters; an AsyncLLM balances requests over them. The same mixed workload as the exactness test
+(two system prompts, ordinary requests, chunked prefill) must give identical greedy tokens and top-5
+logprobs within 1e-4 of vLLM's CPU backend at the same tensor parallelism, and relay must have
+served every relay request (under DP: summed over the engines, each of which served some).
 """
 
 import json
