@@ -179,7 +179,7 @@ def test_failed_fill_is_listed_with_its_reason_and_raised_to_waiters(core):
 # ---- engine and model features (worker start-up) -----------------------------------------------
 
 
-@pytest.mark.parametrize("feature", ["speculative", "mrope", "kv_cache_dtype"])
+@pytest.mark.parametrize("feature", ["speculative", "mrope", "kv_cache_dtype", "sleep_mode"])
 def test_engine_features_are_refused(feature, monkeypatch):
     from vllm.config import ModelConfig, set_current_vllm_config
 
@@ -193,8 +193,11 @@ def test_engine_features_are_refused(feature, monkeypatch):
     config = engine_args({}, **engine).create_engine_config()
     if feature == "mrope":
         monkeypatch.setattr(ModelConfig, "uses_mrope", property(lambda self: True))
+    if feature == "sleep_mode":  # vLLM refuses sleep mode on the CPU platform itself: set it afterwards
+        config.model_config.enable_sleep_mode = True
     expected = {"speculative": ENGINE_FEATURES, "mrope": "M-RoPE / XD-RoPE position encodings",
-                "kv_cache_dtype": "kv_cache_dtype='fp8' other than the model's"}[feature]
+                "kv_cache_dtype": "kv_cache_dtype='fp8' other than the model's",
+                "sleep_mode": "sleep mode (sleeping discards the KV cache"}[feature]
     with set_current_vllm_config(config), pytest.raises(NotImplementedError, match=re.escape(expected)):
         check_engine()
 
