@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One GPU-host session after the staging protocol (DEVELOPERS.md): install this project offline into
 # /tmp/site, then run the serving smoke test, the `gpu` tests and the benchmarks, with logs in $OUT.
-# Usage: bash benchmarks/gpu/run_all.sh [smoke] [tests] [bench] [bench-quick] [layer] [layer-quick] [kernels]
+# Usage: bash benchmarks/gpu/run_all.sh [smoke] [tests] [bench] [bench-quick] [layer] [layer-quick] [kernels] [tune]
 #   kernels: benchmarks/layer_kernels.py (GPU time of each kernel of a layer call, per plan)
+#   tune: benchmarks/tune_level.py (the fused Triton level's tile sweep, against the FA level)
 #   layer: benchmarks/bench_layer.py (the planner's rule, host cost per layer; with .old/ as the
 #   previous implementation when present: `git archive 3c09a6c vllm_relay | tar -x -C .old`)
 set -uo pipefail
@@ -20,6 +21,7 @@ for step in "$@"; do
     bench-quick) timeout 300 python3 benchmarks/bench_ops.py --quick --out "$out" 2>&1 | tee "$out/bench.txt" | tail -60 ;;
     layer) timeout 540 python3 benchmarks/bench_layer.py $old --out "$out" 2>&1 | tee "$out/layer.txt" | tail -70 ;;
     kernels) timeout 300 python3 benchmarks/layer_kernels.py --out "$out" 2>&1 | tee "$out/kernels.txt" | tail -30 ;;
+    tune) timeout 540 python3 benchmarks/tune_level.py --out "$out" 2>&1 | tee "$out/tune.txt" | tail -20 ;;
     layer-quick) timeout 300 python3 benchmarks/bench_layer.py --quick $old --out "$out" 2>&1 | tee "$out/layer.txt" | tail -40 ;;
   esac
 done

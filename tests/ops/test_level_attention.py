@@ -73,6 +73,24 @@ def test_matches_reference(splits, gqa, d, dtype):
     assert (ws[2] == 0).all()  # the counters reset themselves
 
 
+@pytest.mark.parametrize("block_m, block_n", [(128, 32), (32, 128)])
+def test_other_tiles_match_reference(block_m, block_n, monkeypatch):
+    """The tile sizes benchmarks/tune_level.py sweeps: planning and kernel follow them."""
+    import vllm_relay.ops.level_attention as la
+
+    monkeypatch.setattr(la, "BLOCK_M", block_m)
+    monkeypatch.setattr(la, "BLOCK_N", block_n)
+    gqa, d, splits = 4, 64, 2
+    tensors, cu, scale, ref_out, ref_lse, tokens = case((5, 9), (tile_tokens(gqa) + 3, 2), 2, gqa, d, torch.float16)
+    num_tiles = max_tiles(int(cu[-1]), 2, gqa)
+    tiles = torch.from_numpy(plan_tiles(cu, num_tiles, gqa))
+    assert int(tiles[:, 2].max()) == block_m // gqa
+    ws = workspace(num_tiles, 2, splits, d, "cpu")
+    level_attention(**tensors, tiles=tiles, softmax_scale=scale, ws=ws, num_splits=splits, update_lse=True)
+    torch.testing.assert_close(tensors["out"].float(), ref_out, **TOL[torch.float16])
+    torch.testing.assert_close(tensors["lse"][:, tokens], ref_lse[:, tokens], atol=2e-3, rtol=2e-3)
+
+
 def test_torch_twin_and_no_rows():
     tensors, cu, scale, ref_out, ref_lse, tokens = case((3, 2), (5, 7), 2, 4, 32, torch.float32)
     tiles = torch.from_numpy(plan_tiles(cu, 6, 4))

@@ -22,8 +22,12 @@ import triton.language as tl
 from vllm_relay.ops.relay_fusion import _interpreted, relay_fusion_torch
 from vllm_relay.ops.varlen_attention import varlen_attention_torch
 
+# The tile: read at call time, so that benchmarks/tune_level.py can sweep it (planners made after a
+# change plan tiles and workspaces for the new BLOCK_M).
 BLOCK_M = 64  # query rows per program: tile tokens x query heads per KV head
 BLOCK_N = 64  # keys per iteration (whole pages of 16)
+NUM_WARPS = 4
+NUM_STAGES = 2
 
 
 def tile_tokens(gqa: int) -> int:
@@ -232,8 +236,8 @@ def level_attention_triton(q, k_cache, v_cache, out, lse, perm, tiles, group_pag
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1),
         group_pages.stride(0),
         GQA=gqa, HEAD_DIM=D, PAGE=k_cache.shape[1], BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-        BLOCK_D=triton.next_power_of_2(D), UPDATE_LSE=update_lse, DOT_F32=not q.is_cuda, num_warps=4,
-        num_stages=2,
+        BLOCK_D=triton.next_power_of_2(D), UPDATE_LSE=update_lse, DOT_F32=not q.is_cuda, num_warps=NUM_WARPS,
+        num_stages=NUM_STAGES,
     )
     return out
 
