@@ -31,6 +31,7 @@ over N GPUs (data parallelism is a serving feature: vllm.LLM refuses it). Usage 
 
 import argparse
 import functools
+import glob
 import json
 import os
 import subprocess
@@ -102,7 +103,15 @@ def engine_kwargs(args, config, systems):
         kw["additional_config"] = {"relay": relay}
     elif config == "accuracy-reference":
         kw["attention_backend"] = "FLASH_ATTN"
+    if args.profile:  # vLLM's torch profiler over a window of the first run's steps
+        delay, steps = map(int, args.profile.split(","))
+        kw["profiler_config"] = dict(profiler="torch", torch_profiler_dir=profile_dir(args, config),
+                                     delay_iterations=delay, max_iterations=steps, torch_profiler_with_stack=False)
     return kw
+
+
+def profile_dir(args, config) -> str:
+    return os.path.abspath(f"{os.path.splitext(args.out or 'bench_throughput')[0]}.{config}.profile")
 
 
 def decode_latency(llm, system_ids, args):
@@ -169,10 +178,15 @@ def worker(args):
         else:
             params = [SamplingParams(temperature=1.0, top_p=1.0, ignore_eos=True, max_tokens=n) for n in out_lens]
         runs = []  # the first run is what `vllm bench throughput` measures; repeats show the warm engine
-        for _ in range(1 if accuracy else args.repeat):
+        for i in range(1 if accuracy else args.repeat):
+            profiling = args.profile and i == 0 and name == names[0]
+            if profiling:  # (outside the timed span; the profiler itself slows the steps it records)
+                llm.start_profile()
             t0, wall0 = time.perf_counter(), time.time()
             outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
             runs.append({"elapsed_s": time.perf_counter() - t0, "wall": [wall0, time.time()]})
+            if profiling:
+                llm.stop_profile()
         elapsed = runs[0]["elapsed_s"]
         r = {"requests": len(prompts), "elapsed_s": elapsed, "requests_per_s": len(prompts) / elapsed,
              "system_lens": [len(s) for s in load_systems], "prompt_tokens": sum(map(len, prompts)),
@@ -217,6 +231,9 @@ def run_config(args, config):
     if args.out:  # the engine's own log beside the results (its step statistics, warnings)
         with open(f"{os.path.splitext(args.out)[0]}.{config}.log", "w") as f:
             f.write(log)
+    if args.profile:  # keep vLLM's kernel table (profiler_out_0.txt), not the traces (large)
+        for trace in glob.glob(os.path.join(profile_dir(args, config), "*.pt.trace.json*")):
+            os.remove(trace)
     for line in log.splitlines():
         if line.startswith("RESULT "):
             result = json.loads(line[7:])
@@ -289,6 +306,9 @@ def main():
     p.add_argument("--iteration-details", action="store_true", help="vLLM's per-step log, summed up per config")
     p.add_argument("--triton-cache", help="a folder for a fresh Triton cache per configuration, to report the "
                    "kernels compiled inside the timed runs")
+    p.add_argument("--profile", help="DELAY,STEPS: vLLM's torch profiler over STEPS engine steps of the first "
+                   "run, after DELAY steps; its kernel table lands in <out>.<config>.profile/profiler_out_0.txt "
+                   "(that run's time includes the profiler's cost)")
     p.add_argument("--out")
     p.add_argument("--worker")
     args = p.parse_args()

@@ -8,6 +8,8 @@
 #                    with the relay backend without prompts, Llama-2 single and multi-prompt (about 8 min each)
 #   l3_runners       no system prompt at 1000 requests, run twice per engine: Model Runner V2 (vLLM's
 #                    default), the V1 runner relay selects, the relay backend (about 7 min)
+#   prof_l2 prof_l3  1000 requests, relay and no prompt, with vLLM's torch profiler over 8 decode steps
+#                    after 100: each kernel's GPU time (<out>/prof_llama{2,3}.<config>.profile/), about 6 min
 #   l2_8192          throughput, P = 8192, default / relay / no system prompt (Llama-2-7B shape)
 #   serve2 serve3    serving through the OpenAI server at Poisson rates, default vs relay
 #   tp2048 tp8192 ref2048 noprefix   the earlier single-workload runs (see benchmarks/README.md)
@@ -34,6 +36,10 @@ for step in "$@"; do
           --triton-cache /tmp/tc-l3r --configs noprefix,noprefix-v1,noprefix-relay --out "$out/e2e_llama3_runners.json" ;;
     l2_n1000) $bt --model "$m2" --prefix-len 2048 --num-prompts 1000 --max-model-len 5120 --workloads single,multi \
           --triton-cache /tmp/tc-l2 --configs relay,noprefix,default --out "$out/e2e_llama2_n1000.json" ;;
+    prof_l2) $bt --model "$m2" --prefix-len 2048 --num-prompts 1000 --max-model-len 5120 --profile 100,8 \
+          --configs relay,noprefix --out "$out/prof_llama2.json" ;;
+    prof_l3) $bt --model "$m3" --prefix-len 2048 --num-prompts 1000 --max-model-len 4096 --profile 100,8 \
+          --configs relay,noprefix --out "$out/prof_llama3.json" ;;
     l2_8192) $bt --model "$m2" --prefix-len 8192 --num-prompts "$N" --max-model-len 9000 \
           --configs default,relay,noprefix --out "$out/e2e_llama2_8192.json" ;;
     serve2) $bs --model "$m2" --rates "$RATES" --duration "$DUR" --out "$out/serving_llama2.json" ;;
