@@ -41,15 +41,21 @@ KERNELS = ("triton", "flash")  # the system level: one fused Triton launch, or g
 MAX_MODEL_LEN = 9216
 
 
+def add_grid_args(p, models=None, ns=None, system_lens=None) -> None:
+    """The layer grid's options (comma-separated lists) and --out, for this and the other layer
+    benchmarks (layer_kernels.py, tune_level.py)."""
+    p.add_argument("--models", default=models, help="model shapes (comma-separated)")
+    p.add_argument("--ns", default=ns, help="batch sizes (comma-separated)")
+    p.add_argument("--system-lens", default=system_lens, help="system-prompt lengths (comma-separated)")
+    p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+
+
 def args_():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     p.add_argument("--quick", action="store_true")
     p.add_argument("--old-src", help="a checkout of the previous vllm_relay (for the 'before' host row)")
     p.add_argument("--rep", type=int, default=60)
-    p.add_argument("--ns", help="batch sizes of the rule table (comma-separated)")
-    p.add_argument("--system-lens", help="system-prompt lengths of the rule table (comma-separated)")
-    p.add_argument("--models", help="model shapes of the rule table (comma-separated)")
+    add_grid_args(p)  # the rule table's grid (default: all models, and sizes by --quick)
     p.add_argument("--only", choices=["splits", "rule", "host"], help="run one part only")
     return p.parse_args()
 
@@ -127,18 +133,37 @@ class Layer:
                                        self.fa.varlen, {"fa_version": self.fa.version})
 
 
-def graph_ms(fn):
+def layer_grid(fa, models, system_lens, ns, c=128):
+    """(model, S, n, Layer) for each point of the grid, in order. The caller drops its Layer at the
+    end of its turn (`del layer`); the cached GPU memory is given back before the next is built."""
+    for model in models:
+        hq, hkv = MODELS[model]
+        for S in system_lens:
+            for n in ns:
+                yield model, S, n, Layer(fa, hq, hkv, n, S, c)
+                torch.cuda.empty_cache()
+
+
+def write_results(out: str, stem: str, payload: dict, markdown: str) -> None:
+    """<out>/<stem>.json and <out>/<stem>.md."""
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, f"{stem}.json"), "w") as f:
+        json.dump(payload, f, indent=1)
+    with open(os.path.join(out, f"{stem}.md"), "w") as f:
+        f.write(markdown)
+
+
+def graph_ms(fn, rep=None):
+    """Median ms of `fn` replayed from a CUDA graph (do_bench over `rep` ms, default --rep); NaN,
+    reported, when it cannot run (a kernel that does not fit, a failed capture)."""
     try:
-        return _graph_ms(fn)
+        fn()
+        torch.cuda.synchronize()
+        return triton.testing.do_bench(capture_graph(fn).replay, warmup=20, rep=rep or ARGS.rep,
+                                       return_mode="median")
     except Exception as e:  # noqa: BLE001 - report and go on with the other rows
         print(f"  (graph timing failed: {type(e).__name__}: {str(e)[:200]})", flush=True)
         return float("nan")
-
-
-def _graph_ms(fn):
-    fn()
-    torch.cuda.synchronize()
-    return triton.testing.do_bench(capture_graph(fn).replay, warmup=20, rep=ARGS.rep, return_mode="median")
 
 
 def eager_ms(fn):
@@ -150,30 +175,24 @@ def bench_rule():
     Ss = (2048,) if ARGS.quick else (512, 2048, 8192)
     ns = tuple(map(int, ARGS.ns.split(","))) if ARGS.ns else ns
     Ss = tuple(map(int, ARGS.system_lens.split(","))) if ARGS.system_lens else Ss
-    cs = (128,)
-    fa, rows = FA(), []
     models = ARGS.models.split(",") if ARGS.models else list(MODELS)
-    for name, (hq, hkv) in ((m, MODELS[m]) for m in models):
-        for S in Ss:
-            for c in cs:
-                for n in ns:
-                    layer = Layer(fa, hq, hkv, n, S, c)
-                    row = dict(model=name, S=S, c=c, n=n)
-                    # Ceiling: the same requests with no system prompt.
-                    row["noprompt_graph_us"] = graph_ms(layer.call(layer.plan("never", True, plain=True)[0])) * 1e3
-                    row["prefix_graph_us"] = graph_ms(layer.call(layer.plan("never", graph=True)[0])) * 1e3
-                    row["prefix_eager_us"] = eager_ms(layer.call(layer.plan("never", graph=False)[0])) * 1e3
-                    for kernel in KERNELS:
-                        os.environ["VLLM_RELAY_LEVEL_KERNEL"] = kernel
-                        # A captured level with no rows (plain requests), then the shared path.
-                        row[f"empty_{kernel}_us"] = graph_ms(layer.call(layer.plan("always", True, plain=True)[0])) * 1e3
-                        row[f"shared_{kernel}_graph_us"] = graph_ms(layer.call(layer.plan("always", graph=True)[0])) * 1e3
-                        row[f"shared_{kernel}_eager_us"] = eager_ms(layer.call(layer.plan("always", graph=False)[0])) * 1e3
-                    rows.append(row)
-                    print(f"{name} S={S:5d} n={n:4d}: " + " ".join(f"{k[:-3]} {v:.1f}" for k, v in row.items()
-                                                                     if k.endswith("_us")), flush=True)
-                    del layer
-                    torch.cuda.empty_cache()
+    rows = []
+    for name, S, n, layer in layer_grid(FA(), models, Ss, ns):
+        row = dict(model=name, S=S, c=layer.c, n=n)
+        # Ceiling: the same requests with no system prompt.
+        row["noprompt_graph_us"] = graph_ms(layer.call(layer.plan("never", True, plain=True)[0])) * 1e3
+        row["prefix_graph_us"] = graph_ms(layer.call(layer.plan("never", graph=True)[0])) * 1e3
+        row["prefix_eager_us"] = eager_ms(layer.call(layer.plan("never", graph=False)[0])) * 1e3
+        for kernel in KERNELS:
+            os.environ["VLLM_RELAY_LEVEL_KERNEL"] = kernel
+            # A captured level with no rows (plain requests), then the shared path.
+            row[f"empty_{kernel}_us"] = graph_ms(layer.call(layer.plan("always", True, plain=True)[0])) * 1e3
+            row[f"shared_{kernel}_graph_us"] = graph_ms(layer.call(layer.plan("always", graph=True)[0])) * 1e3
+            row[f"shared_{kernel}_eager_us"] = eager_ms(layer.call(layer.plan("always", graph=False)[0])) * 1e3
+        rows.append(row)
+        print(f"{name} S={S:5d} n={n:4d}: " + " ".join(f"{k[:-3]} {v:.1f}" for k, v in row.items()
+                                                         if k.endswith("_us")), flush=True)
+        del layer
     return rows
 
 
@@ -340,13 +359,10 @@ def main():
     rule_rows = bench_rule() if only in (None, "rule") else []
     th = thresholds(rule_rows)
     env["seconds"] = time.time() - start
-    os.makedirs(ARGS.out, exist_ok=True)
-    with open(os.path.join(ARGS.out, "layer_h200.json"), "w") as f:
-        json.dump(dict(env=env, rule=rule_rows, thresholds={"|".join(map(str, k)): v for k, v in th.items()},
-                       host=host_rows, splits=split_rows), f, indent=1)
     md = markdown(env, rule_rows, th, host_rows, split_rows)
-    with open(os.path.join(ARGS.out, "layer_h200.md"), "w") as f:
-        f.write(md)
+    write_results(ARGS.out, "layer_h200", dict(env=env, rule=rule_rows, thresholds={"|".join(map(str, k)): v
+                                                                                    for k, v in th.items()},
+                                               host=host_rows, splits=split_rows), md)
     print(md)
 
 

@@ -14,7 +14,6 @@ Usage: python3 benchmarks/layer_kernels.py [--models llama3-8b,llama2-7b] [--ns 
 """
 
 import argparse
-import json
 import os
 import sys
 from collections import defaultdict
@@ -22,8 +21,8 @@ from collections import defaultdict
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_layer import Layer  # noqa: E402
-from bench_ops import FA, MODELS  # noqa: E402
+from bench_layer import add_grid_args, layer_grid, write_results  # noqa: E402
+from bench_ops import FA  # noqa: E402
 
 # label: (shared_path, plain requests, level kernel)
 VARIANTS = {"no prompt": ("never", True, "flash"), "empty flash": ("always", True, "flash"),
@@ -56,26 +55,20 @@ def kernels_of(fn) -> dict[str, list[float]]:
 
 
 def main(args) -> None:
-    fa, rows = FA(), []
-    for model in args.models.split(","):
-        hq, hkv = MODELS[model]
-        for S in map(int, args.system_lens.split(",")):
-            for n in map(int, args.ns.split(",")):
-                layer = Layer(fa, hq, hkv, n, S, 128)
-                for label, (path, plain, kernel) in VARIANTS.items():
-                    os.environ["VLLM_RELAY_LEVEL_KERNEL"] = kernel
-                    per = kernels_of(layer.call(layer.plan(path, True, plain=plain)[0]))
-                    total = sum(us for us, _ in per.values())
-                    rows.append(dict(model=model, S=S, n=n, variant=label, total_us=total,
-                                     kernels={k: dict(us=us, launches=c) for k, (us, c) in per.items()}))
-                    print(f"{model} S={S} n={n} {label}: {total:.1f} us, "
-                          + ", ".join(f"{k} {us:.1f}" for k, (us, _) in sorted(per.items(), key=lambda kv: -kv[1][0])),
-                          flush=True)
-                del layer
-                torch.cuda.empty_cache()
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "layer_kernels.json"), "w") as f:
-        json.dump(dict(gpu=torch.cuda.get_device_name(), calls=CALLS, rows=rows), f, indent=1)
+    rows = []
+    grid = layer_grid(FA(), args.models.split(","), list(map(int, args.system_lens.split(","))),
+                      list(map(int, args.ns.split(","))))
+    for model, S, n, layer in grid:
+        for label, (path, plain, kernel) in VARIANTS.items():
+            os.environ["VLLM_RELAY_LEVEL_KERNEL"] = kernel
+            per = kernels_of(layer.call(layer.plan(path, True, plain=plain)[0]))
+            total = sum(us for us, _ in per.values())
+            rows.append(dict(model=model, S=S, n=n, variant=label, total_us=total,
+                             kernels={k: dict(us=us, launches=c) for k, (us, c) in per.items()}))
+            print(f"{model} S={S} n={n} {label}: {total:.1f} us, "
+                  + ", ".join(f"{k} {us:.1f}" for k, (us, _) in sorted(per.items(), key=lambda kv: -kv[1][0])),
+                  flush=True)
+        del layer
     lines = [f"# Kernel time per layer call: {torch.cuda.get_device_name()}", "",
              "Eager launches of the plans a full CUDA graph replays (torch profiler, GPU time of each "
              f"kernel, mean of {CALLS} calls); c=128 own tokens per request.", "",
@@ -85,14 +78,11 @@ def main(args) -> None:
             head = f"| {r['model']} | {r['S']} | {r['n']} | {r['variant']} | {r['total_us']:.1f} |" if i == 0 \
                 else "| | | | | |"
             lines.append(f"{head} {k} | {v['us']:.1f} | {v['launches']:.0f} |")
-    with open(os.path.join(args.out, "layer_kernels.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
+    write_results(args.out, "layer_kernels", dict(gpu=torch.cuda.get_device_name(), calls=CALLS, rows=rows),
+                  "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--models", default="llama3-8b,llama2-7b")
-    p.add_argument("--ns", default="64,256,1024")
-    p.add_argument("--system-lens", default="2048")
-    p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    add_grid_args(p, models="llama3-8b,llama2-7b", ns="64,256,1024", system_lens="2048")
     main(p.parse_args())
