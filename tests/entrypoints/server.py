@@ -93,6 +93,21 @@ class Server:
             v for (n, ls), v in self.metrics().items() if n == sample and want.items() <= dict(ls).items()
         )
 
+    def steady_metric(self, sample: str, **labels) -> float:
+        """`relay_metric` once /metrics has caught up with the engine. Call it when every request
+        the test sent has been answered: the engine's counters are then final, and /metrics reads
+        them every `metrics_interval_s` (0.2 s here), so a value unchanged for 1 s is theirs. Read
+        a baseline this way: read at once, it may miss the requests of the test before."""
+        value, since = self.relay_metric(sample, **labels), time.monotonic()
+        deadline = since + 30
+        while time.monotonic() - since < 1.0:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{sample} did not settle within 30 s")
+            time.sleep(0.1)
+            if (now := self.relay_metric(sample, **labels)) != value:
+                value, since = now, time.monotonic()
+        return value
+
     def prompt(self, name: str) -> dict | None:
         status, body = self.call("GET", f"{PROMPTS}/{name}")
         return body if status == 200 else None

@@ -77,7 +77,7 @@ def openai_client(server):
 def test_register_then_chat_with_openai_sdk_streaming_and_aiohttp(server):
     created = register(server, "support", messages=[{"role": "system", "content": SUPPORT}])
     assert created["state"] == "ready" and created["source"] == "messages" and created["slot"] > 0
-    before = server.relay_metric("vllm_relay_requests_total")
+    before = server.steady_metric("vllm_relay_requests_total")
     client = openai_client(server)
     if client is None and server.local:
         pytest.fail("the openai SDK is a test requirement (requirements/test.txt)")
@@ -121,9 +121,9 @@ async def aiohttp_chat(server, system, user, max_tokens=8):
 
 
 def test_metrics_count_each_request_once(server):
-    before = server.relay_metric("vllm_relay_requests_total")
-    greeter_before = server.relay_metric("vllm_relay_system_prompt_requests_total", name="greeter")
-    reused_before = server.relay_metric("vllm_relay_prompt_tokens_reused_total")
+    before = server.steady_metric("vllm_relay_requests_total")
+    greeter_before = server.steady_metric("vllm_relay_system_prompt_requests_total", name="greeter")
+    reused_before = server.steady_metric("vllm_relay_prompt_tokens_reused_total")
     for i in range(4):
         server.chat(GREETER, f"Hello, I am customer {i}.")
     server.chat("Not a registered system prompt.", "Hello.")  # the ordinary path: not counted
@@ -186,8 +186,8 @@ def test_text_prompt_and_chat_mismatch_are_reported(server):
     text = "You are a pirate captain. Answer every question about parcels, ships and the sea like one would."
     created = register(server, "pirate", text=text)
     assert created["source"] == "text"
-    before = server.relay_metric("vllm_relay_chat_mismatches_total")
-    relay_before = server.relay_metric("vllm_relay_requests_total")
+    before = server.steady_metric("vllm_relay_chat_mismatches_total")
+    relay_before = server.steady_metric("vllm_relay_requests_total")
     for _ in range(2):  # a chat with that system message: not the text's tokens (no chat template)
         server.chat(text, "Ahoy?")
     counted(server, "vllm_relay_chat_mismatches_total", before + 2, "2 mismatched chats")
