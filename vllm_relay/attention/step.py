@@ -93,6 +93,17 @@ def _tag(state):
         return tag
 
 
+def _shift_buffer(runner):
+    """The runner's pinned per-token shift buffer and its device twin (vLLM's CpuGpuBuffer, made
+    once). A pageable source would make the copy synchronous with the stream on CUDA for large
+    steps, and async scheduling would lose its overlap; reusing the pinned buffer is safe because
+    `_prepare_inputs` runs inside the runner's `synchronize_input_prep`, as vLLM's own buffers."""
+    buf = getattr(runner, "_relay_shift", None)
+    if buf is None:
+        buf = runner._relay_shift = runner._make_buffer(runner.max_num_tokens, dtype=torch.int64)
+    return buf
+
+
 def prepare(runner, num_scheduled_tokens: np.ndarray, pages: SlotPages, page_size: int) -> None:
     """Record the step's relay facts, shift relay requests' positions, note fills' pages.
 
@@ -120,6 +131,7 @@ def prepare(runner, num_scheduled_tokens: np.ndarray, pages: SlotPages, page_siz
             req_slot[i], req_shift[i] = t.slot, t.system_len
     total = int(counts.sum())
     if req_shift.any():
-        shift = torch.from_numpy(np.repeat(req_shift.astype(np.int64), counts))
-        runner.positions[:total] += shift.to(runner.positions.device, non_blocking=True)
+        shift = _shift_buffer(runner)
+        shift.np[:total] = np.repeat(req_shift, counts)
+        runner.positions[:total] += shift.copy_to_gpu(total)
     _current = RelayStep(num_reqs, total, req_slot, req_shift, counts)
