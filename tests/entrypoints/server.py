@@ -33,6 +33,9 @@ RELAY = {
 # Blocks of 16 tokens (vLLM's CPU default is 128): relay shares a prompt's whole blocks only.
 ARGS = ["--max-model-len", "1024", "--enable-prompt-tokens-details", "--block-size", "16"]
 PROMPTS = "/v1/relay/system_prompts"
+# How long a test waits for the server to catch up (a counter, a drain) before it fails: generous, as
+# a slow or shared machine only makes the wait longer; a waiting test returns as soon as it is there.
+WAIT_S = 120
 
 
 @dataclass
@@ -99,10 +102,10 @@ class Server:
         them every `metrics_interval_s` (0.2 s here), so a value unchanged for 1 s is theirs. Read
         a baseline this way: read at once, it may miss the requests of the test before."""
         value, since = self.relay_metric(sample, **labels), time.monotonic()
-        deadline = since + 30
+        deadline = since + WAIT_S
         while time.monotonic() - since < 1.0:
             if time.monotonic() > deadline:
-                raise AssertionError(f"{sample} did not settle within 30 s")
+                raise AssertionError(f"{sample} did not settle within {WAIT_S} s")
             time.sleep(0.1)
             if (now := self.relay_metric(sample, **labels)) != value:
                 value, since = now, time.monotonic()
@@ -119,7 +122,7 @@ class Server:
                 self.call("DELETE", f"{PROMPTS}/{p['name']}")
 
 
-def wait_for(check: Callable[[], object], timeout_s: float = 30.0, what: str = "condition"):
+def wait_for(check: Callable[[], object], timeout_s: float = WAIT_S, what: str = "condition"):
     """Poll `check` until it returns something truthy; fail with `what` after `timeout_s`."""
     deadline = time.monotonic() + timeout_s
     while True:

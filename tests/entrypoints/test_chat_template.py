@@ -75,7 +75,7 @@ def test_startup_chat_prompt_is_rendered_with_the_server_template(server):
     assert "system prompt 'greeter' rendered with this server's chat template" in server.log()
     server.chat(GREETER, "Hello!")
     wait_for(
-        lambda: server.prompt("greeter")["requests_served"] == 1, 30, "the greeter chat to be served by relay"
+        lambda: server.prompt("greeter")["requests_served"] == 1, what="the greeter chat served by relay"
     )
 
 
@@ -87,7 +87,7 @@ def test_http_chat_prompt_matches_chats_rendered_with_the_server_template(server
     before = server.steady_metric("vllm_relay_requests_total")  # the greeter chat included
     reply = server.chat(SUPPORT, "Where is my parcel?")
     assert reply["usage"]["prompt_tokens"] > created["tokens"]
-    wait_for(lambda: server.relay_metric("vllm_relay_requests_total") == before + 1, 30, "relay to fire")
+    wait_for(lambda: server.relay_metric("vllm_relay_requests_total") == before + 1, what="relay to fire")
     assert (
         server.prompt("support")["requests_served"] == 1 and server.prompt("support")["chat_mismatches"] == 0
     )
@@ -103,11 +103,11 @@ def test_request_with_another_template_is_a_reported_mismatch(server):
     for _ in range(2):
         server.chat(GREETER, "Hello!", chat_template=model_template)
     after = wait_for(
-        lambda: (p := server.prompt("greeter"))["chat_mismatches"] == 2 and p, 30, "2 mismatches"
+        lambda: (p := server.prompt("greeter"))["chat_mismatches"] == 2 and p, what="2 mismatches"
     )
     assert after["requests_served"] == before["requests_served"]  # both ran the ordinary way
     wait_for(
-        lambda: server.relay_metric("vllm_relay_chat_mismatches_total") == 2, 30, "the metric to count them"
+        lambda: server.relay_metric("vllm_relay_chat_mismatches_total") == 2, what="the metric to count them"
     )
     warnings = [
         line for line in server.log().splitlines() if "carries the system message of prompt 'greeter'" in line

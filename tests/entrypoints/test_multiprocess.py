@@ -52,7 +52,7 @@ def test_two_api_servers_count_each_request_once(server):
     for i in range(8):  # a new connection each: both processes get some
         server.chat(SYSTEM, f"Do you sell bread number {i}?", max_tokens=4)
     wait_for(
-        lambda: server.relay_metric("vllm_relay_requests_total") == 8, 30, "8 relay requests in /metrics"
+        lambda: server.relay_metric("vllm_relay_requests_total") == 8, what="8 relay requests in /metrics"
     )
     assert server.relay_metric("vllm_relay_system_prompt_requests_total", name="bakery") == 8
     assert server.prompt("bakery")["requests_served"] == 8
@@ -62,8 +62,8 @@ def test_two_api_servers_count_each_request_once(server):
     for _ in range(6):
         server.chat(PIRATE, "Ahoy?", max_tokens=2)
     wait_for(
-        lambda: server.prompt("pirate")["chat_mismatches"] == 6, 30, "6 mismatches, tagged by either process"
+        lambda: server.prompt("pirate")["chat_mismatches"] == 6, what="6 mismatches, tagged by either process"
     )
-    wait_for(lambda: server.relay_metric("vllm_relay_chat_mismatches_total") == 6, 30, "the metric")
+    wait_for(lambda: server.relay_metric("vllm_relay_chat_mismatches_total") == 6, what="the metric")
     time.sleep(1.0)
     assert server.relay_metric("vllm_relay_requests_total") == 8  # still: one exporter

@@ -36,7 +36,7 @@ def register(server, name, **form):
 def counted(server, name, want, what):
     """Wait until the /metrics counter `name` reads `want`, then check it stays there (it must
     count each request once, not once per refresh)."""
-    wait_for(lambda: server.relay_metric(name) == want, 30, f"{name} == {want} ({what})")
+    wait_for(lambda: server.relay_metric(name) == want, what=f"{name} == {want} ({what})")
     import time
 
     time.sleep(1.0)  # several metrics refreshes
@@ -230,7 +230,7 @@ def test_delete_while_32_streams_are_in_flight(server):
         mine = [p for p in listing["data"] if p["name"] == "drain"]
         return [(p["state"], p["slot"]) for p in mine] == [("ready", again["slot"])]
 
-    wait_for(drained, 30, "the old registration to free its slot")
+    wait_for(drained, what="the old registration to free its slot")
     _, listing = server.call("GET", PROMPTS)
     assert first["slot"] not in {p["slot"] for p in listing["data"]}
     # The new registration serves correctly: relay fires on it, and (fp32 CPU) it gives the

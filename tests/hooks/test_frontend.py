@@ -4,6 +4,8 @@ Before, a system prompt longer than max_prompt_tokens once tokenized (or any spe
 after tokenizing) was reported by the engine core after loading the model, profiling memory and
 warming up: 40-90 s on the tiny CPU model, minutes for a large model on a GPU. The front end has
 the tokenizer and the config, so it checks there (hooks/frontend.py) and exits non-zero in seconds.
+How many seconds depends on the machine (mostly vLLM's imports): benchmarks/bench_startup_error.py
+measures it; this test checks the behaviour only, with a bound that catches a hang.
 """
 
 import json
@@ -13,24 +15,21 @@ import time
 
 from vllm_relay.testing.models import get_model
 
-FAIL_FAST_S = 15
 
-
-def test_bad_relay_config_exits_the_server_in_seconds_before_any_engine_starts():
+def test_bad_relay_config_exits_the_server_before_any_engine_starts():
     relay = {"max_prompt_tokens": 256,
              "system_prompts": {"support": {"chat_system": "word " * 300}}}  # 308 tokens once rendered
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", get_model("tiny-llama-gqa"),
            "--attention-backend", "relay", "--max-model-len", "512", "--port", "8419",
            "--additional-config", json.dumps({"relay": relay})]
     start = time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)  # a hang, not a slow machine
     elapsed = time.monotonic() - start
     log = proc.stdout + proc.stderr
     print(f"bad relay config: exit code {proc.returncode} after {elapsed:.1f} s")
     assert proc.returncode != 0, log[-3000:]
     assert "ValueError: system prompt 'support': 308 tokens, more than max_prompt_tokens=256" in log, log[-3000:]
     assert "EngineCore" not in log and "Loading weights" not in log, log[-3000:]  # no engine was started
-    assert elapsed < FAIL_FAST_S, f"took {elapsed:.1f} s"
 
 
 def test_frontend_hook_validates_only_relay_engines():
