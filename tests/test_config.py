@@ -25,7 +25,7 @@ def test_defaults():
     c = RelayConfig()
     assert (c.max_prompts, c.max_prompt_tokens, c.shared_path) == (2, 8192, "auto")
     assert c.system_prompts == {} and c.log_stats_interval_s == 10.0
-    assert c.admin_routes is True and c.metrics_interval_s == 1.0
+    assert c.admin_routes is True and c.metrics_interval_s == 1.0 and c.auto_levels is True
 
 
 @pytest.mark.parametrize(
@@ -40,6 +40,7 @@ def test_defaults():
         ({"log_stats_interval_s": -1.0}, r"log_stats_interval_s=-1.0: must be a finite number >= 0"),
         ({"log_stats_interval_s": float("inf")}, r"log_stats_interval_s=inf"),
         ({"admin_routes": "no"}, r"admin_routes='no': must be true or false"),
+        ({"auto_levels": 1}, r"auto_levels=1: must be true or false"),
         ({"metrics_interval_s": 0}, r"metrics_interval_s=0: must be a finite number > 0"),
         ({"metrics_interval_s": float("nan")}, r"metrics_interval_s=nan"),
     ],

@@ -32,6 +32,7 @@ FRONT_END = [
      "RelayConfig.shared_path='sometimes': must be one of ['auto', 'always', 'never']"),
     ({"log_stats_interval_s": -1}, {}, {}, "RelayConfig.log_stats_interval_s=-1: must be a finite number >= 0"),
     ({"admin_routes": "yes"}, {}, {}, "RelayConfig.admin_routes='yes': must be true or false"),
+    ({"auto_levels": "off"}, {}, {}, "RelayConfig.auto_levels='off': must be true or false"),
     ({"metrics_interval_s": 0}, {}, {}, "RelayConfig.metrics_interval_s=0: must be a finite number > 0"),
     ({"system_prompts": ["hi"]}, {}, {}, "RelayConfig.system_prompts: must be a dict name -> text"),
     ({"system_prompts": {"a": [1], "b": [2], "c": [3]}}, {}, {}, "3 prompts (a, b, c), more than max_prompts=2"),

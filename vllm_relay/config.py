@@ -18,9 +18,10 @@ from typing import Any
 
 from vllm_relay import envs
 
-# How relay requests' decode tokens attend to their system prompt (see vllm_relay/ops/relay_plan.py):
-# "auto" lets the measured rule pick per step and slot; "always" / "never" force the shared
-# (one grouped read per slot) or the prefix (one read per request) path, for tests and benchmarks.
+# How decode tokens read what they share (see vllm_relay/ops/level_tree.py and attention/planner.py):
+# "auto" lets the measured rule pick per step; "always" makes every shared run a level (one grouped
+# read for the requests under it), "never" none (each request reads everything itself: the prefix
+# path), for tests and benchmarks.
 SHARED_PATHS = ("auto", "always", "never")
 
 # Prompt names appear in logs, metrics labels and URLs, so keep them short and plain.
@@ -102,8 +103,13 @@ class RelayConfig:
     system_prompts: dict[str, str | list[int] | dict[str, str]] = field(default_factory=dict)
     # Seconds between stats log lines; 0 turns them off.
     log_stats_interval_s: float = 10.0
-    # "auto" (the measured rule), "always" or "never": see SHARED_PATHS.
+    # "auto" (the measured rule), "always" or "never": see SHARED_PATHS. It governs every shared
+    # level: "never" leaves each request's attention one call over its own table (and system pages).
     shared_path: str = "auto"
+    # Also share what nobody registered: runs of KV blocks that several decode requests' block tables
+    # hold (vLLM's prefix cache: the n samples of a prompt, requests over one document, a common
+    # history), found each step as a tree under the system prompts. False: registered prompts only.
+    auto_levels: bool = True
     # The OpenAI server's relay endpoints (vllm_relay.entrypoints, loaded with VLLM_PLUGINS=relay):
     # False leaves only the read-only GET routes (no registering or deleting prompts over HTTP).
     admin_routes: bool = True
@@ -131,6 +137,8 @@ class RelayConfig:
         self.log_stats_interval_s = float(interval)
         if not isinstance(self.admin_routes, bool):
             raise ValueError(f"RelayConfig.admin_routes={self.admin_routes!r}: must be true or false")
+        if not isinstance(self.auto_levels, bool):
+            raise ValueError(f"RelayConfig.auto_levels={self.auto_levels!r}: must be true or false")
         interval = self.metrics_interval_s
         if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not (
             math.isfinite(interval) and interval > 0

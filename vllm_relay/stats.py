@@ -92,7 +92,8 @@ def system_prompts(llm) -> list[dict]:
 
 
 def relay_stats(llm) -> dict:
-    """The engine core's counters (`RelayCounters`), `held_requests` and `prompts`."""
+    """The engine core's counters (`RelayCounters`), the shared levels the workers ran
+    (`level_tokens`, `level_groups`, `kv_bytes_saved`), `held_requests` and `prompts`."""
     return _call(llm, "relay_stats")
 
 
@@ -138,6 +139,6 @@ async def async_relay_stats(engine) -> dict:
     per_engine = await _on_each_engine(engine, "relay_stats")
     if len(per_engine) == 1:
         return per_engine[0]
-    keys = (*RelayCounters.__dataclass_fields__, "held_requests")
+    keys = (*RelayCounters.__dataclass_fields__, "level_tokens", "level_groups", "kv_bytes_saved", "held_requests")
     summed = {k: sum(e[k] for e in per_engine) for k in keys}
     return {**summed, "prompts": per_engine[0]["prompts"], "engines": per_engine}

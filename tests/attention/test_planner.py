@@ -1,7 +1,9 @@
 """The relay planner, without a model runner: vLLM's CommonAttentionMetadata of random mixed batches
-(padded as full CUDA graphs pad them), the step's relay facts, and the slot pages a fill recorded.
-The plan, run by `relay_attention`, must equal dense attention over [system K/V ; own K/V] for every
-request, on every path; on CUDA, a graph captured once must replay later plans exactly.
+(padded as full CUDA graphs pad them), the step's relay facts with vLLM's host block table, and the
+slot pages a fill recorded. Requests share runs of pages as the prefix cache lays them out (the n
+samples of a prompt, a document under a system prompt, plain requests over a common prefix). The
+plan, run by `relay_attention`, must equal dense attention over [system K/V ; own K/V] for every
+request, under every rule; on CUDA, a graph captured once must replay later plans exactly.
 """
 
 from types import SimpleNamespace
@@ -11,6 +13,7 @@ import pytest
 import torch
 
 from tests.ops.reference import attention_ref, make_paged_cache
+from vllm_relay.attention import planner as planner_module
 from vllm_relay.attention import step as relay_step
 from vllm_relay.attention.planner import RelayPlanner
 from vllm_relay.config import RelayConfig
@@ -21,37 +24,61 @@ MAX_MODEL_LEN, MAX_REQS, MAX_TOKENS, CAPTURE = 1024, 16, 256, 32
 SLOT_PAGES = (5, 2)  # whole pages of slots 0 and 1 (80 and 32 tokens)
 
 
-def vllm_config(shared_path="auto", dtype=torch.float32, full_graphs=False):
+def vllm_config(shared_path="auto", dtype=torch.float32, full_graphs=False, auto_levels=True):
     mode = SimpleNamespace(has_full_cudagraphs=lambda: full_graphs)
-    model = SimpleNamespace(get_num_attention_heads=lambda _p: H_KV * GROUP, get_num_kv_heads=lambda _p: H_KV, get_head_size=lambda: D,
-                            dtype=dtype, max_model_len=MAX_MODEL_LEN)
+    model = SimpleNamespace(get_num_attention_heads=lambda _p: H_KV * GROUP, get_num_kv_heads=lambda _p: H_KV,
+                            get_head_size=lambda: D, dtype=dtype, max_model_len=MAX_MODEL_LEN)
+    relay = {"max_prompts": 3, "max_prompt_tokens": 128, "shared_path": shared_path, "auto_levels": auto_levels}
     return SimpleNamespace(
-        additional_config={"relay": {"max_prompts": 3, "max_prompt_tokens": 128, "shared_path": shared_path}},
-        model_config=model, parallel_config=None,
+        additional_config={"relay": relay}, model_config=model, parallel_config=None,
         scheduler_config=SimpleNamespace(max_num_seqs=MAX_REQS, max_num_batched_tokens=MAX_TOKENS),
         compilation_config=SimpleNamespace(cudagraph_mode=mode, max_cudagraph_capture_size=CAPTURE),
     )
 
 
+def make_planner(device="cpu", **kwargs):
+    return RelayPlanner(vllm_config(**kwargs), SimpleNamespace(block_size=BLOCK), device)
+
+
 class World:
-    """A paged cache holding two filled system prompts and the requests' own KV."""
+    """A paged cache holding two filled system prompts and the requests' own KV.
+
+    `batch` rows are (slot or -1, own KV tokens incl. this step's, query tokens, parent row or -1,
+    pages shared with the parent): a row with a parent holds the parent's page ids (and so its KV)
+    for its first pages, at most the whole pages before either one's query tokens; its own copies
+    of those pages are overwritten with garbage, so a plan that read them would be wrong.
+    """
 
     def __init__(self, batch, dtype, device, seed):
         g = torch.Generator().manual_seed(seed)
         self.batch = batch
-        own = [(torch.randn(c, H_KV, D, generator=g), torch.randn(c, H_KV, D, generator=g)) for _, c, _ in batch]
+        own = [(torch.randn(c, H_KV, D, generator=g), torch.randn(c, H_KV, D, generator=g))
+               for _, c, _, _, _ in batch]
+        shared = []
+        for r, (_, c, q, parent, pages) in enumerate(batch):
+            n = 0
+            if parent >= 0:
+                n = max(0, min(pages, (c - q) // BLOCK, (batch[parent][1] - batch[parent][2]) // BLOCK))
+                own[r][0][: n * BLOCK] = own[parent][0][: n * BLOCK]
+                own[r][1][: n * BLOCK] = own[parent][1][: n * BLOCK]
+            shared.append(n)
         self.sys = [(torch.randn(n * BLOCK, H_KV, D, generator=g), torch.randn(n * BLOCK, H_KV, D, generator=g))
                     for n in SLOT_PAGES]
         seqs = own + self.sys
         k_cache, v_cache, table, lens = make_paged_cache([k for k, _ in seqs], [v for _, v in seqs], BLOCK, dtype)
-        self.k_cache, self.v_cache = k_cache.to(device), v_cache.to(device)
         B = len(batch)
+        for r, (_, _, _, parent, _) in enumerate(batch):
+            if shared[r]:
+                ids = table[r, : shared[r]].long()
+                k_cache[ids] = torch.randn_like(k_cache[ids])  # never read: the parent's pages are
+                table[r, : shared[r]] = table[parent, : shared[r]]
+        self.k_cache, self.v_cache = k_cache.to(device), v_cache.to(device)
         self.slot_table = table[B:]
         width = -(-MAX_MODEL_LEN // BLOCK)
         self.block_table = torch.zeros(MAX_REQS, width, dtype=torch.int32)
         self.block_table[:B, : table.shape[1]] = table[:B]
         self.own_lens = lens[:B]
-        self.q = torch.randn(sum(q for _, _, q in batch), H_KV * GROUP, D, generator=g).to(dtype).to(device)
+        self.q = torch.randn(sum(row[2] for row in batch), H_KV * GROUP, D, generator=g).to(dtype).to(device)
         self.own, self.dtype, self.device = own, dtype, device
 
     def record_fills(self):
@@ -65,7 +92,7 @@ class World:
         no tokens and no KV; their block-table rows point at the null block)."""
         from vllm.v1.attention.backend import CommonAttentionMetadata
 
-        q_lens = [q for _, _, q in self.batch] + [0] * pad_reqs
+        q_lens = [row[2] for row in self.batch] + [0] * pad_reqs
         B, T = len(q_lens), sum(q_lens) + pad_tokens
         cu = torch.zeros(B + 1, dtype=torch.int32)
         cu[1:] = torch.tensor(q_lens).cumsum(0)
@@ -80,14 +107,16 @@ class World:
             block_table_tensor=table[:B].to(dev), slot_mapping=torch.zeros(T, dtype=torch.int64, device=dev))
 
     def step(self):
-        slots = np.array([s for s, _, _ in self.batch], dtype=np.int32)
-        shift = np.array([SLOT_PAGES[s] * BLOCK if s >= 0 else 0 for s, _, _ in self.batch], dtype=np.int32)
-        q_lens = np.array([q for _, _, q in self.batch], dtype=np.int32)
-        return relay_step.RelayStep(len(self.batch), int(q_lens.sum()), slots, shift, q_lens)
+        """The relay facts the runner hook records, with vLLM's host block table and KV lengths."""
+        slots = np.array([row[0] for row in self.batch], dtype=np.int32)
+        shift = np.array([SLOT_PAGES[s] * BLOCK if s >= 0 else 0 for s in slots], dtype=np.int32)
+        q_lens = np.array([row[2] for row in self.batch], dtype=np.int32)
+        return relay_step.RelayStep(len(self.batch), int(q_lens.sum()), slots, shift, q_lens,
+                                    self.block_table.numpy(), self.own_lens.numpy().copy())
 
     def reference(self):
         out, row, scale = torch.zeros(self.q.shape), 0, D ** -0.5
-        for (slot, _, ql), (k, v) in zip(self.batch, self.own):
+        for (slot, _, ql, _, _), (k, v) in zip(self.batch, self.own):
             if slot >= 0:
                 k, v = torch.cat([self.sys[slot][0], k]), torch.cat([self.sys[slot][1], v])
             out[row: row + ql], _ = attention_ref(self.q[row: row + ql].cpu(), k.to(self.dtype), v.to(self.dtype),
@@ -109,22 +138,33 @@ def as_relay_plan(plan, cm, force_level=False):
     return RelayPlan(context, [plan.level] if run else [])
 
 
+def run_and_check(world, plan, cm, q=None, force_level=False):
+    q = world.q if q is None else q
+    out = torch.full_like(q, float("nan"))
+    relay_attention(q, world.k_cache, world.v_cache, as_relay_plan(plan, cm, force_level), out, D ** -0.5,
+                    varlen_attention_torch)
+    n = world.q.shape[0]
+    assert not out[:n].isnan().any()
+    torch.testing.assert_close(out[:n].float().cpu(), world.reference(), atol=2e-5, rtol=2e-5)
+
+
 def random_batch(rng, n):
-    """(slot or -1, own KV tokens incl. this step's, query tokens): decodes and prefill chunks."""
+    """Decodes and prefill chunks of relay and plain requests; most rows copy a random prefix of an
+    earlier row's pages (any depth: documents, samples of a sample)."""
     batch = []
-    for _ in range(n):
-        slot = int(rng.integers(-1, 2))
-        if rng.random() < 0.7:
-            own = int(rng.integers(1, 200))
-            batch.append((slot, own, 1))
-        else:
-            q = int(rng.integers(2, 40))
-            batch.append((slot, q + int(rng.integers(0, 60)), q))
+    for r in range(n):
+        q = 1 if rng.random() < 0.75 else int(rng.integers(2, 40))
+        own = q + int(rng.integers(0, 200))
+        parent = int(rng.integers(0, r)) if r and rng.random() < 0.7 else -1
+        slot = batch[parent][0] if parent >= 0 else int(rng.integers(-1, 2))
+        batch.append((slot, own, q, parent, int(rng.integers(1, 13))))
     return batch
 
 
-KERNELS = {  # the system level: fused launch (its torch twin, or the Triton kernel interpreted), or flash
-    "fused-torch": {}, "fused-triton": {"TRITON_INTERPRET": "1"}, "flash": {"VLLM_RELAY_LEVEL_KERNEL": "flash"}}
+KERNELS = {  # the levels: fused launch (its torch twin, or the Triton kernel interpreted), or flash
+    "fused-torch": {"VLLM_RELAY_LEVEL_KERNEL": "triton"},
+    "fused-triton": {"VLLM_RELAY_LEVEL_KERNEL": "triton", "TRITON_INTERPRET": "1"},
+    "flash": {"VLLM_RELAY_LEVEL_KERNEL": "flash"}}
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
@@ -133,82 +173,107 @@ KERNELS = {  # the system level: fused launch (its torch twin, or the Triton ker
 def test_plan_is_exact_on_random_mixed_batches(kernel, shared_path, seed, monkeypatch):
     for name, value in KERNELS[kernel].items():
         monkeypatch.setenv(name, value)
+    monkeypatch.setitem(planner_module.EAGER_MIN_SAVED_TOKENS, True, 64)  # small batches do share
     rng = np.random.default_rng(seed)
-    world = World(random_batch(rng, int(rng.integers(1, 12))), torch.float32, "cpu", seed)
+    world = World(random_batch(rng, int(rng.integers(1, 14))), torch.float32, "cpu", seed)
     world.record_fills()
-    planner = RelayPlanner(vllm_config(shared_path), SimpleNamespace(block_size=BLOCK), "cpu")
+    planner = make_planner(shared_path=shared_path)
     cm = world.cm()
-    plan = planner.plan(cm, world.step())
-    out = torch.full_like(world.q, float("nan"))
-    relay_attention(world.q, world.k_cache, world.v_cache, as_relay_plan(plan, cm), out, D ** -0.5,
-                    varlen_attention_torch)
-    torch.testing.assert_close(out, world.reference(), atol=2e-5, rtol=2e-5)
-    decodes = sum(1 for s, _, q in world.batch if s >= 0 and q == 1)
-    if shared_path == "never" or decodes == 0:
+    run_and_check(world, planner.plan(cm, world.step()), cm)
+    relay_decodes = sum(1 for s, _, q, _, _ in world.batch if s >= 0 and q == 1)
+    if shared_path == "never":
         assert planner.stats["shared_tokens"] == 0
     elif shared_path == "always":
-        assert planner.stats["shared_tokens"] == decodes
+        assert planner.stats["tokens_under_1_levels"] + planner.stats["tokens_under_2_levels"] \
+            + planner.stats["tokens_under_3_levels"] + planner.stats["tokens_under_4_levels"] >= relay_decodes
+
+
+def test_levels_of_every_depth_with_nothing_registered():
+    """Plain requests: 9 over one 96-token prefix (a document), 4 of them (a prompt and its samples)
+    sharing 3 pages more, 2 of those a further page; and 2 unrelated requests (one a prefill). Each
+    shared run is read once per step."""
+    batch = [(-1, 200, 1, -1, 0)] + [(-1, 150 + i, 1, 0, 6) for i in range(5)]
+    batch += [(-1, 190, 1, 1, 9), (-1, 180, 1, 1, 9), (-1, 170, 1, 6, 10), (-1, 40, 1, -1, 0), (-1, 33, 5, -1, 0)]
+    world = World(batch, torch.float32, "cpu", 3)
+    planner = make_planner(shared_path="always")
+    cm = world.cm()
+    plan = planner.plan(cm, world.step())
+    run_and_check(world, plan, cm)
+    s = planner.stats
+    assert s["tokens_under_1_levels"] == 5 and s["tokens_under_2_levels"] == 2 and s["tokens_under_3_levels"] == 2
+    assert s["level_groups"] == 3 and s["shared_tokens"] == 9 + 4 + 2
+    # Saved reads: 9 rows share 6 pages, 4 rows 3 pages more, 2 rows one page more.
+    assert s["saved_kv_tokens"] == (8 * 6 + 3 * 3 + 1 * 1) * BLOCK
+    assert s["saved_kv_bytes"] == s["saved_kv_tokens"] * 2 * H_KV * D * 4
+
+
+def test_auto_levels_off_reads_only_registered_prompts_as_levels():
+    batch = [(0, 50, 1, -1, 0), (0, 60, 1, 0, 2), (-1, 70, 1, -1, 0), (-1, 80, 1, 2, 4)]
+    world = World(batch, torch.float32, "cpu", 4)
+    world.record_fills()
+    planner = make_planner(shared_path="always", auto_levels=False)
+    cm = world.cm()
+    run_and_check(world, planner.plan(cm, world.step()), cm)
+    assert planner.stats["level_groups"] == 1 and planner.stats["shared_tokens"] == 2  # slot 0 alone
+
+
+def test_eager_steps_with_little_sharing_plan_no_levels():
+    """Under the measured rule an eager step runs levels only when they save enough KV reads."""
+    batch = [(-1, 40, 1, -1, 0), (-1, 41, 1, 0, 2), (-1, 45, 1, 0, 2)]  # 2 rows share 2 pages with a third
+    world = World(batch, torch.float32, "cpu", 5)
+    planner = make_planner()
+    cm = world.cm()
+    plan = planner.plan(cm, world.step())
+    assert not plan.run_level and planner.stats["level_groups"] == 0
+    run_and_check(world, plan, cm)
 
 
 def test_padded_graph_step_with_no_relay_request_still_writes_a_valid_plan():
     """A full-graph decode step of plain requests (relay on, no prompt used) must write the plan the
-    captured graph reads: the context tables equal vLLM's, the level is empty, no row is fused."""
-    batch = [(-1, 30, 1), (-1, 7, 1), (-1, 100, 1)]
+    captured graph reads: the context tables equal vLLM's, the levels are empty, no row is fused."""
+    batch = [(-1, 30, 1, -1, 0), (-1, 7, 1, -1, 0), (-1, 100, 1, -1, 0)]
     world = World(batch, torch.float32, "cpu", 0)
-    planner = RelayPlanner(vllm_config("always", full_graphs=True), SimpleNamespace(block_size=BLOCK), "cpu")
+    planner = make_planner(shared_path="always", full_graphs=True)
     cm = world.cm(pad_reqs=5, pad_tokens=5)
     plan = planner.plan(cm, None)
     assert plan is not None and plan.graph and not plan.run_level
     assert torch.equal(plan.context.seq_lens, cm.seq_lens) and torch.equal(plan.context.block_table_tensor,
                                                                            cm.block_table_tensor)
     assert (plan.level.row_index == -1).all() and int(plan.level.call["cu_seqlens_q"][-1]) == 0
-    assert plan.level.perm.shape[0] == 8 and plan.level.call["max_seqlen_q"] == 8  # fixed by the padded size
-    q = padded(world.q, cm)
-    out = torch.empty_like(q)
-    relay_attention(q, world.k_cache, world.v_cache, as_relay_plan(plan, cm, force_level=True), out,
-                    D ** -0.5, varlen_attention_torch)
-    torch.testing.assert_close(out[:3], world.reference(), atol=2e-5, rtol=2e-5)
+    assert plan.level.row_index.shape == (planner.max_depth, 8)  # fixed by the padded size
+    assert plan.level.perm.shape[0] == planner.max_rows and plan.level.call["max_seqlen_q"] == 8
+    run_and_check(world, plan, cm, padded(world.q, cm), force_level=True)
 
 
-def test_padded_graph_step_is_exact_and_eager_step_without_relay_plans_nothing(monkeypatch):
-    from vllm_relay.attention import planner as planner_module
-
-    monkeypatch.setattr(planner_module, "MIN_SHARED_GROUP_GRAPH_GQA", 2)
-    batch = [(0, 30, 1), (1, 7, 1), (-1, 100, 1), (0, 3, 1)]
+def test_padded_graph_step_is_exact_and_eager_step_without_relay_facts_plans_nothing(monkeypatch):
+    monkeypatch.setitem(planner_module.GRAPH_MIN_TOKENS, True, 2)
+    batch = [(0, 30, 1, -1, 0), (1, 7, 1, -1, 0), (-1, 100, 1, -1, 0), (0, 3, 1, -1, 0), (-1, 90, 1, 2, 5)]
     world = World(batch, torch.float32, "cpu", 1)
     world.record_fills()
-    planner = RelayPlanner(vllm_config(full_graphs=True), SimpleNamespace(block_size=BLOCK), "cpu")
-    cm = world.cm(pad_reqs=4, pad_tokens=4)
+    planner = make_planner(full_graphs=True)
+    cm = world.cm(pad_reqs=3, pad_tokens=3)
     plan = planner.plan(cm, world.step())
     assert plan.graph and plan.run_level
-    assert planner.stats["shared_tokens"] == 2 and planner.stats["prefix_requests"] == 1  # slot 0 shares
-    q = padded(world.q, cm)
-    out = torch.empty_like(q)
-    relay_attention(q, world.k_cache, world.v_cache, as_relay_plan(plan, cm), out, D ** -0.5,
-                    varlen_attention_torch)
-    assert not out.isnan().any()
-    torch.testing.assert_close(out[:4], world.reference(), atol=2e-5, rtol=2e-5)
-    eager = RelayPlanner(vllm_config(), SimpleNamespace(block_size=BLOCK), "cpu")
+    # Slot 0's two decodes share its pages; the two plain ones 5 pages; slot 1's one reads its own.
+    assert planner.stats["shared_tokens"] == 4 and planner.stats["prefix_requests"] == 1
+    run_and_check(world, plan, cm, padded(world.q, cm))
+    eager = make_planner()
     assert eager.plan(world.cm(), None) is None  # plain attention, vLLM's own tables
 
 
 def test_small_graphs_hold_no_level_and_take_the_prefix_path():
-    """Under the measured rule, a graph too small for a shared group is vLLM's plain graph: no
-    level launches, relay requests read their system pages through the prefix path, exactly."""
-    batch = [(0, 30, 1), (0, 7, 1), (1, 100, 1), (0, 3, 1)]
+    """Under the measured rule, a graph too small for the levels is vLLM's plain graph: no level
+    launches, relay requests read their system pages through the prefix path, exactly."""
+    batch = [(0, 30, 1, -1, 0), (0, 7, 1, -1, 0), (1, 100, 1, -1, 0), (0, 3, 1, -1, 0)]
     world = World(batch, torch.float32, "cpu", 2)
     world.record_fills()
-    planner = RelayPlanner(vllm_config(full_graphs=True), SimpleNamespace(block_size=BLOCK), "cpu")
+    planner = make_planner(full_graphs=True)
     for capture in (True, False):
-        cm = world.cm(pad_reqs=4, pad_tokens=4)  # 8 < MIN_SHARED_GROUP_GRAPH_GQA
+        cm = world.cm(pad_reqs=4, pad_tokens=4)  # 8 < GRAPH_MIN_TOKENS for GQA
         plan = planner.plan(cm, None if capture else world.step(), capture=capture)
         assert not plan.run_level and not plan.graph
     assert planner.stats["shared_tokens"] == 0 and planner.stats["prefix_requests"] == 4
-    q = padded(world.q, cm)
-    out = torch.empty_like(q)
-    relay_attention(q, world.k_cache, world.v_cache, as_relay_plan(plan, cm), out, D ** -0.5,
-                    varlen_attention_torch)
-    torch.testing.assert_close(out[:4], world.reference(), atol=2e-5, rtol=2e-5)
+    run_and_check(world, plan, cm, padded(world.q, cm))
 
 
 @pytest.mark.parametrize("kernel", ["flash", "triton"])
@@ -216,12 +281,15 @@ def test_plan_tensors_are_aligned_views_of_exact_length(kernel, monkeypatch):
     # Kernels compiled at start-up assume 16-byte aligned pointers (Triton specializes on it): every
     # persistent plan tensor starts 128-byte aligned in the one staging buffer, at its own length.
     monkeypatch.setenv("VLLM_RELAY_LEVEL_KERNEL", kernel)
-    planner = RelayPlanner(vllm_config(full_graphs=True), SimpleNamespace(block_size=BLOCK), "cpu")
-    G = planner.num_slots
-    views = {"req_pages": None, "req_slot": None, "perm": planner.max_rows, "cu": G + 1, "lens": G,
-             "tiles": planner.tile_cap, "row_index": None}
+    planner = make_planner(full_graphs=True)
+    G = planner.max_groups
+    views = {"ctx_front": None, "ctx_slot": None, "ctx_skip": None, "perm": planner.max_rows, "cu": G + 1,
+             "lens": G, "group_row": G, "group_start": G, "group_own": G, "group_front": G, "group_slot": G,
+             "tiles": planner.tile_cap, "_row_index": planner.max_depth * planner.max_tokens}
     for name, length in views.items():
         t = getattr(planner, name)
+        if t.numel() == 0:  # the fused level's tiles, with the FlashAttention levels: none
+            continue
         assert (t.data_ptr() - planner._dev.data_ptr()) % 128 == 0, name  # CUDA buffers start 256-aligned
         if length is not None:
             assert t.shape[0] == length, (name, t.shape)
@@ -246,8 +314,9 @@ def test_step_with_fewer_requests_than_prepared_raises():
 @pytest.mark.parametrize("group", [1, 4])
 def test_graph_replay_equals_eager_on_cuda(group, kernel, monkeypatch):
     """Capture relay attention once (as vLLM captures a decode graph: plan with no relay request),
-    then for random decode batches write each plan into the same buffers and replay: bit-identical to
-    running the same plan eagerly, and close to the fp32 reference."""
+    then for random decode batches (up to three levels per token with the FlashAttention levels)
+    write each plan into the same buffers and replay: bit-identical to running the same plan
+    eagerly, and close to the fp32 reference."""
     pytest.importorskip("vllm")
     from vllm.vllm_flash_attn import flash_attn_varlen_func
 
@@ -257,10 +326,15 @@ def test_graph_replay_equals_eager_on_cuda(group, kernel, monkeypatch):
     try:
         rng = np.random.default_rng(0)
         B = 12  # captured batch size (all decode)
-        worlds = [World([(int(rng.integers(-1, 2)), int(rng.integers(1, 300)), 1) for _ in range(int(n))],
-                        torch.bfloat16, "cuda", s) for s, n in enumerate(rng.integers(1, B + 1, size=6))]
-        planner = RelayPlanner(vllm_config("always", dtype=torch.bfloat16, full_graphs=True),
-                               SimpleNamespace(block_size=BLOCK), "cuda")
+        worlds = []
+        for s, n in enumerate(rng.integers(1, B + 1, size=6)):
+            batch = []
+            for r in range(int(n)):
+                parent = int(rng.integers(0, r)) if r and rng.random() < 0.7 else -1
+                slot = batch[parent][0] if parent >= 0 else int(rng.integers(-1, 2))
+                batch.append((slot, int(rng.integers(1, 300)), 1, parent, int(rng.integers(1, 12))))
+            worlds.append(World(batch, torch.bfloat16, "cuda", s))
+        planner = make_planner("cuda", shared_path="always", dtype=torch.bfloat16, full_graphs=True)
         worlds[0].record_fills()  # every world's cache is built alike: same slot pages layout per world
         kw = {"fa_version": 3}
         # One static set of inputs the graph reads: q, caches and output of the largest world.
@@ -305,5 +379,7 @@ def test_graph_replay_equals_eager_on_cuda(group, kernel, monkeypatch):
             assert torch.equal(replayed, eager_out[:n])
             torch.testing.assert_close(replayed.float().cpu(), world.reference(), atol=1.6e-2, rtol=1.6e-2)
         assert planner.stats["shared_tokens"] > 0
+        if kernel == "flash":  # trees: tokens under two and three levels were replayed
+            assert planner.stats["tokens_under_2_levels"] > 0 and planner.stats["tokens_under_3_levels"] > 0
     finally:
         H_KV, GROUP = 2, 4

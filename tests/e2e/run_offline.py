@@ -3,7 +3,11 @@
 Used by the e2e tests: each engine runs in a fresh process, as vLLM's CPU build spawns its engine
 core and workers and two engines in one test process would share global state.
 Usage: python run_offline.py SPEC_JSON OUT_JSON, where SPEC_JSON holds
-  {"engine": {LLM kwargs}, "prompts": [[token ids], ...], "max_tokens": int or [int per prompt]}
+  {"engine": {LLM kwargs}, "prompts": [[token ids] or {"ids": [...], "cache_salt": s}, ...],
+   "max_tokens": int or [int per prompt], "samples": [{"prompt": [ids], "n": k, "seed": s,
+   "max_tokens": m}, ...] (optional: seeded sampling, every sample with its top-5 logprobs),
+   "first": {"prompts": [...], "max_tokens": int} (optional: a greedy batch run before the rest,
+   its outputs and, for relay, the workers' stats right after it)}
 With data_parallel_size > 1 the engine is an AsyncLLM (vllm.LLM refuses data parallelism).
 """
 
@@ -30,9 +34,26 @@ def main() -> None:
     if engine.get("data_parallel_size", 1) > 1:  # vllm.LLM refuses data parallelism: the server's AsyncLLM
         return json.dump(run_async(engine, spec["prompts"], params), open(out_path, "w"))
     llm = LLM(**engine)
-    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in spec["prompts"]], params,
-                        use_tqdm=False)
-    result = {"outputs": [greedy(out) for out in outs]}
+    relay = engine.get("attention_backend") == "relay"
+    result = {}
+    if first := spec.get("first"):
+        sp = SamplingParams(temperature=0.0, max_tokens=first["max_tokens"], logprobs=5, ignore_eos=True)
+        outs = llm.generate([tokens_prompt(p) for p in first["prompts"]], sp, use_tqdm=False)
+        result["first"] = {"outputs": [greedy(out) for out in outs]}
+        if relay:
+            from vllm_relay.attention.planner import worker_stats
+
+            result["first"]["worker_stats"] = llm.collective_rpc(worker_stats)[0]
+    outs = llm.generate([tokens_prompt(p) for p in spec["prompts"]], params, use_tqdm=False)
+    result["outputs"] = [greedy(out) for out in outs]
+    if spec.get("samples"):  # all at once: the samples of every prompt decode in the same steps
+        groups = spec["samples"]
+        outs = llm.generate([TokensPrompt(prompt_token_ids=g["prompt"]) for g in groups],
+                            [SamplingParams(n=g["n"], seed=g["seed"], temperature=1.0, max_tokens=g["max_tokens"],
+                                            logprobs=5, ignore_eos=True) for g in groups], use_tqdm=False)
+        result["samples"] = [[{"tokens": list(c.token_ids),
+                               "logprobs": [{str(t): lp.logprob for t, lp in step.items()} for step in c.logprobs]}
+                              for c in out.outputs] for out in outs]
     # Client-visible sampling semantics: n > 1 with a per-request seed, and stop strings.
     sampled = SamplingParams(n=2, seed=11, temperature=1.0, max_tokens=24, stop=["e"])
     outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in spec.get("sampled_prompts", [])],
@@ -41,7 +62,7 @@ def main() -> None:
                           for c in out.outputs] for out in outs]
     metrics = {m.name: getattr(m, "value", None) for m in llm.get_metrics()}
     result["preemptions"] = metrics.get("vllm:num_preemptions")
-    if engine.get("attention_backend") == "relay":
+    if relay:
         from vllm_relay.stats import relay_stats
 
         result["relay_stats"] = relay_stats(llm)
@@ -49,6 +70,14 @@ def main() -> None:
 
         result["worker_stats"] = llm.collective_rpc(worker_stats)[0]
     json.dump(result, open(out_path, "w"))
+
+
+def tokens_prompt(p):
+    from vllm.inputs import TokensPrompt
+
+    if isinstance(p, dict):
+        return TokensPrompt(prompt_token_ids=p["ids"], cache_salt=p["cache_salt"])
+    return TokensPrompt(prompt_token_ids=p)
 
 
 def greedy(out) -> dict:

@@ -1,4 +1,4 @@
-"""prefix_block_table: a slot's pages in front of each request's own, against a naive loop."""
+"""prefix_block_table: a slot's pages in front of a span of a request's own, against a naive loop."""
 
 import pytest
 import torch
@@ -8,14 +8,17 @@ from vllm_relay.ops import prefix_block_table, prefix_block_table_torch, prefix_
 IMPLS = {"torch": prefix_block_table_torch, "triton": prefix_block_table_triton}
 
 
-def naive(block_table, seq_lens, pages, slot, slot_pages, page_size):
-    rows, width = block_table.shape
+def naive(block_table, seq_lens, pages, slot, slot_pages, page_size, src_row=None, start=None):
+    rows, width = pages.shape[0], block_table.shape[1]
+    src = range(rows) if src_row is None else src_row.tolist()
+    first = [0] * rows if start is None else start.tolist()
     table = torch.zeros(rows, width, dtype=torch.int32)
     for r in range(rows):
         p = int(pages[r])
         for j in range(width):
-            table[r, j] = slot_pages[int(slot[r]), j] if j < p else block_table[r, j - p]
-    return table, seq_lens + pages * page_size
+            col = first[r] + j - p
+            table[r, j] = slot_pages[int(slot[r]), j] if j < p else (block_table[src[r], col] if col < width else 0)
+    return table, seq_lens + (pages - torch.tensor(first, dtype=torch.int32)) * page_size
 
 
 def random_case(rows, width, num_slots, max_pages, seed):
@@ -39,6 +42,24 @@ def test_against_naive(impl, rows, width, num_slots, max_pages):
     want_t, want_l = naive(bt, lens, pages, slot, slot_pages, 16)
     assert torch.equal(out_t[:rows], want_t) and torch.equal(out_l[:rows], want_l)
     assert (out_t[rows:] == -7).all() and (out_l[rows:] == -7).all()  # rows past R untouched
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("rows,src_rows,width", [(1, 1, 1), (5, 9, 33), (40, 7, 130)])
+def test_spans_of_other_rows_against_naive(impl, rows, src_rows, width):
+    """Levels and requests past their levels: output row i reads row src_row[i] from page start[i]."""
+    g = torch.Generator().manual_seed(rows * width)
+    bt = torch.randint(0, 10_000, (src_rows, width), generator=g, dtype=torch.int32)
+    lens = torch.randint(0, 500, (rows,), generator=g, dtype=torch.int32)
+    slot = torch.randint(-1, 2, (rows,), generator=g, dtype=torch.int32)
+    pages = torch.where(slot >= 0, torch.randint(0, min(4, width) + 1, (rows,), generator=g, dtype=torch.int32), 0)
+    slot_pages = torch.randint(10_000, 20_000, (2, min(4, width)), generator=g, dtype=torch.int32)
+    src_row = torch.randint(0, src_rows, (rows,), generator=g, dtype=torch.int32)
+    start = torch.randint(0, width + 2, (rows,), generator=g, dtype=torch.int32)  # some past the width
+    out_t, out_l = torch.full((rows, width), -7, dtype=torch.int32), torch.empty(rows, dtype=torch.int32)
+    IMPLS[impl](bt, lens, pages.int(), slot, slot_pages, 16, out_t, out_l, src_row=src_row, start=start)
+    want_t, want_l = naive(bt, lens, pages.int(), slot, slot_pages, 16, src_row, start)
+    assert torch.equal(out_t, want_t) and torch.equal(out_l, want_l)
 
 
 def test_dispatch_and_a_strided_block_table():

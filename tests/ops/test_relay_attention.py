@@ -1,8 +1,9 @@
 """Decomposition property: relay attention == plain causal attention over [shared K/V ; own K/V].
 
-System prompts live in pages of the same paged cache as the requests' own KV. Each relay request
-takes the prefix path (its context call reads [slot pages ; own pages]) or the shared path (its
-own pages, plus one grouped call per slot, merged by LSE); both must equal the dense reference.
+System prompts live in pages of the same paged cache as the requests' own KV, and requests share
+runs of their own pages as vLLM's prefix cache lays them out (a document under a system prompt,
+the samples of one prompt, plain requests over a common prefix). The plan reads every shared run
+as a level or in the context, by any rule: the result must equal the dense reference.
 """
 
 import numpy as np
@@ -10,141 +11,165 @@ import pytest
 import torch
 
 from tests.ops.reference import DTYPES, assert_close, attention_ref, cu_seqlens, make_paged_cache
-from vllm_relay.ops import (
-    RelayPlan,
-    SharedLevel,
-    choose_shared,
-    group_rows,
-    prefix_block_table,
-    relay_attention,
-    varlen_attention_torch,
-)
+from vllm_relay.ops import RelayPlan, SharedLevel, prefix_block_table, relay_attention, varlen_attention_torch
+from vllm_relay.ops.level_tree import LevelRule, find_levels, level_rows
 
-# (slot or -1, own context length incl. this step's tokens, query length): decode steps and
-# prefill chunks of relay requests on two slots, mixed with plain requests.
+# (slot or -1, own context length incl. this step's tokens, query length, parent row or -1, pages of
+# the parent's own table it shares): decode steps and prefill chunks of relay requests on two
+# slots, mixed with plain requests; below slot 1 a document (row 8) read by two more requests, one
+# of them a sample sharing a page more; two plain decodes over a common prefix.
 MIXED_BATCH = [
-    (0, 1, 1),      # relay decode, own context of one token
-    (1, 300, 1),    # relay decode
-    (-1, 15, 1),    # plain decode
-    (0, 15, 7),     # relay chunked prefill: 8 own tokens cached, 7 new
-    (-1, 33, 33),   # plain prefill
-    (1, 20, 20),    # relay first prefill chunk (own tokens only; the system part is in its pages)
-    (0, 16, 1),     # relay decode
-    (1, 5, 1),      # relay decode
+    (0, 1, 1, -1, 0),      # relay decode, own context of one token
+    (1, 300, 1, -1, 0),    # relay decode
+    (-1, 15, 1, -1, 0),    # plain decode
+    (0, 15, 7, -1, 0),     # relay chunked prefill: 8 own tokens cached, 7 new
+    (-1, 33, 33, -1, 0),   # plain prefill
+    (1, 20, 20, -1, 0),    # relay first prefill chunk (own tokens only; the system part is in its pages)
+    (0, 16, 1, -1, 0),     # relay decode
+    (1, 5, 1, -1, 0),      # relay decode
+    (1, 190, 1, 1, 9),     # relay decode over row 1's first pages (a document)
+    (1, 170, 1, 8, 9),     # the same document
+    (1, 200, 1, 8, 10),    # the same document and one more page of row 8 (a sibling sample)
+    (-1, 64, 1, -1, 0),    # plain decode
+    (-1, 70, 1, 11, 3),    # plain decodes sharing row 11's first pages
+    (-1, 99, 1, 11, 3),
 ]
+RULES = {
+    "none": None,  # every shared run in the context
+    "permissive": LevelRule(min_rows_root=1, min_rows=2, max_depth=4),
+    "measured_like": LevelRule(min_rows_root=2, min_rows=2, min_saved_pages=3, max_depth=2),
+    "one_level": LevelRule(min_rows_root=3, min_rows=3, max_depth=1, max_groups=2),
+}
 
 
-def build(batch, sys_pages, h_kv, group, d, block_size, dtype, device="cpu", levels=1):
+def build(batch, sys_pages, h_kv, group, d, block_size, dtype, device="cpu"):
     """Random inputs in one paged cache and the dense reference output of `batch`.
 
-    `sys_pages[s]` is the page count of slot s at each level (levels > 1 stacks more shared
-    levels, e.g. a document under the system prompt: its own pages, per slot).
-    Returns (q, k_cache, v_cache), own (table, lens), slot_pages per level, scale, reference.
+    A row with a parent holds the parent's page ids for its first shared pages (at most the whole
+    pages before either one's query); its own copies of those pages are overwritten with garbage,
+    so a plan that read them would be wrong. Returns (q, k_cache, v_cache), own (table, lens),
+    slot_pages, scale, reference.
     """
     hq = h_kv * group
-    q_lens = [ql for _, _, ql in batch]
+    q_lens = [row[2] for row in batch]
     q = torch.randn(sum(q_lens), hq, d).to(dtype)
-    ks = [torch.randn(cl, h_kv, d).to(dtype) for _, cl, _ in batch]
-    vs = [torch.randn(cl, h_kv, d).to(dtype) for _, cl, _ in batch]
-    shared = [[(torch.randn(n * block_size, h_kv, d).to(dtype), torch.randn(n * block_size, h_kv, d).to(dtype))
-               for n in sys_pages] for _ in range(levels)]
-    flat = [kv for level in shared for kv in level]
-    k_cache, v_cache, table, lens = make_paged_cache(ks + [k for k, _ in flat], vs + [v for _, v in flat],
+    ks = [torch.randn(cl, h_kv, d).to(dtype) for _, cl, _, _, _ in batch]
+    vs = [torch.randn(cl, h_kv, d).to(dtype) for _, cl, _, _, _ in batch]
+    shared_pages = []
+    for r, (_, cl, ql, parent, pages) in enumerate(batch):
+        if parent >= 0:
+            pages = min(pages, (cl - ql) // block_size, (batch[parent][1] - batch[parent][2]) // block_size)
+            n = pages * block_size
+            ks[r][:n], vs[r][:n] = ks[parent][:n], vs[parent][:n]
+        shared_pages.append(max(pages, 0) if parent >= 0 else 0)
+    sys_kv = [(torch.randn(n * block_size, h_kv, d).to(dtype), torch.randn(n * block_size, h_kv, d).to(dtype))
+              for n in sys_pages]
+    k_cache, v_cache, table, lens = make_paged_cache(ks + [k for k, _ in sys_kv], vs + [v for _, v in sys_kv],
                                                      block_size, dtype)
-    B, G = len(batch), len(sys_pages)
+    B = len(batch)
+    for r, (_, _, _, parent, _) in enumerate(batch):
+        n = shared_pages[r]
+        if n:
+            k_cache[table[r, :n].long()] = torch.randn_like(k_cache[table[r, :n].long()])  # never read
+            table[r, :n] = table[parent, :n]
     # As vLLM's: wide enough for any request's prefix pages and own pages together.
-    width = max(-(-cl // block_size) for _, cl, _ in batch) + levels * max(sys_pages)
-    slot_pages = []
-    for lvl in range(levels):
-        rows = table[B + lvl * G: B + (lvl + 1) * G]
-        slot_pages.append(rows[:, : max(sys_pages)].contiguous())
+    width = max(-(-row[1] // block_size) for row in batch) + max(sys_pages)
+    slot_pages = table[B:, : max(sys_pages)].contiguous()
     scale = d ** -0.5
     ref = torch.zeros(q.shape)
     cu = cu_seqlens(q_lens)
-    for b, (slot, _, _) in enumerate(batch):
+    for b, (slot, _, _, _, _) in enumerate(batch):
         rows = slice(int(cu[b]), int(cu[b + 1]))
         k, v = ks[b], vs[b]
         if slot >= 0:  # the full sequence the request would have without relay
-            k = torch.cat([shared[lvl][slot][0] for lvl in range(levels)] + [k])
-            v = torch.cat([shared[lvl][slot][1] for lvl in range(levels)] + [v])
+            k, v = torch.cat([sys_kv[slot][0], k]), torch.cat([sys_kv[slot][1], v])
         ref[rows], _ = attention_ref(q[rows], k, v, scale, causal=True)
     own_table = torch.randint(0, table.shape[0], (B, width), dtype=torch.int32)  # stale entries
     own_table[:, : table.shape[1]] = table[:B]
     moved = [x.to(device) for x in (q, k_cache, v_cache)]
-    return moved, (own_table.to(device), lens[:B].to(device)), [p.to(device) for p in slot_pages], scale, ref
+    return moved, (own_table.to(device), lens[:B].to(device)), slot_pages.to(device), scale, ref
 
 
-def make_plan(batch, own, slot_pages, sys_pages, block_size, shared_mask, device="cpu"):
-    """The plan a relay planner makes: prefix rows get every level's pages in front of their own;
-    shared rows get one grouped call per level (their slot's pages), merged in level order."""
+def make_plan(batch, own, slot_pages, sys_pages, block_size, rule, device="cpu"):
+    """The plan a relay planner makes: the levels `rule` finds in the decode rows' tables, each
+    read by one grouped call; every request's context is its pages past its levels, with its
+    slot's pages in front when no level read them (the prefix path)."""
     table, lens = own
-    req_slot = np.array([s for s, _, _ in batch], dtype=np.int32)
-    q_lens = np.array([ql for _, _, ql in batch])
-    pages_per_slot = np.array(sys_pages, dtype=np.int32)
-    levels = len(slot_pages)
-    prefix = (req_slot >= 0) & ~shared_mask
-    ctx_table, ctx_lens = table.clone(), lens.clone()
-    # Prefix rows: the levels' pages in order, then the request's own (one merged table per level).
-    for lvl in reversed(range(levels)):
-        pages = np.where(prefix, pages_per_slot[np.maximum(req_slot, 0)], 0).astype(np.int32)
-        out_t, out_l = torch.empty_like(ctx_table), torch.empty_like(ctx_lens)
-        prefix_block_table(ctx_table, ctx_lens, torch.from_numpy(pages).to(device),
-                           torch.from_numpy(req_slot).to(device), slot_pages[lvl], block_size, out_t, out_l)
-        ctx_table, ctx_lens = out_t, out_l
-    token_group = np.repeat(np.where(shared_mask, req_slot, -1), q_lens)
-    perm, cu, row_index = group_rows(token_group, len(sys_pages))
-    group_lens = torch.tensor(pages_per_slot * block_size, dtype=torch.int32)
-    shared = [] if not shared_mask.any() else [
-        SharedLevel(perm=torch.from_numpy(perm).to(device), row_index=torch.from_numpy(row_index).to(device),
-                    call=dict(cu_seqlens_q=torch.from_numpy(cu).to(device), seqused_k=group_lens.to(device),
-                              max_seqlen_q=int(np.diff(cu).max()), max_seqlen_k=int(group_lens.max()),
-                              block_table=slot_pages[lvl]))
-        for lvl in range(levels)]
+    root = np.array([row[0] for row in batch], dtype=np.int32)
+    q_lens = np.array([row[2] for row in batch])
+    own_lens = lens.cpu().numpy()
+    root_pages = np.array(sys_pages, dtype=np.int32)
+    decode = q_lens == 1
+    front = np.where(root >= 0, root_pages[np.maximum(root, 0)], 0).astype(np.int32)
+    skip = np.zeros(len(batch), dtype=np.int32)
+    shared = []
+    if rule is not None:
+        shareable = np.where(decode, (own_lens - 1) // block_size, 0)
+        tree = find_levels(table.cpu().numpy(), shareable, np.where(decode, root, -1), root_pages, rule)
+        front = np.where(decode, tree.row_front, front).astype(np.int32)
+        skip = tree.row_skip
+        if tree.num_groups:
+            perm, cu, row_index = level_rows(tree, cu_seqlens(list(q_lens))[:-1].numpy(), int(q_lens.sum()))
+            G = tree.num_groups
+            level_table = torch.zeros(G, table.shape[1], dtype=torch.int32, device=device)
+            t = lambda x: torch.from_numpy(np.ascontiguousarray(x, dtype=np.int32)).to(device)  # noqa: E731
+            prefix_block_table(table, t((tree.start + tree.pages) * block_size), t(tree.front), t(tree.slot),
+                               slot_pages, block_size, level_table, torch.zeros(G, dtype=torch.int32, device=device),
+                               src_row=t(tree.row), start=t(tree.start))
+            group_lens = (tree.front + tree.pages) * block_size
+            shared = [SharedLevel(perm=t(perm), row_index=t(row_index),
+                                  call=dict(cu_seqlens_q=t(cu), seqused_k=t(group_lens),
+                                            max_seqlen_q=int(np.diff(cu).max()), max_seqlen_k=int(group_lens.max()),
+                                            block_table=level_table))]
+    ctx_table, ctx_lens = torch.empty_like(table), torch.empty_like(lens)
+    prefix_block_table(table, lens, torch.from_numpy(front).to(device), torch.from_numpy(root).to(device),
+                       slot_pages, block_size, ctx_table, ctx_lens, start=torch.from_numpy(skip).to(device))
     context = dict(cu_seqlens_q=cu_seqlens(list(q_lens)).to(device), seqused_k=ctx_lens,
                    max_seqlen_q=int(q_lens.max()), max_seqlen_k=int(ctx_lens.max()), block_table=ctx_table)
     return RelayPlan(context=context, shared=shared)
 
 
-MODES = {
-    "all_prefix": lambda batch: np.zeros(len(batch), dtype=bool),
-    "all_shared": lambda batch: np.array([s >= 0 for s, _, _ in batch]),
-    "rule": lambda batch: choose_shared(np.array([s for s, _, _ in batch]),
-                                        np.array([ql for _, _, ql in batch]), 2),
-}
-
-
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("rule", RULES)
 @pytest.mark.parametrize("sys_pages", [(1, 63), (5, 2)], ids=["pages1_63", "pages5_2"])
 @pytest.mark.parametrize("group", [1, 4, 8])
 @pytest.mark.parametrize("block_size", [16, 32])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_relay_equals_attention_over_concatenated_kv(mode, sys_pages, group, block_size, dtype):
+def test_relay_equals_attention_over_concatenated_kv(rule, sys_pages, group, block_size, dtype):
     (q, k_cache, v_cache), own, slot_pages, scale, ref = build(MIXED_BATCH, sys_pages, 2, group, 64,
                                                                block_size, dtype)
-    plan = make_plan(MIXED_BATCH, own, slot_pages, sys_pages, block_size, MODES[mode](MIXED_BATCH))
+    plan = make_plan(MIXED_BATCH, own, slot_pages, sys_pages, block_size, RULES[rule])
+    if rule == "permissive" and block_size == 16:  # slot 1 -> document -> sample: three levels
+        assert (plan.shared[0].row_index >= 0).sum(dim=0).max() == 3
     out = torch.full_like(q, float("nan"))
     got = relay_attention(q, k_cache, v_cache, plan, out, scale, varlen_attention_torch)
     assert got is out
     assert_close(out, ref, dtype)
 
 
-@pytest.mark.parametrize("mode", ["all_prefix", "all_shared"])
-def test_two_shared_levels(mode):
-    """System prompt -> document -> own tokens: two shared levels merged in order (Hydragen-style)."""
-    (q, k_cache, v_cache), own, slot_pages, scale, ref = build(MIXED_BATCH, (3, 2), 2, 4, 64, 16,
-                                                               torch.float32, levels=2)
-    plan = make_plan(MIXED_BATCH, own, slot_pages, (3, 2), 16, MODES[mode](MIXED_BATCH))
-    assert len(plan.shared) == (2 if mode == "all_shared" else 0)
-    out = torch.empty_like(q)
+@pytest.mark.parametrize("seed", range(6))
+def test_random_trees_of_sharing(seed):
+    """Random batches whose rows copy random prefixes of earlier rows' pages, any depth."""
+    rng = np.random.default_rng(seed)
+    batch = []
+    for r in range(int(rng.integers(1, 24))):
+        q_len = 1 if rng.random() < 0.8 else int(rng.integers(2, 30))
+        own = q_len + int(rng.integers(0, 200))
+        parent = int(rng.integers(0, r)) if r and rng.random() < 0.7 else -1
+        slot = batch[parent][0] if parent >= 0 else int(rng.integers(-1, 2))
+        batch.append((slot, own, q_len, parent, int(rng.integers(1, 14))))
+    (q, k_cache, v_cache), own, slot_pages, scale, ref = build(batch, (2, 3), 2, 4, 32, 16, torch.float32)
+    plan = make_plan(batch, own, slot_pages, (2, 3), 16, RULES["permissive"])
+    out = torch.full_like(q, float("nan"))
     relay_attention(q, k_cache, v_cache, plan, out, scale, varlen_attention_torch)
     assert_close(out, ref, torch.float32)
 
 
 def test_long_prefill_chunk_and_odd_head_size():
     """T ~ 1000: a long relay prefill chunk next to decodes, D = 59."""
-    batch = [(1, 900, 900), (0, 40, 1), (-1, 77, 60), (0, 300, 39), (0, 3, 1)]
+    batch = [(1, 900, 900, -1, 0), (0, 40, 1, -1, 0), (-1, 77, 60, -1, 0), (0, 300, 39, -1, 0), (0, 3, 1, -1, 0),
+             (0, 290, 1, 3, 30)]
     (q, k_cache, v_cache), own, slot_pages, scale, ref = build(batch, (62, 1), 1, 4, 59, 16, torch.bfloat16)
-    plan = make_plan(batch, own, slot_pages, (62, 1), 16, MODES["rule"](batch))
+    plan = make_plan(batch, own, slot_pages, (62, 1), 16, RULES["measured_like"])
     out = torch.empty_like(q)
     relay_attention(q, k_cache, v_cache, plan, out, scale, varlen_attention_torch)
     assert_close(out, ref, torch.bfloat16)
@@ -155,7 +180,7 @@ def test_torch_fusion_path(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     (q, k_cache, v_cache), own, slot_pages, scale, ref = build(MIXED_BATCH, (1, 63), 2, 4, 64, 16,
                                                                torch.float16)
-    plan = make_plan(MIXED_BATCH, own, slot_pages, (1, 63), 16, MODES["all_shared"](MIXED_BATCH))
+    plan = make_plan(MIXED_BATCH, own, slot_pages, (1, 63), 16, RULES["permissive"])
     out = torch.empty_like(q)
     relay_attention(q, k_cache, v_cache, plan, out, scale, varlen_attention_torch)
     assert_close(out, ref, torch.float16)
@@ -174,7 +199,7 @@ class Recorder:
 def test_prefix_only_step_is_one_call_into_out():
     (q, k_cache, v_cache), own, slot_pages, scale, ref = build(MIXED_BATCH, (1, 63), 2, 4, 64, 16,
                                                                torch.float32)
-    plan = make_plan(MIXED_BATCH, own, slot_pages, (1, 63), 16, MODES["all_prefix"](MIXED_BATCH))
+    plan = make_plan(MIXED_BATCH, own, slot_pages, (1, 63), 16, RULES["none"])
     attn = Recorder()
     out = torch.empty_like(q)
     assert relay_attention(q, k_cache, v_cache, plan, out, scale, attn) is out
@@ -186,7 +211,7 @@ def test_prefix_only_step_is_one_call_into_out():
 def test_forwards_attn_kwargs_buffers_and_scheduler_metadata():
     (q, k_cache, v_cache), own, slot_pages, scale, ref = build(MIXED_BATCH, (1, 63), 2, 1, 64, 16,
                                                                torch.float32)
-    plan = make_plan(MIXED_BATCH, own, slot_pages, (1, 63), 16, MODES["all_shared"](MIXED_BATCH))
+    plan = make_plan(MIXED_BATCH, own, slot_pages, (1, 63), 16, RULES["permissive"])
     plan.context["scheduler_metadata"] = torch.zeros(4, dtype=torch.int32)
     level = plan.shared[0]
     level.call["scheduler_metadata"] = torch.ones(4, dtype=torch.int32)
@@ -205,18 +230,25 @@ def test_forwards_attn_kwargs_buffers_and_scheduler_metadata():
 
 
 def test_padded_rows_and_empty_groups_are_harmless():
-    """A CUDA-graph step: padded shared rows point at token 0, one slot has no tokens, padded
-    requests have no KV; real tokens are still exact and nothing becomes NaN."""
-    batch = MIXED_BATCH + [(-1, 0, 0), (-1, 0, 0)]  # two padding requests (no tokens, no KV)
+    """A CUDA-graph step: padded level rows point at token 0, trailing groups are empty, the
+    fusion loops over more depths than any token has, padded requests have no KV; real tokens are
+    still exact and nothing becomes NaN."""
+    batch = MIXED_BATCH + [(-1, 0, 0, -1, 0), (-1, 0, 0, -1, 0)]  # two padding requests (no tokens, no KV)
     (q, k_cache, v_cache), own, slot_pages, scale, ref = build(batch, (1, 63, 4), 2, 4, 64, 16,
                                                                torch.float32)
-    mask = np.array([s == 1 for s, _, _ in batch])  # only slot 1 shares; slots 0 and 2 are empty groups
-    plan = make_plan(batch, own, slot_pages, (1, 63, 4), 16, mask)
+    plan = make_plan(batch, own, slot_pages, (1, 63, 4), 16, RULES["measured_like"])
     level = plan.shared[0]
-    n = level.perm.shape[0]
+    n, G = level.perm.shape[0], level.call["seqused_k"].shape[0]
     level.perm = torch.cat([level.perm, torch.zeros(5, dtype=torch.int32)])  # padded rows
+    level.row_index = torch.cat([level.row_index, torch.full((2, q.shape[0]), -1, dtype=torch.int32)])
+    call = level.call
+    call["cu_seqlens_q"] = torch.cat([call["cu_seqlens_q"], call["cu_seqlens_q"][-1:].repeat(3)])  # empty groups
+    call["seqused_k"] = torch.cat([call["seqused_k"], torch.zeros(3, dtype=torch.int32)])
+    call["block_table"] = torch.cat([call["block_table"], torch.zeros(3, call["block_table"].shape[1],
+                                                                      dtype=torch.int32)])
+    assert call["seqused_k"].shape[0] == G + 3
     level.q_buf, level.out_buf = torch.empty(n + 5, *q.shape[1:]), torch.empty(n + 5, *q.shape[1:])
-    level.call["max_seqlen_q"] = n + 5  # captured graphs use upper bounds
+    call["max_seqlen_q"] = n + 5  # captured graphs use upper bounds
     out = torch.empty_like(q)
     relay_attention(q, k_cache, v_cache, plan, out, scale, varlen_attention_torch)
     assert not out.isnan().any()
@@ -239,14 +271,14 @@ def _fa():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("rule", RULES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("group", [1, 4])
-def test_relay_attention_cuda_flash_attn(mode, dtype, group):
+def test_relay_attention_cuda_flash_attn(rule, dtype, group):
     flash_attn_varlen_func, fa_version = _fa()
     (q, k_cache, v_cache), own, slot_pages, scale, ref = build(MIXED_BATCH, (1, 63), 8 // group, group,
                                                                128, 16, dtype, device="cuda")
-    plan = make_plan(MIXED_BATCH, own, slot_pages, (1, 63), 16, MODES[mode](MIXED_BATCH), device="cuda")
+    plan = make_plan(MIXED_BATCH, own, slot_pages, (1, 63), 16, RULES[rule], device="cuda")
     out = torch.full_like(q, float("nan"))
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")  # relay_attention must not synchronize with the host
@@ -264,7 +296,7 @@ def test_relay_attention_cuda_torch_attn(dtype):
     """Triton fusion on CUDA with the torch attention: no vLLM needed."""
     (q, k_cache, v_cache), own, slot_pages, scale, ref = build(MIXED_BATCH, (5, 2), 2, 4, 128, 32, dtype,
                                                                device="cuda")
-    plan = make_plan(MIXED_BATCH, own, slot_pages, (5, 2), 32, MODES["all_shared"](MIXED_BATCH), device="cuda")
+    plan = make_plan(MIXED_BATCH, own, slot_pages, (5, 2), 32, RULES["permissive"], device="cuda")
     out = torch.empty_like(q)
     relay_attention(q, k_cache, v_cache, plan, out, scale, varlen_attention_torch)
     assert_close(out, ref, dtype)

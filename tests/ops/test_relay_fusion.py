@@ -324,6 +324,51 @@ def test_fuse_in_place_equals_relay_fusion(dtype, update_lse, T, N, H, D):
     torch.testing.assert_close(got_lse, want_lse if update_lse else lse, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("levels, T, N, H, D", [(2, 1, 2, 1, 16), (3, 41, 70, 3, 59), (4, 130, 200, 8, 128)])
+def test_fuse_in_place_merges_several_levels_per_token(dtype, levels, T, N, H, D):
+    """A token under several levels (row_index [L, T]) comes out as the softmax-weighted mix of its
+    context and every level it has, against a float64 merge of all the parts at once."""
+    from vllm_relay.ops.relay_fusion import fuse_in_place
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu" and not interpreter_on():
+        pytest.skip("needs CUDA or TRITON_INTERPRET=1")
+    out = torch.randn(T, H, D).to(dtype)
+    lse = torch.randn(H, T) * 3
+    o_level = torch.randn(N, H, D).to(dtype)
+    lse_level = torch.randn(H, N) * 3
+    row_index = torch.full((levels, T), -1, dtype=torch.int32)
+    rows = torch.randperm(N)
+    used = 0
+    for t in range(T):  # each token takes 0..levels distinct rows, in any order
+        k = int(torch.randint(0, levels + 1, ()))
+        if used + k > N:
+            break
+        row_index[:k, t] = rows[used: used + k].int()
+        used += k
+    lses, outs = [lse.t().double()], [out.double()]
+    for k in range(levels):
+        has = row_index[k] >= 0
+        r = row_index[k].clamp(min=0).long()
+        lses.append(torch.where(has[:, None], lse_level.t()[r].double(), float("-inf")))
+        outs.append(o_level[r].double())
+    w = torch.softmax(torch.stack(lses), dim=0)[..., None]  # [1 + L, T, H, 1]
+    want = sum(wi * torch.where(wi > 0, oi, 0.0) for wi, oi in zip(w, outs))
+    want_lse = torch.logsumexp(torch.stack(lses), dim=0).t()
+    got_out, got_lse = out.clone().to(device), lse.clone().to(device)
+    fuse_in_place(got_out, got_lse, o_level.to(device), lse_level.to(device), row_index.to(device), True)
+    untouched = (row_index < 0).all(dim=0)
+    assert torch.equal(got_out.cpu()[untouched], out[untouched])
+    assert_close(got_out, want, dtype)
+    torch.testing.assert_close(got_lse.cpu(), want_lse.float(), atol=1e-5, rtol=1e-5)
+    torch_out, torch_lse = out.clone(), lse.clone()  # the CPU path: one relay_fusion_torch per level
+    for k in range(levels):
+        relay_fusion_torch(o_level, lse_level, torch_out, torch_lse, out=torch_out, out_lse=torch_lse,
+                           sys_index=row_index[k].contiguous())
+    assert_close(torch_out, want, dtype)
+
+
 # ---- warm-up: every fuse_in_place variant compiled at start-up ------------------------------------
 
 @pytest.mark.parametrize("H", [1, 4, 8, 20, 32, 40, 64])

@@ -3,14 +3,16 @@
 Subclassing keeps FlashAttention's KV-cache layout, cache writes (`reshape_and_cache_flash`),
 AOT scheduling, CUDA-graph support and validation consistent with the vLLM release we pin.
 System prompts live in pages of the same paged cache. Each step the builder plans (once) the
-context tables, where a relay request on the prefix path has its slot's pages in front of its
-own, and the system level, where decode tokens of a slot read its pages once together:
+levels, runs of pages that several decode requests read (a system prompt, what the prefix cache
+shares below it), each read once for all of them, and the context tables, each request's pages
+past its levels (with its slot's pages in front on the prefix path):
 
-* no token on the shared path: FlashAttention's own forward over the context tables, one call;
-* otherwise `ops.relay_attention`: the context call with LSE, one grouped system call, the fusion.
+* no level: FlashAttention's own forward over the context tables, one call;
+* otherwise `ops.relay_attention`: the context call with LSE, one grouped call over every level,
+  the fusion.
 
-A full-CUDA-graph step always captures the second form, over persistent plan tensors, so one
-captured graph serves any mix of relay requests of any prompts and plain requests.
+A full-CUDA-graph step large enough for levels captures the second form, over persistent plan
+tensors, so one captured graph serves any mix of requests and any tree of sharing.
 """
 
 import torch
@@ -76,11 +78,11 @@ class RelayMetadataBuilder(FlashAttentionMetadataBuilder):
         from vllm_relay.hooks.runner import apply_worker
 
         apply_worker()
-        self.planner = RelayPlanner(vllm_config, kv_cache_spec, device)
+        self.planner = RelayPlanner(vllm_config, kv_cache_spec, device, num_layers=len(layer_names))
         self.level_splits = envs.VLLM_RELAY_LEVEL_SPLITS or 0
         self.level_scheduler_metadata = None
         if self.use_full_cuda_graph and self.aot_schedule:
-            self.level_scheduler_metadata = torch.zeros(1 + round_up(self.planner.num_slots, 4) * 4,
+            self.level_scheduler_metadata = torch.zeros(1 + round_up(self.planner.max_groups, 4) * 4,
                                                         dtype=torch.int32, device=self.device)
 
     def build(self, common_prefix_len, common_attn_metadata, fast_build: bool = False):
@@ -101,7 +103,7 @@ class RelayMetadataBuilder(FlashAttentionMetadataBuilder):
             return meta
         meta = super().build(0, plan.context, fast_build)  # FlashAttention over the context tables
         level = plan.level
-        if level.fused is None:  # the FlashAttention level (a fused level is one Triton launch)
+        if level.fused is None:  # the FlashAttention levels (a fused level is one Triton launch)
             if self.level_splits:  # a fixed split count, no ahead-of-time schedule (see envs)
                 level.call["num_splits"] = self.level_splits
             else:
@@ -118,12 +120,12 @@ class RelayMetadataBuilder(FlashAttentionMetadataBuilder):
         return meta
 
     def _schedule_level(self, call: dict, num_splits: int, fast_build: bool):
-        """FlashAttention-3's ahead-of-time schedule of the system call, as FA's builder makes
+        """FlashAttention-3's ahead-of-time schedule of the levels' call, as FA's builder makes
         its own (into a persistent buffer when full CUDA graphs are on)."""
         if not self.aot_schedule or fast_build or call["max_seqlen_q"] == 0:
             return None
         sched = flash_attn.get_scheduler_metadata(
-            batch_size=self.planner.num_slots, max_seqlen_q=call["max_seqlen_q"],
+            batch_size=call["seqused_k"].shape[0], max_seqlen_q=call["max_seqlen_q"],
             max_seqlen_k=call["max_seqlen_k"], num_heads_q=self.num_heads_q, num_heads_kv=self.num_heads_kv,
             headdim=self.headdim, cache_seqlens=call["seqused_k"], qkv_dtype=self.kv_cache_dtype,
             cu_seqlens_q=call["cu_seqlens_q"], page_size=self.block_size, causal=False,

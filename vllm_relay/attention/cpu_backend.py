@@ -75,7 +75,7 @@ class RelayCPUMetadataBuilder(AttentionMetadataBuilder[RelayCPUMetadata]):
         from vllm_relay.hooks.runner import apply_worker
 
         apply_worker()
-        self.planner = RelayPlanner(vllm_config, kv_cache_spec, device)
+        self.planner = RelayPlanner(vllm_config, kv_cache_spec, device, num_layers=len(layer_names))
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
               fast_build: bool = False) -> RelayCPUMetadata:

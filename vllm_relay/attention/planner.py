@@ -1,16 +1,17 @@
 """Relay planning, once per step, into persistent tensors that every layer reads.
 
 vLLM glue: it reads vLLM's `CommonAttentionMetadata` and the step's relay facts, and leaves the
-planning math to `vllm_relay.ops`. Every device tensor is allocated once and rewritten in place
-each step (one host-to-device copy), so a CUDA graph captured over them replays any later plan:
-padding requests and tokens, absent slots and steps without relay requests are all just values
-(zero-length groups, row index -1, no prefix pages).
+planning math to `vllm_relay.ops` (`find_levels`, `level_rows`, `prefix_block_table`). Every device
+tensor is allocated once and rewritten in place each step (one host-to-device copy), so a CUDA graph
+captured over them replays any later plan: padding requests and tokens, absent groups and steps
+without levels are all just values (zero-length groups, row index -1, no front pages).
 
 Each step gives:
-* the context tables: each request's own block table and KV length, with its slot's pages in
-  front for a relay request on the prefix path (`ops.prefix_block_table`);
-* the system level: the decode tokens of relay requests on the shared path, grouped by slot,
-  each group reading its slot's pages once.
+* the levels: the runs of pages that several decode requests read (a registered system prompt, and
+  below it whatever the prefix cache shares: a document, the prompt of n samples), each read once
+  by one grouped call for all the tokens under it (`ops.find_levels`);
+* the context tables: each request's own pages past its levels, with its slot's pages in front for a
+  relay request whose system prompt is no level (the prefix path; `ops.prefix_block_table`).
 """
 
 from __future__ import annotations
@@ -24,25 +25,29 @@ import torch
 from vllm_relay import envs
 from vllm_relay.attention import step as relay_step
 from vllm_relay.config import RelayConfig
-from vllm_relay.ops import SHARED_MAX_QUERY_LEN, SharedLevel, choose_shared, group_rows, prefix_block_table
+from vllm_relay.ops import SharedLevel, prefix_block_table
 from vllm_relay.ops.level_attention import max_tiles, plan_tiles, tile_tokens, workspace
+from vllm_relay.ops.level_tree import LevelRule, LevelTree, find_levels, level_rows
 from vllm_relay.ops.relay_fusion import warm_up_fuse_in_place
 
-# The shared path's threshold: a slot's decode requests take it when at least this many share the
-# slot in the step (else each reads the system pages itself, through the prefix path). A full CUDA
-# graph captures the shared level's launches only if its (padded) batch can hold such a group:
-# smaller graphs are exactly vLLM's (one FlashAttention call per layer), larger ones replay the
-# level's launches also when it has no rows. Eager steps pay the level's Python launches instead.
-# NOTE: measured on the H200 (benchmarks/results/layer_h200.md): with an empty level costing its
-# launches in every captured step, the shared path wins from about these group sizes at S=2048.
-MIN_SHARED_GROUP_GRAPH = 8
-MIN_SHARED_GROUP_GRAPH_GQA = 32
-MIN_SHARED_GROUP_EAGER = 16
-MIN_SHARED_GROUP_EAGER_GQA = 64
-NEVER = 1 << 30
+# The measured rule. A full CUDA graph holds the levels' launches only if its (padded) batch has at
+# least GRAPH_MIN_TOKENS tokens: smaller graphs are exactly vLLM's (one FlashAttention call per
+# layer); larger ones replay the launches also when no row uses them, so inside them every run that
+# two decode requests share is worth a level. An eager step runs levels only when they save at least
+# EAGER_MIN_SAVED_TOKENS of KV reads (tokens of one layer's K and V), the launches' cost.
+# NOTE: from the H200 layer table (benchmarks/results/layer_h200.md, one system prompt of S=2048):
+# the shared path wins from 8 (MHA) / 32 (GQA) requests in graphs and 16 / 64 eagerly, i.e. from
+# about 7 and 15 (MHA), 31 and 63 (GQA) times 2048 tokens not read again.
+GRAPH_MIN_TOKENS = {False: 8, True: 32}  # keyed by GQA (query heads per KV head > 1)
+EAGER_MIN_SAVED_TOKENS = {False: 15 * 2048, True: 63 * 2048}
+# Levels per token at most (a fixed count for CUDA graphs: few-shot -> problem -> samples, under a
+# system prompt); deeper sharing is read in the context.
+MAX_LEVELS = 4
 # The fused level kernel splits a tile's keys into at most this many slices, so that few rows
 # still give the GPU about two programs per multiprocessor.
 MAX_LEVEL_SPLITS = 8
+STATS = ("planned_steps", "graph_steps", "prefix_requests", "shared_tokens", "level_groups", "saved_kv_tokens",
+         "saved_kv_bytes", *(f"tokens_under_{k}_levels" for k in range(1, MAX_LEVELS + 1)), "max_level_rows")
 
 
 def level_splits(rows: int, gqa: int, num_kv_heads: int, num_sms: int) -> int:
@@ -58,40 +63,45 @@ _planners: list[RelayPlanner] = []
 
 def worker_stats(_worker=None) -> dict:
     """What this worker's planners did, summed: steps planned (full-graph ones too), requests that
-    read their system pages through the prefix path, decode tokens on the shared path. Callable
-    through `LLM.collective_rpc(worker_stats)` (the worker argument is ignored)."""
-    total = {"planned_steps": 0, "graph_steps": 0, "prefix_requests": 0, "shared_tokens": 0}
+    read their system pages through the prefix path, level rows (`shared_tokens`), levels, KV tokens
+    and bytes not read again thanks to them, tokens by how many levels they read, and the most rows
+    one level had (a maximum, not a sum). Callable through `LLM.collective_rpc(worker_stats)` (the
+    worker argument is ignored)."""
+    total = dict.fromkeys(STATS, 0)
     for planner in _planners:
         for key in total:
-            total[key] += planner.stats[key]
+            merge = max if key.startswith("max_") else int.__add__
+            total[key] = merge(total[key], planner.stats[key])
     return total
 
 
 @dataclass
 class StepPlan:
     context: object  # CommonAttentionMetadata over the context tables
-    level: SharedLevel  # the system level (its buffers are always written)
-    run_level: bool  # whether eager code must run it (always when capturing a graph with a level)
-    graph: bool  # a full-CUDA-graph step whose graph holds the level: it reads the plan, rows or not
+    level: SharedLevel  # the levels (their buffers are always written)
+    run_level: bool  # whether eager code must run them (always when capturing a graph with levels)
+    graph: bool  # a full-CUDA-graph step whose graph holds the levels: it reads the plan, rows or not
 
 
 class RelayPlanner:
     """Persistent plan tensors of one KV-cache group, and the per-step planning into them."""
 
-    def __init__(self, vllm_config, kv_cache_spec, device) -> None:
+    def __init__(self, vllm_config, kv_cache_spec, device, num_layers: int = 1) -> None:
         cfg = RelayConfig.from_vllm(vllm_config.additional_config)
         model, sched, comp = vllm_config.model_config, vllm_config.scheduler_config, vllm_config.compilation_config
         hq = model.get_num_attention_heads(vllm_config.parallel_config)
         self.hkv = model.get_num_kv_heads(vllm_config.parallel_config)
         self.gqa = hq // self.hkv
+        head_size = model.get_head_size()
         self.page_size = kv_cache_spec.block_size
+        # K and V of one token in every layer this planner serves: what a page read not again saves.
+        self.kv_bytes_per_token = 2 * self.hkv * head_size * torch.empty((), dtype=model.dtype).element_size() \
+            * num_layers
         self.pages = relay_step.slot_pages_for(cfg, self.page_size)
         self.num_slots, self.max_pages = self.pages.pages.shape
         self._pages_version = -1
-        graph_min = MIN_SHARED_GROUP_GRAPH_GQA if self.gqa > 1 else MIN_SHARED_GROUP_GRAPH
-        eager_min = MIN_SHARED_GROUP_EAGER_GQA if self.gqa > 1 else MIN_SHARED_GROUP_EAGER
-        self.min_group = {"auto": (graph_min, eager_min), "always": (1, 1),
-                          "never": (NEVER, NEVER)}[cfg.shared_path]
+        self.shared_path = cfg.shared_path
+        self.auto_levels = cfg.auto_levels
         mode = getattr(comp, "cudagraph_mode", None)
         self.full_graphs = bool(mode is not None and mode.has_full_cudagraphs())
         self.max_graph_tokens = comp.max_cudagraph_capture_size or 0
@@ -101,16 +111,24 @@ class RelayPlanner:
         # NOTE: FlashAttention-3 runs the level faster once it has many rows (the fused Triton
         # kernel is not tuned yet: 268 against 184 us at n=128, S=8192 on the H200), which is where
         # relay's throughput is decided; the fused kernel is cheaper only when the level is empty.
+        # It merges one level per token, so with it a token reads one level at most.
         self.level_kernel = envs.VLLM_RELAY_LEVEL_KERNEL or "flash"
+        self.max_depth = MAX_LEVELS if self.level_kernel == "flash" else 1
         # Full graphs pad a decode batch up to a capture size, in requests as in tokens.
         max_reqs = max(sched.max_num_seqs, self.max_graph_tokens)
         max_tokens = max(sched.max_num_batched_tokens, max_reqs)
-        self.max_rows = max_reqs * SHARED_MAX_QUERY_LEN
-        G = self.num_slots
-        self.tile_cap = max_tiles(self.max_rows, G, self.gqa)
-        # One int32 staging buffer and its device twin:
-        # [req_pages | req_slot | perm | cu | lens | tiles (fused level) | row_index].
-        sizes = [max_reqs, max_reqs, self.max_rows, G + 1, G, 3 * self.tile_cap, max_tokens]
+        self.max_reqs, self.max_tokens = max_reqs, max_tokens
+        # Every level has 2 rows or more (a system prompt's, 1 with shared_path "always"), and a
+        # token is in at most max_depth levels.
+        self.max_groups = self.num_slots + max_reqs * self.max_depth // 2
+        self.max_rows = max_reqs * self.max_depth
+        G = self.max_groups
+        self.tile_cap = max_tiles(max_reqs, G, self.gqa) if self.level_kernel != "flash" else 0
+        # One int32 staging buffer and its device twin: [ctx_front | ctx_slot | ctx_skip | perm | cu |
+        # lens | group row | group start | group own tokens | group front | group slot | tiles |
+        # row_index (max_depth x tokens)].
+        sizes = [max_reqs, max_reqs, max_reqs, self.max_rows, G + 1, G, G, G, G, G, G, 3 * self.tile_cap,
+                 self.max_depth * max_tokens]
         # Each view starts 128-byte aligned: Triton specializes kernels on their pointers' alignment,
         # and a view at an odd offset would make the kernels compiled at start-up miss.
         self._offsets = np.concatenate(([0], np.cumsum([-(-n // 32) * 32 for n in sizes])))
@@ -118,110 +136,184 @@ class RelayPlanner:
         self._host_np = self._host.numpy()
         self._dev = torch.zeros_like(self._host, device=self.device)
         views = [self._dev[a: a + n] for a, n in zip(self._offsets[:-1], sizes)]
-        self.req_pages, self.req_slot, self.perm, self.cu, self.lens, tiles, self.row_index = views
-        self.tiles = tiles.view(self.tile_cap, 3)
-        self.slot_pages = torch.zeros(G, self.max_pages, dtype=torch.int32, device=self.device)
+        (self.ctx_front, self.ctx_slot, self.ctx_skip, self.perm, self.cu, self.lens, self.group_row,
+         self.group_start, self.group_own, self.group_front, self.group_slot, tiles, self._row_index) = views
+        self.tiles = tiles.view(-1, 3)
+        self.slot_pages = torch.zeros(self.num_slots, self.max_pages, dtype=torch.int32, device=self.device)
         self.q_buf = self.out_buf = self.ws = None
         if self.level_kernel == "flash":  # a gather, an attention call and the fusion: their buffers
-            self.q_buf = torch.empty(self.max_rows, hq, model.get_head_size(), dtype=model.dtype, device=self.device)
+            self.q_buf = torch.empty(self.max_rows, hq, head_size, dtype=model.dtype, device=self.device)
             self.out_buf = torch.empty_like(self.q_buf)
             # Compiled now, not by the first large steps of a loaded server (a second or more each).
-            warm_up_fuse_in_place(hq, model.get_head_size(), model.dtype, self.device, max_tokens)
+            for levels in range(1, self.max_depth + 1):
+                warm_up_fuse_in_place(hq, head_size, model.dtype, self.device, max_tokens, levels=levels)
         else:  # one fused launch: its split-K workspace, for the most tiles x slices any step uses
             cap = max(max_tiles(r, G, self.gqa) * level_splits(r, self.gqa, self.hkv, self.num_sms)
-                      for r in range(1, self.max_rows + 1))
-            self.ws = workspace(cap, self.hkv, 1, model.get_head_size(), self.device)
+                      for r in range(1, max_reqs + 1))
+            self.ws = workspace(cap, self.hkv, 1, head_size, self.device)
         self.ctx_table: torch.Tensor | None = None  # [max_reqs, W], W = vLLM's block-table width
+        self.level_table: torch.Tensor | None = None  # [max_groups, W]: each level's pages
         self.ctx_lens = torch.zeros(max_reqs, dtype=torch.int32, device=self.device)
-        self.stats = dict.fromkeys(("planned_steps", "graph_steps", "prefix_requests", "shared_tokens"), 0)
+        self._level_lens = torch.zeros(G, dtype=torch.int32, device=self.device)  # written, not read
+        self.stats = dict.fromkeys(STATS, 0)
         _planners.append(self)
 
     def is_graph_step(self, cm) -> bool:
         """A uniform decode batch that vLLM runs as a full CUDA graph (FULL_AND_PIECEWISE)."""
         return self.full_graphs and cm.max_query_len <= 1 and cm.num_actual_tokens <= self.max_graph_tokens
 
+    def rule(self, graph: bool) -> LevelRule | None:
+        """When a shared run becomes a level this step (None: no levels at all)."""
+        if self.shared_path == "never":
+            return None
+        if self.shared_path == "always":
+            return LevelRule(min_rows_root=1, min_rows=2, max_depth=self.max_depth, max_groups=self.max_groups)
+        return LevelRule(min_rows_root=2, min_rows=2, min_saved_pages=1, max_depth=self.max_depth,
+                         max_groups=self.max_groups)
+
     def plan(self, cm, step: relay_step.RelayStep | None, capture: bool = False) -> StepPlan | None:
         """This step's plan, or None when plain attention over the own tables is the whole story
-        (no relay request, and not a full-graph step, whose captured launches read the plan)."""
+        (no relay facts, and not a full-graph step, whose captured launches read the plan)."""
         graph = capture or self.is_graph_step(cm)
         if step is None and not graph:
             return None
-        B, T, G = cm.num_reqs, cm.num_actual_tokens, self.num_slots
-        min_group = self.min_group[0 if graph else 1]
-        # A graph whose size cannot hold a shared group has no level (a function of T alone, so the
-        # captured graph and every step replaying it agree).
-        with_level = not graph or T >= min_group
-        req_slot = np.full(B, -1, dtype=np.int32)
-        req_shift = np.zeros(B, dtype=np.int32)
-        q_lens = np.zeros(B, dtype=np.int32)
+        B, T = cm.num_reqs, cm.num_actual_tokens
+        rule = self.rule(graph)
+        # A graph whose size cannot hold the levels has none (a function of T alone, so the captured
+        # graph and every step replaying it agree).
+        with_level = rule is not None and (not graph or self.shared_path == "always"
+                                           or T >= GRAPH_MIN_TOKENS[self.gqa > 1])
+        root = np.full(B, -1, dtype=np.int32)
+        root_pages = np.zeros(self.num_slots, dtype=np.int32)
+        tree = None
         if step is not None:
             n = step.num_reqs
-            req_slot[:n], req_shift[:n], q_lens[:n] = step.req_slot, step.req_shift, step.q_lens
-        shared = choose_shared(req_slot, q_lens, min_group if with_level else NEVER)
-        req_pages = np.where((req_slot >= 0) & ~shared, req_shift // self.page_size, 0).astype(np.int32)
-        token_group = np.full(T, -1, dtype=np.int32)
-        taken = np.repeat(np.where(shared, req_slot, -1), q_lens)
-        token_group[: taken.shape[0]] = taken
-        perm, cu, row_index = group_rows(token_group, G)
-        lens = np.zeros(G, dtype=np.int32)
-        lens[req_slot[shared]] = req_shift[shared]
-        rows = min(T, self.max_rows) if graph else perm.shape[0]
-        if perm.shape[0] > self.max_rows:
-            raise RuntimeError(f"vllm-relay: {perm.shape[0]} shared rows, more than {self.max_rows}")
+            root[:n] = step.req_slot
+            relay = step.req_slot >= 0
+            root_pages[step.req_slot[relay]] = step.req_shift[relay] // self.page_size
+            if with_level:
+                tree = self._find_levels(step, root_pages, rule, graph)
+        ctx_front = np.where(root >= 0, root_pages[np.maximum(root, 0)], 0).astype(np.int32)
+        ctx_skip = np.zeros(B, dtype=np.int32)
+        query_start = cm.query_start_loc_cpu.numpy()
+        if tree is not None:
+            n = step.num_reqs
+            decode = step.q_lens == 1
+            ctx_front[:n] = np.where(decode, tree.row_front, ctx_front[:n])
+            ctx_skip[:n] = tree.row_skip
+            perm, cu, row_index = level_rows(tree, query_start[:n], T)
+            if not graph:  # the fusion loops over the depth this step has (a graph: over max_depth)
+                row_index = row_index[: max(1, int((row_index >= 0).any(axis=1).sum()))]
+        else:
+            perm, cu, row_index = np.zeros(0, np.int32), np.zeros(1, np.int32), np.full((1, T), -1, np.int32)
+        G = tree.num_groups if tree is not None else 0
+        depth = self.max_depth if graph else row_index.shape[0]
+        rows = self.max_rows if graph else perm.shape[0]
+        groups = self.max_groups if graph else G
+        own = np.zeros(0, np.int32) if tree is None else ((tree.start + tree.pages) * self.page_size).astype(np.int32)
+        lens = np.zeros(groups, dtype=np.int32)
+        if tree is not None:
+            lens[:G] = (tree.front + tree.pages) * self.page_size
         tiles = n_tiles = splits = None
         if self.level_kernel != "flash":
-            n_tiles = max_tiles(rows, G, self.gqa)
-            splits = level_splits(rows, self.gqa, self.hkv, self.num_sms)
-            tiles = plan_tiles(cu, n_tiles, self.gqa)
-        self._stage([req_pages, req_slot, perm, cu, lens, tiles, row_index], B, rows, T)
+            n_tiles = max_tiles(min(T, self.max_reqs) if graph else perm.shape[0], groups, self.gqa)
+            splits = level_splits(min(T, self.max_reqs) if graph else perm.shape[0], self.gqa, self.hkv, self.num_sms)
+            tiles = plan_tiles(np.pad(cu, (0, groups + 1 - cu.shape[0]), mode="edge"), n_tiles, self.gqa)
+        self._stage(B, T, depth, groups, ctx_front, root, ctx_skip, perm, cu, lens, tree, own, tiles, row_index)
         self._sync_slot_pages()
         if self.ctx_table is None:
-            self.ctx_table = torch.zeros(self.ctx_lens.shape[0], cm.block_table_tensor.shape[1],
-                                         dtype=torch.int32, device=self.device)
+            width = cm.block_table_tensor.shape[1]
+            self.ctx_table = torch.zeros(self.ctx_lens.shape[0], width, dtype=torch.int32, device=self.device)
+            self.level_table = torch.zeros(self.max_groups, width, dtype=torch.int32, device=self.device)
         ctx_table, ctx_lens = self.ctx_table[:B], self.ctx_lens[:B]
-        prefix_block_table(cm.block_table_tensor[:B], cm.seq_lens[:B], self.req_pages[:B], self.req_slot[:B],
-                           self.slot_pages, self.page_size, ctx_table, ctx_lens)
-        max_seq_len = cm.max_seq_len + int(req_pages.max(initial=0)) * self.page_size
+        prefix_block_table(cm.block_table_tensor[:B], cm.seq_lens[:B], self.ctx_front[:B], self.ctx_slot[:B],
+                           self.slot_pages, self.page_size, ctx_table, ctx_lens, start=self.ctx_skip[:B])
+        if G:  # each level's table: its slot's pages (if any), then its run of a member's own pages
+            prefix_block_table(cm.block_table_tensor[:B], self.group_own[:G], self.group_front[:G],
+                               self.group_slot[:G], self.slot_pages, self.page_size, self.level_table,
+                               self._level_lens, src_row=self.group_row[:G], start=self.group_start[:G])
+        max_seq_len = cm.max_seq_len + int(ctx_front.max(initial=0)) * self.page_size
         # Host copies and caches derived from the own lengths would be stale: drop them.
         context = dataclasses.replace(cm, seq_lens=ctx_lens, block_table_tensor=ctx_table, max_seq_len=max_seq_len,
                                       seq_lens_cpu_upper_bound=None, _seq_lens_cpu=None,
                                       _num_computed_tokens_cpu=None, _num_computed_tokens_cache=None)
         if not capture:
-            self.stats["planned_steps"] += 1
-            self.stats["graph_steps"] += graph
-            self.stats["prefix_requests"] += int(np.count_nonzero(req_pages))
-            self.stats["shared_tokens"] += perm.shape[0]
+            self._count(graph, tree, ctx_front, root, perm.shape[0], row_index)
         group_sizes = np.diff(cu)
-        call = dict(cu_seqlens_q=self.cu, seqused_k=self.lens,
-                    max_seqlen_q=rows if graph else int(group_sizes.max(initial=0)),
-                    max_seqlen_k=self.max_pages * self.page_size if graph else int(lens.max(initial=0)),
-                    block_table=self.slot_pages)
+        call = dict(cu_seqlens_q=self.cu[: groups + 1], seqused_k=self.lens[:groups],
+                    max_seqlen_q=T if graph else int(group_sizes.max(initial=0)),
+                    max_seqlen_k=self.level_table.shape[1] * self.page_size if graph else int(lens.max(initial=0)),
+                    block_table=self.level_table[:groups])
+        row_index_view = self._row_index[: depth * T].view(depth, T)
         if self.level_kernel == "flash":
-            level = SharedLevel(perm=self.perm[:rows], row_index=self.row_index[:T], call=call,
-                                q_buf=self.q_buf[:rows], out_buf=self.out_buf[:rows])
+            level = SharedLevel(perm=self.perm[:rows], row_index=row_index_view, call=call,
+                                q_buf=self.q_buf[:rows], out_buf=self.out_buf[:rows],
+                                num_rows=self.cu[groups: groups + 1] if self.device.type == "cuda" else None)
         else:
-            fused = dict(perm=self.perm[:rows], tiles=self.tiles[:n_tiles], group_pages=self.slot_pages,
-                         group_lens=self.lens, ws=self.ws, num_splits=splits)
-            level = SharedLevel(perm=self.perm[:rows], row_index=self.row_index[:T], call=call, fused=fused)
+            fused = dict(perm=self.perm[:rows], tiles=self.tiles[:n_tiles], group_pages=self.level_table[:groups],
+                         group_lens=self.lens[:groups], ws=self.ws, num_splits=splits)
+            level = SharedLevel(perm=self.perm[:rows], row_index=row_index_view[0], call=call, fused=fused)
         run_level = (capture and with_level) or perm.shape[0] > 0
         return StepPlan(context, level, run_level=run_level, graph=graph and with_level)
 
-    def _stage(self, arrays, B: int, rows: int, T: int) -> None:
-        """Write the host arrays into the staging buffer (perm padded with token 0 up to `rows`,
-        row_index with -1 up to T) and copy the used span to the device in one transfer."""
+    def _find_levels(self, step, root_pages, rule, graph: bool) -> LevelTree | None:
+        """The step's levels (None when there are none worth running)."""
+        decode = step.q_lens == 1
+        root = np.where(decode, step.req_slot, -1)
+        if self.auto_levels and step.block_table is not None:
+            shareable = np.where(decode, (step.seq_lens - 1) // self.page_size, 0)
+            table = step.block_table
+        else:
+            shareable, table = np.zeros(step.num_reqs, dtype=np.int32), np.zeros((step.num_reqs, 1), np.int32)
+        if not (root >= 0).any() and not (shareable > 0).any():
+            return None
+        tree = find_levels(table, shareable, root, root_pages, rule)
+        if tree.num_groups == 0:
+            return None
+        if not graph and self.shared_path == "auto" \
+                and tree.saved_pages() * self.page_size < EAGER_MIN_SAVED_TOKENS[self.gqa > 1]:
+            return None  # too little to pay the levels' launches: every request reads its own
+        return tree
+
+    def _stage(self, B, T, depth, groups, ctx_front, ctx_slot, ctx_skip, perm, cu, lens, tree, own, tiles,
+               row_index) -> None:
+        """Write the host arrays into the staging buffer (padding: perm with token 0, cu flat,
+        row_index -1) and copy the used span to the device in one transfer."""
         host, off = self._host_np, self._offsets
-        req_pages, req_slot, perm, cu, lens, tiles, row_index = arrays
-        host[off[0]: off[0] + B] = req_pages
-        host[off[1]: off[1] + B] = req_slot
-        host[off[2]: off[2] + rows] = 0
-        host[off[2]: off[2] + perm.shape[0]] = perm
-        host[off[3]: off[3] + cu.shape[0]] = cu
-        host[off[4]: off[4] + lens.shape[0]] = lens
+        host[off[0]: off[0] + B] = ctx_front
+        host[off[1]: off[1] + B] = ctx_slot
+        host[off[2]: off[2] + B] = ctx_skip
+        n = perm.shape[0]
+        host[off[3]: off[3] + n] = perm
+        host[off[4]: off[4] + cu.shape[0]] = cu
+        host[off[4] + cu.shape[0]: off[4] + groups + 1] = cu[-1]
+        host[off[5]: off[5] + groups] = lens
+        if tree is not None:
+            G = tree.num_groups
+            for i, values in enumerate((tree.row, tree.start, own, tree.front, tree.slot)):
+                host[off[6 + i]: off[6 + i] + G] = values
         if tiles is not None:
-            host[off[5]: off[5] + tiles.size] = tiles.reshape(-1)
-        host[off[6]: off[6] + T] = row_index
-        end = int(off[6]) + T
+            host[off[11]: off[11] + tiles.size] = tiles.reshape(-1)
+        host[off[12]: off[12] + depth * T] = -1
+        host[off[12]: off[12] + row_index.size] = row_index.reshape(-1)
+        end = int(off[12]) + depth * T
         self._dev[:end].copy_(self._host[:end], non_blocking=self.device.type == "cuda")
+
+    def _count(self, graph, tree, ctx_front, root, rows, row_index) -> None:
+        s = self.stats
+        s["planned_steps"] += 1
+        s["graph_steps"] += graph
+        s["prefix_requests"] += int(np.count_nonzero(ctx_front[: root.shape[0]] * (root >= 0)))
+        s["shared_tokens"] += rows
+        if tree is not None:
+            saved = tree.saved_pages() * self.page_size
+            s["level_groups"] += tree.num_groups
+            s["saved_kv_tokens"] += saved
+            s["saved_kv_bytes"] += saved * self.kv_bytes_per_token
+            s["max_level_rows"] = max(s["max_level_rows"], int(tree.size.max()))
+            levels = (row_index >= 0).sum(axis=0)
+            for k in range(1, self.max_depth + 1):
+                s[f"tokens_under_{k}_levels"] += int(np.count_nonzero(levels == k))
 
     def _sync_slot_pages(self) -> None:
         if self.pages.version != self._pages_version:

@@ -30,6 +30,10 @@ class RelayStep:
     req_slot: np.ndarray  # int32 [B]: system slot of each relay request, -1 otherwise
     req_shift: np.ndarray  # int32 [B]: its system tokens (whole pages), 0 otherwise
     q_lens: np.ndarray  # int32 [B]: tokens scheduled this step
+    # The host copy of vLLM's block table ([>= B, W], the runner's own buffer: read it this step
+    # only) and each request's KV tokens in it after this step; None where no levels are found.
+    block_table: np.ndarray | None = None
+    seq_lens: np.ndarray | None = None
 
 
 class SlotPages:
@@ -104,22 +108,28 @@ def _shift_buffer(runner):
     return buf
 
 
-def prepare(runner, num_scheduled_tokens: np.ndarray, pages: SlotPages, page_size: int) -> None:
+def prepare(runner, num_scheduled_tokens: np.ndarray, pages: SlotPages, page_size: int,
+            auto_levels: bool = True) -> None:
     """Record the step's relay facts, shift relay requests' positions, note fills' pages.
 
     Called right after `GPUModelRunner._prepare_inputs`, which has already used the unshifted
     positions for the token gather and the slot mapping (the paged cache holds a relay request's
-    own tokens from position 0); the shifted positions are what the model's RoPE sees.
+    own tokens from position 0); the shifted positions are what the model's RoPE sees. With
+    `auto_levels`, every step is recorded with the host block table, relay requests or not.
     """
     global _current
     batch = runner.input_batch
     num_reqs = batch.num_reqs
     states = [runner.requests[rid] for rid in batch.req_ids[:num_reqs]]
     tags = [_tag(s) for s in states]
-    if not any(tags):
+    counts = num_scheduled_tokens[:num_reqs].astype(np.int32)
+    tables = None
+    if auto_levels:  # vLLM's host block table of the one KV-cache group relay serves
+        tables = (batch.block_table.block_tables[0].block_table.np,
+                  (batch.num_computed_tokens_cpu[:num_reqs] + counts).astype(np.int32))
+    elif not any(tags):
         _current = None
         return
-    counts = num_scheduled_tokens[:num_reqs].astype(np.int32)
     req_slot = np.full(num_reqs, -1, dtype=np.int32)
     req_shift = np.zeros(num_reqs, dtype=np.int32)
     for i, t in enumerate(tags):
@@ -134,4 +144,4 @@ def prepare(runner, num_scheduled_tokens: np.ndarray, pages: SlotPages, page_siz
         shift = _shift_buffer(runner)
         shift.np[:total] = np.repeat(req_shift, counts)
         runner.positions[:total] += shift.copy_to_gpu(total)
-    _current = RelayStep(num_reqs, total, req_slot, req_shift, counts)
+    _current = RelayStep(num_reqs, total, req_slot, req_shift, counts, *(tables or (None, None)))

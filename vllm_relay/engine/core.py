@@ -140,7 +140,22 @@ class RelayEngine:
         return [describe(p) for p in self.registry.prompts()] + failed
 
     def stats(self) -> dict:
-        return {**asdict(self.counters), "held_requests": len(self._held), "prompts": self.system_prompts()}
+        return {**asdict(self.counters), **self.level_stats(), "held_requests": len(self._held),
+                "prompts": self.system_prompts()}
+
+    def level_stats(self) -> dict:
+        """The shared levels the workers ran: decode tokens that read one or more (`level_tokens`),
+        levels (`level_groups`), and KV-cache bytes not read again thanks to them
+        (`kv_bytes_saved`, every layer). Every tensor-parallel rank plans the same steps: counts
+        are the first worker's, bytes the sum (each rank reads its own KV heads)."""
+        try:
+            workers = self.core.collective_rpc("relay_worker_stats")
+        except NotImplementedError:  # no relay attention builder in the workers yet (start-up)
+            workers = []
+        first = workers[0] if workers else {}
+        return {"level_tokens": sum(v for k, v in first.items() if k.startswith("tokens_under_")),
+                "level_groups": first.get("level_groups", 0),
+                "kv_bytes_saved": sum(w.get("saved_kv_bytes", 0) for w in workers)}
 
     def summary(self) -> str:
         return summary_line(self.counters, self.system_prompts(), len(self._held))

@@ -36,6 +36,16 @@ COUNTERS = {
         "Tokens of relay requests computed with relay attention.",
     ),
     "vllm_relay_fill_tokens": ("fill_tokens", "Tokens computed to fill system prompts into the store."),
+    "vllm_relay_level_tokens": (
+        "level_tokens",
+        "Decode tokens that read shared levels (prefixes several requests share: registered system "
+        "prompts, and what the prefix cache shares below them), each level read once per step.",
+    ),
+    "vllm_relay_levels": ("level_groups", "Shared levels run (one per shared prefix per step)."),
+    "vllm_relay_kv_bytes_saved": (
+        "kv_bytes_saved",
+        "KV-cache bytes (all layers) not read again because shared levels read each prefix once.",
+    ),
     "vllm_relay_chat_mismatches": (
         "chat_mismatches",
         "Chat requests whose system message is a registered prompt's text but whose tokens do not "

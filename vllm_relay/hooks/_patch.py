@@ -1,16 +1,17 @@
-"""An idempotent, revertible way to replace an attribute of a vLLM object."""
+"""An idempotent, revertible way to replace (or add) an attribute of a vLLM object."""
 
 from typing import Any
 
 # (owner, attribute name) -> original value; insertion-ordered so revert_all undoes in reverse.
 _ORIGINALS: dict[tuple[Any, str], Any] = {}
+_ABSENT = object()  # the original of an attribute the patch adds: reverting deletes it
 
 
 def patch(owner: Any, name: str, replacement: Any) -> None:
     """Set `owner.name = replacement`, remembering the original the first time only."""
     key = (owner, name)
     if key not in _ORIGINALS:
-        _ORIGINALS[key] = owner.__dict__[name] if name in vars(owner) else getattr(owner, name)
+        _ORIGINALS[key] = owner.__dict__[name] if name in vars(owner) else getattr(owner, name, _ABSENT)
     setattr(owner, name, replacement)
 
 
@@ -26,5 +27,8 @@ def applied_patches() -> list[str]:
 def revert_all() -> None:
     """Restore every patched attribute (tests use this to prove patches are removable)."""
     for (owner, name), value in reversed(list(_ORIGINALS.items())):
-        setattr(owner, name, value)
+        if value is _ABSENT:
+            delattr(owner, name)
+        else:
+            setattr(owner, name, value)
     _ORIGINALS.clear()

@@ -27,8 +27,17 @@ def _prepare_inputs(self, scheduler_output, num_scheduled_tokens):
         if pages is None:
             cfg = RelayConfig.from_vllm(self.vllm_config.additional_config)
             pages = self._relay_pages = step.slot_pages_for(cfg, self.cache_config.block_size)
-        step.prepare(self, num_scheduled_tokens, pages, self.cache_config.block_size)
+            self._relay_auto_levels = cfg.auto_levels and cfg.shared_path != "never"
+        step.prepare(self, num_scheduled_tokens, pages, self.cache_config.block_size, self._relay_auto_levels)
     return result
+
+
+def _relay_worker_stats(self) -> dict:
+    """What this worker's relay planners did (`attention.planner.worker_stats`), for the engine
+    core's `collective_rpc("relay_worker_stats")`."""
+    from vllm_relay.attention.planner import worker_stats
+
+    return worker_stats()
 
 
 def _execute_model(self, *args, **kwargs):
@@ -57,7 +66,9 @@ def apply_worker() -> None:
     that the front end never imports the model runner."""
     global _GPUModelRunner
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    from vllm.v1.worker.worker_base import WorkerBase
 
     _GPUModelRunner = GPUModelRunner
     patch(GPUModelRunner, "_prepare_inputs", _prepare_inputs)
     patch(GPUModelRunner, "execute_model", _execute_model)
+    patch(WorkerBase, "relay_worker_stats", _relay_worker_stats)

@@ -3,12 +3,17 @@
 Public API (see each function's docstring for shapes and dtypes):
   * `relay_fusion` (+ `relay_fusion_torch`, `relay_fusion_triton`): LSE merge of a shared-level
     attention output into the context attention output.
-  * `prefix_block_table` (+ `_torch`, `_triton`): block tables with a shared prefix's pages in front.
+  * `prefix_block_table` (+ `_torch`, `_triton`): block tables of a slot's pages, then a span of a
+    request's own pages.
+  * `gather_rows` (+ `_torch`, `_triton`): the levels' query rows, their count read on the device.
   * `varlen_attention_torch`: paged varlen attention with FlashAttention's keyword interface.
-  * `choose_shared`, `group_rows`: the host-side, once-per-step planning of the shared level.
+  * `find_levels`, `level_rows`, `LevelRule`, `LevelTree`: the host-side, once-per-step planning of
+    the shared levels (the prefix tree of the step's block tables).
   * `RelayPlan`, `SharedLevel`, `relay_attention`: the context call and the shared levels composed.
 """
 
+from vllm_relay.ops.gather_rows import gather_rows, gather_rows_torch, gather_rows_triton
+from vllm_relay.ops.level_tree import LevelRule, LevelTree, find_levels, level_rows
 from vllm_relay.ops.prefix_table import (
     prefix_block_table,
     prefix_block_table_torch,
@@ -16,15 +21,18 @@ from vllm_relay.ops.prefix_table import (
 )
 from vllm_relay.ops.relay_attention import RelayPlan, SharedLevel, relay_attention
 from vllm_relay.ops.relay_fusion import relay_fusion, relay_fusion_torch, relay_fusion_triton
-from vllm_relay.ops.relay_plan import SHARED_MAX_QUERY_LEN, choose_shared, group_rows
 from vllm_relay.ops.varlen_attention import varlen_attention_torch
 
 __all__ = [
-    "SHARED_MAX_QUERY_LEN",
+    "LevelRule",
+    "LevelTree",
     "RelayPlan",
     "SharedLevel",
-    "choose_shared",
-    "group_rows",
+    "find_levels",
+    "gather_rows",
+    "gather_rows_torch",
+    "gather_rows_triton",
+    "level_rows",
     "prefix_block_table",
     "prefix_block_table_torch",
     "prefix_block_table_triton",

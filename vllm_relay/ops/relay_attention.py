@@ -6,11 +6,12 @@ splits exactly into partial attentions, each normalized over its own keys, merge
     attn(q, [K_1; K_2]) = a * attn(q, K_1) + (1 - a) * attn(q, K_2),
     a = 1 / (1 + exp(lse_2 - lse_1)).
 
-`relay_attention` runs the context call (every token over its request's paged KV, causal) and then,
-for each shared level (today one: the system prompts), one grouped non-causal call in which each
-group's queries read the group's pages once, merged into the output with `relay_fusion`. A level
-is just a set of pages shared by a group of tokens, so more levels of sharing (the n samples of one
-request, a document under a system prompt) are more entries in `RelayPlan.shared`.
+`relay_attention` runs the context call (every token over its request's paged KV, causal) and then
+the shared levels: one grouped non-causal call in which each group's queries read the group's pages
+once, merged into the output with `relay_fusion`. A group is just a run of pages shared by some
+tokens (a system prompt, a document under it, the prompt of n samples); a token under several of
+them (a tree of sharing) has one row in each, all in the same call, and the fusion merges all of a
+token's rows at once (`SharedLevel.row_index` is [depth, T]).
 
 Everything data-dependent sits in the plan, built once per step; the per-layer work is a fixed
 sequence of launches over persistent tensors, with no host synchronization, so a CUDA graph can
@@ -21,23 +22,27 @@ from dataclasses import dataclass, field
 
 import torch
 
+from vllm_relay.ops.gather_rows import gather_rows
 from vllm_relay.ops.level_attention import level_attention
 from vllm_relay.ops.relay_fusion import fuse_in_place
 
 
 @dataclass
 class SharedLevel:
-    """One shared level: groups of tokens, each group reading one run of pages (non-causal).
+    """Shared levels: groups of tokens, each group reading one run of pages (non-causal).
 
     Attributes:
         perm: int32 [N]: the token of each grouped row (group g owns rows cu[g]:cu[g+1] of
             `call["cu_seqlens_q"]`). Rows past the last group may point at any valid token.
-        row_index: int32 [T]: each token's grouped row, -1 for a token not in this level.
+        row_index: int32 [T] or [L, T]: each token's grouped row in each of its (up to L) groups,
+            -1 for none.
         call: keywords of the level's attention call: cu_seqlens_q [G + 1], seqused_k [G],
             max_seqlen_q, max_seqlen_k, block_table [G, P] (each group's pages), and optionally
             scheduler_metadata / num_splits.
         q_buf, out_buf: optional persistent [N, Hq, D] buffers for the gathered queries and the
             level's output (CUDA graphs need fixed addresses); allocated per call when None.
+        num_rows: optional int32 [1] on the device, the rows used this step (<= N): with q_buf,
+            only they are gathered (a CUDA graph holds the whole capacity N).
         fused: when set, the level runs as one `level_attention` launch with these keywords
             (perm, tiles, group_pages, group_lens, ws, num_splits) instead of a gather, an
             attn_fn call and a fusion.
@@ -48,6 +53,7 @@ class SharedLevel:
     call: dict
     q_buf: torch.Tensor | None = None
     out_buf: torch.Tensor | None = None
+    num_rows: torch.Tensor | None = None
     fused: dict | None = None
 
 
@@ -107,7 +113,9 @@ def relay_attention(q, k_cache, v_cache, plan: RelayPlan, out, softmax_scale: fl
             level_attention(q, k_cache, v_cache, out, lse, softmax_scale=softmax_scale, update_lse=i != last,
                             **level.fused)
             continue
-        if level.q_buf is not None:
+        if level.num_rows is not None:
+            q_level = gather_rows(q, level.perm, level.num_rows, level.q_buf)
+        elif level.q_buf is not None:
             q_level = torch.index_select(q, 0, level.perm, out=level.q_buf)
         else:
             q_level = q.index_select(0, level.perm)

@@ -1,0 +1,143 @@
+"""Levels found in block tables: every row reads each of its pages exactly once, in order, and with the
+permissive rule the levels read each shared page once per step (checked against a brute-force trie)."""
+
+import numpy as np
+import pytest
+
+from vllm_relay.ops.level_tree import LevelRule, find_levels, level_rows
+
+PERMISSIVE = LevelRule(min_rows_root=1, min_rows=2, min_saved_pages=0, max_depth=64)
+
+
+def random_tables(rng, B, num_slots=2, width=40):
+    """Block tables with sharing at several depths, as vLLM's prefix cache lays it out: rows copy a
+    random prefix of an earlier row's pages (a document, a prompt's samples) and end in pages of their
+    own; some rows follow a registered system prompt; every page id is used by one run only."""
+    next_id = iter(range(1, 10**6))
+    table = np.zeros((B + 3, width), dtype=np.int32)
+    n_own = np.zeros(B, dtype=np.int64)
+    root = np.where(rng.random(B) < 0.4, rng.integers(0, num_slots, B), -1)
+    for r in range(B):
+        n = int(rng.integers(0, width))
+        peers = [p for p in range(r) if root[p] == root[r]]
+        k = 0
+        if peers and rng.random() < 0.8:
+            p = int(rng.choice(peers))
+            k = min(n, int(rng.integers(0, n_own[p] + 1)))
+            table[r, :k] = table[p, :k]
+        table[r, k:n] = [next(next_id) for _ in range(n - k)]
+        table[r, n:] = rng.integers(0, 10**6, width - n)  # past the row's pages: garbage
+        n_own[r] = n
+    shareable = np.where(rng.random(B) < 0.85, n_own, 0)  # the others: prefill chunks
+    root_pages = rng.integers(1, 6, num_slots)
+    return table, n_own, shareable, root, root_pages
+
+
+def pages_read(tree, table, r, n_own, slot_pages, root):
+    """Row r's pages as the plan reads them: its levels in order, then its context."""
+    seq = []
+    for g in tree.row_groups[r]:
+        if g < 0:
+            break
+        if tree.slot[g] >= 0:
+            seq += slot_pages[tree.slot[g]][: tree.front[g]]
+        seq += table[tree.row[g], tree.start[g]: tree.start[g] + tree.pages[g]].tolist()
+    if tree.row_front[r]:
+        seq += slot_pages[root[r]][: tree.row_front[r]]
+    return seq + table[r, tree.row_skip[r]: n_own[r]].tolist()
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("rule", [PERMISSIVE, LevelRule(min_rows_root=3, min_rows=3, min_saved_pages=20, max_depth=2),
+                                  LevelRule(min_rows_root=40, min_rows=2, max_depth=1, max_groups=3)])
+def test_every_row_reads_its_pages_exactly_once_in_order(seed, rule):
+    rng = np.random.default_rng(seed)
+    B = int(rng.integers(1, 70))
+    table, n_own, shareable, root, root_pages = random_tables(rng, B)
+    slot_pages = [[-(1000 * s + i) for i in range(int(n))] for s, n in enumerate(root_pages)]
+    tree = find_levels(table, shareable, root, root_pages, rule)
+    for r in range(B):
+        want = (slot_pages[root[r]] if root[r] >= 0 else []) + table[r, : n_own[r]].tolist()
+        assert pages_read(tree, table, r, n_own, slot_pages, root) == want, r
+        assert tree.row_skip[r] <= shareable[r]  # never a page at or after the query tokens
+    # Each group's rows hold its run: the same ids at the same positions (the rule's limits held).
+    for g in range(tree.num_groups):
+        members = np.flatnonzero((tree.row_groups == g).any(axis=1))
+        least = min(rule.min_rows, rule.min_rows_root) if tree.slot[g] >= 0 else rule.min_rows
+        assert members.size == tree.size[g] >= least
+        run = table[members, tree.start[g]: tree.start[g] + tree.pages[g]]
+        assert (run == run[0]).all()
+        assert (tree.size[g] - 1) * (tree.front[g] + tree.pages[g]) >= rule.min_saved_pages
+    assert tree.num_groups <= rule.max_groups
+    assert ((tree.row_groups >= 0).sum(axis=1) <= rule.max_depth).all()
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_permissive_levels_read_each_shared_page_once(seed):
+    """Against a brute-force prefix trie: with every shared run a level, a step reads each node's
+    page once (the slot's pages once per slot), so the page reads equal the trie's size."""
+    rng = np.random.default_rng(100 + seed)
+    B = int(rng.integers(2, 60))
+    table, n_own, shareable, root, root_pages = random_tables(rng, B)
+    tree = find_levels(table, shareable, root, root_pages, PERMISSIVE)
+    reads = int((tree.front + tree.pages).sum()) + int((tree.row_front + n_own - tree.row_skip).sum())
+    nodes = set()
+    want = 0
+    for r in range(B):
+        if root[r] >= 0:
+            if shareable[r] > 0 or (root == root[r]).any():
+                nodes.add(("slot", root[r]))
+        for k in range(n_own[r]):
+            if k < shareable[r]:
+                nodes.add((root[r], tuple(table[r, : k + 1])))
+            else:
+                want += 1  # past the shareable pages: the row's own read
+    relay_rows = root >= 0
+    want += sum(int(root_pages[s]) for s in set(root[relay_rows].tolist()))
+    want += sum(1 for node in nodes if node[0] != "slot")
+    assert reads == want
+    assert tree.saved_pages() == int(((tree.size - 1) * (tree.front + tree.pages)).sum())
+
+
+def test_a_page_shared_out_of_prefix_order_is_not_trusted():
+    """Two copies of one prefix (computed concurrently, both cached): a third request may mix their
+    pages. Only runs that every member holds page by page become levels."""
+    table = np.array([[10, 11, 12], [20, 21, 22], [10, 21, 30]], dtype=np.int32)
+    tree = find_levels(table, np.array([3, 3, 3]), np.full(3, -1), np.zeros(0, np.int32), PERMISSIVE)
+    assert tree.num_groups == 1 and tree.pages.tolist() == [1] and tree.size.tolist() == [2]
+    assert tree.row_skip.tolist() == [1, 0, 1]
+
+
+def test_relay_rows_read_their_system_prompt_first_and_short_groups_take_the_prefix_path():
+    table = np.array([[7, 8], [7, 8], [9, 1], [3, 4]], dtype=np.int32)
+    root = np.array([0, 0, 0, 1])
+    rule = LevelRule(min_rows_root=2, min_rows=2, max_depth=3)
+    tree = find_levels(table, np.array([2, 2, 1, 2]), root, np.array([4, 6]), rule)
+    # Slot 0: its pages for its three rows, then pages [7, 8] for rows 0 and 1; slot 1 has one row.
+    assert tree.slot.tolist() == [0, -1] and tree.front.tolist() == [4, 0] and tree.pages.tolist() == [0, 2]
+    assert tree.row_front.tolist() == [0, 0, 0, 6] and tree.row_skip.tolist() == [2, 2, 0, 0]
+
+
+def test_a_short_shared_run_joins_its_children_levels():
+    """A run too short for a level of its own is read by the levels below it."""
+    table = np.array([[1, 2, 3, 4, 9], [1, 2, 3, 4, 8], [1, 5, 6, 7, 3], [1, 5, 6, 7, 2]], dtype=np.int32)
+    rule = LevelRule(min_rows=2, min_saved_pages=4, max_depth=3)  # page 1 alone saves 3 reads: too few
+    tree = find_levels(table, np.array([4, 4, 4, 4]), np.full(4, -1), np.zeros(0, np.int32), rule)
+    assert sorted(zip(tree.start.tolist(), tree.pages.tolist())) == [(0, 4), (0, 4)]
+    assert tree.row_skip.tolist() == [4, 4, 4, 4]
+
+
+def test_level_rows_against_a_naive_loop():
+    rng = np.random.default_rng(5)
+    table, n_own, shareable, root, root_pages = random_tables(rng, 50)
+    tree = find_levels(table, shareable, root, root_pages, PERMISSIVE)
+    tokens = np.sort(rng.choice(200, 50, replace=False))
+    perm, cu, row_index = level_rows(tree, tokens, 200)
+    for g in range(tree.num_groups):
+        members = [r for r in range(50) if g in tree.row_groups[r]]
+        assert perm[cu[g]: cu[g + 1]].tolist() == tokens[members].tolist()
+    for r in range(50):
+        for k, g in enumerate(tree.row_groups[r]):
+            want = -1 if g < 0 else cu[g] + [m for m in range(50) if g in tree.row_groups[m]].index(r)
+            assert row_index[k, tokens[r]] == want
+    assert (np.delete(row_index, tokens, axis=1) == -1).all()
