@@ -108,10 +108,14 @@ class Layer:
         planner = RelayPlanner(config(self.hq, self.hkv, shared_path, max(self.n, 256), full_graphs=graph),
                                SimpleNamespace(block_size=BLOCK), "cuda")
         step = self.plain_step if plain else self.step
-        if graph:  # as vLLM does: capture with an empty plan, then write the step's plan
-            planner.plan(self.cm, None, capture=True)
+        levels = graph and shared_path != "never"
+        if graph:  # as vLLM does: capture (the levels' twin of the graph), then write the step's plan
+            with relay_step.capturing(levels):
+                planner.plan(self.cm, None, capture=True)
+        planner.levels_for(step)
+        step.graph_levels = levels if graph else None  # the graph vLLM's dispatcher would replay
         p = planner.plan(self.cm, step)
-        run_level = p.run_level or (graph and p.graph)
+        run_level = p.run_level or levels  # plain: the levels' graph replayed with no rows
         ctx = p.context
         splits = 16 if graph else 0  # vLLM's cap for CUDA graphs (flash_attn_max_num_splits_for_cuda_graph)
         context = dict(cu_seqlens_q=ctx.query_start_loc, seqused_k=ctx.seq_lens, max_seqlen_q=1,
@@ -123,7 +127,8 @@ class Layer:
         level.call["num_splits"] = lsplits
         if run_level and not static:  # static: exactly `level_splits` splits, no AOT schedule
             c = level.call
-            level.call["scheduler_metadata"] = self.fa.schedule(2, c["cu_seqlens_q"], max(c["max_seqlen_q"], 1),
+            level.call["scheduler_metadata"] = self.fa.schedule(c["seqused_k"].shape[0], c["cu_seqlens_q"],
+                                                                max(c["max_seqlen_q"], 1),
                                                                 c["seqused_k"], c["max_seqlen_k"], False, self.hq,
                                                                 self.hkv, lsplits)
         return RelayPlan(context, [level] if run_level else []), planner

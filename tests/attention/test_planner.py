@@ -173,7 +173,7 @@ KERNELS = {  # the levels: fused launch (its torch twin, or the Triton kernel in
 def test_plan_is_exact_on_random_mixed_batches(kernel, shared_path, seed, monkeypatch):
     for name, value in KERNELS[kernel].items():
         monkeypatch.setenv(name, value)
-    monkeypatch.setitem(planner_module.EAGER_MIN_SAVED_TOKENS, True, 64)  # small batches do share
+    monkeypatch.setitem(planner_module.MIN_SAVED_TOKENS, True, 64)  # small batches do share
     rng = np.random.default_rng(seed)
     world = World(random_batch(rng, int(rng.integers(1, 14))), torch.float32, "cpu", seed)
     world.record_fills()
@@ -229,51 +229,56 @@ def test_eager_steps_with_little_sharing_plan_no_levels():
 
 
 def test_padded_graph_step_with_no_relay_request_still_writes_a_valid_plan():
-    """A full-graph decode step of plain requests (relay on, no prompt used) must write the plan the
-    captured graph reads: the context tables equal vLLM's, the levels are empty, no row is fused."""
+    """A full-graph decode step of plain requests (relay on, nothing shared) replays vLLM's own graph,
+    which reads the context tables the plan writes: they equal vLLM's. The levels' graph captured
+    for the same size holds the levels, empty here, and harmless."""
     batch = [(-1, 30, 1, -1, 0), (-1, 7, 1, -1, 0), (-1, 100, 1, -1, 0)]
     world = World(batch, torch.float32, "cpu", 0)
     planner = make_planner(shared_path="always", full_graphs=True)
     cm = world.cm(pad_reqs=5, pad_tokens=5)
-    plan = planner.plan(cm, None)
-    assert plan is not None and plan.graph and not plan.run_level
+    with relay_step.capturing(True):
+        captured = planner.plan(cm, None, capture=True)
+    assert captured.graph and captured.run_level
+    assert captured.level.row_index.shape == (planner.max_depth, 8)  # fixed by the padded size
+    assert captured.level.perm.shape[0] == planner.max_rows and captured.level.call["max_seqlen_q"] == 8
+    step = world.step()
+    planner.levels_for(step)
+    assert step.tree is None  # nothing shared: vLLM runs its own graph
+    step.graph_levels = False
+    plan = planner.plan(cm, step)
+    assert plan is not None and not plan.graph and not plan.run_level
     assert torch.equal(plan.context.seq_lens, cm.seq_lens) and torch.equal(plan.context.block_table_tensor,
                                                                            cm.block_table_tensor)
-    assert (plan.level.row_index == -1).all() and int(plan.level.call["cu_seqlens_q"][-1]) == 0
-    assert plan.level.row_index.shape == (planner.max_depth, 8)  # fixed by the padded size
-    assert plan.level.perm.shape[0] == planner.max_rows and plan.level.call["max_seqlen_q"] == 8
-    run_and_check(world, plan, cm, padded(world.q, cm), force_level=True)
+    assert (captured.level.row_index == -1).all() and int(captured.level.call["cu_seqlens_q"][-1]) == 0
+    run_and_check(world, plan, cm, padded(world.q, cm))
+    run_and_check(world, captured, cm, padded(world.q, cm))  # the levels' graph, replayed empty
 
 
-def test_padded_graph_step_is_exact_and_eager_step_without_relay_facts_plans_nothing(monkeypatch):
-    monkeypatch.setitem(planner_module.GRAPH_MIN_TOKENS, True, 2)
+def test_graph_steps_run_levels_only_in_the_levels_graph(monkeypatch):
+    """With levels, vLLM replays the levels' twin (the dispatcher records it) and the plan fills it;
+    had vLLM replayed its own graph, the same step reads everything in its context (the prefix
+    path for the system prompt): exact either way."""
+    monkeypatch.setitem(planner_module.MIN_SAVED_TOKENS, True, 1)
     batch = [(0, 30, 1, -1, 0), (1, 7, 1, -1, 0), (-1, 100, 1, -1, 0), (0, 3, 1, -1, 0), (-1, 90, 1, 2, 5)]
     world = World(batch, torch.float32, "cpu", 1)
     world.record_fills()
     planner = make_planner(full_graphs=True)
     cm = world.cm(pad_reqs=3, pad_tokens=3)
-    plan = planner.plan(cm, world.step())
+    step = world.step()
+    planner.levels_for(step)
+    assert step.tree is not None
+    step.graph_levels = True
+    plan = planner.plan(cm, step)
     assert plan.graph and plan.run_level
     # Slot 0's two decodes share its pages; the two plain ones 5 pages; slot 1's one reads its own.
     assert planner.stats["shared_tokens"] == 4 and planner.stats["prefix_requests"] == 1
     run_and_check(world, plan, cm, padded(world.q, cm))
+    step.graph_levels = False
+    plan = planner.plan(cm, step)
+    assert not plan.graph and not plan.run_level and planner.stats["prefix_requests"] == 1 + 3
+    run_and_check(world, plan, cm, padded(world.q, cm))
     eager = make_planner()
     assert eager.plan(world.cm(), None) is None  # plain attention, vLLM's own tables
-
-
-def test_small_graphs_hold_no_level_and_take_the_prefix_path():
-    """Under the measured rule, a graph too small for the levels is vLLM's plain graph: no level
-    launches, relay requests read their system pages through the prefix path, exactly."""
-    batch = [(0, 30, 1, -1, 0), (0, 7, 1, -1, 0), (1, 100, 1, -1, 0), (0, 3, 1, -1, 0)]
-    world = World(batch, torch.float32, "cpu", 2)
-    world.record_fills()
-    planner = make_planner(full_graphs=True)
-    for capture in (True, False):
-        cm = world.cm(pad_reqs=4, pad_tokens=4)  # 8 < GRAPH_MIN_TOKENS for GQA
-        plan = planner.plan(cm, None if capture else world.step(), capture=capture)
-        assert not plan.run_level and not plan.graph
-    assert planner.stats["shared_tokens"] == 0 and planner.stats["prefix_requests"] == 4
-    run_and_check(world, plan, cm, padded(world.q, cm))
 
 
 @pytest.mark.parametrize("kernel", ["flash", "triton"])
@@ -344,7 +349,8 @@ def test_graph_replay_equals_eager_on_cuda(group, kernel, monkeypatch):
         out_static = torch.zeros_like(q_static)
         capture_world = worlds[0]
         cm_static = capture_world.cm(pad_reqs=B - len(capture_world.batch), pad_tokens=B - len(capture_world.batch))
-        plan = planner.plan(cm_static, None, capture=True)
+        with relay_step.capturing(True):  # the levels' twin of the graph
+            plan = planner.plan(cm_static, None, capture=True)
         relay_plan = as_relay_plan(plan, cm_static)
         relay_plan.context["num_splits"] = relay_plan.shared[0].call["num_splits"] = 8
         relay_plan.context["max_seqlen_k"] = MAX_MODEL_LEN  # as vLLM captures: upper bounds
@@ -370,7 +376,10 @@ def test_graph_replay_equals_eager_on_cuda(group, kernel, monkeypatch):
             cm_static.query_start_loc.copy_(cm.query_start_loc)
             cm_static.seq_lens.copy_(cm.seq_lens)
             cm_static.block_table_tensor.copy_(cm.block_table_tensor)
-            step_plan = planner.plan(cm_static, world.step())
+            step = world.step()
+            planner.levels_for(step)
+            step.graph_levels = True  # what vLLM's dispatcher records when it replays the twin
+            step_plan = planner.plan(cm_static, step)
             assert step_plan.level.perm.data_ptr() == plan.level.perm.data_ptr()
             graph.replay()
             replayed = out_static[:n].clone()

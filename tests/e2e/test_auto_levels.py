@@ -42,6 +42,7 @@ def workload(vocab: int, seed: int) -> dict:
     prompts = [preamble + doc1 + q for q in questions]  # one document, six questions
     prompts += [preamble + doc2 + q for q in questions[:4]]  # another document
     prompts += [preamble + doc1 + questions[0]] * 3  # the same prompt, three times at once
+    prompts += [preamble + q for q in questions[4:]]  # the preamble alone: one level
     prompts += [[1] + ids(n) for n in (5, 120, 260)]  # sharing nothing (beyond one token)
     samples = [{"prompt": preamble + doc1 + ids(40), "n": 4, "seed": 5, "max_tokens": 10},
                {"prompt": preamble + doc1 + ids(37), "n": 3, "seed": 6, "max_tokens": 10},
@@ -53,7 +54,7 @@ def workload(vocab: int, seed: int) -> dict:
 
 
 CASES = {
-    "greedy": ("tiny-llama-mha", True, {"max_num_batched_tokens": 64, "num_gpu_blocks_override": 64}, 2),
+    "greedy": ("tiny-llama-mha", True, {"max_num_batched_tokens": 64, "num_gpu_blocks_override": 48}, 2),
     "samples": ("tiny-llama-gqa", False, {"max_num_batched_tokens": 512, "enable_chunked_prefill": False}, 3),
 }
 
@@ -90,7 +91,7 @@ def test_shared_prefixes_are_read_once_and_exact(case, tmp_path):
         first = relay["first"]["worker_stats"]  # two salts over one prompt: 4 requests a level, never 8
         assert 2 <= first["max_level_rows"] <= 4, first
         assert relay["preemptions"] and relay["preemptions"] > 0, "the KV cache was meant to force preemption"
-        assert relay["relay_stats"]["relay_requests"] >= 13, relay["relay_stats"]
+        assert relay["relay_stats"]["relay_requests"] >= 15, relay["relay_stats"]
     else:
         for got, want in zip(relay["samples"], reference["samples"], strict=True):
             assert_same_outputs(got, want)  # the same samples, logprobs within 1e-4

@@ -87,3 +87,37 @@ def test_relay_matches_flash_attention_on_cuda(name, parallel, tmp_path):
     replay_same, replay_err = divergence(relay["outputs"], eager["outputs"])
     print(f"{name}: relay graphs vs relay eager: {replay_same:.0%} identical, max diff {replay_err:.3g}")
     assert replay_err <= 2 * ref_err + 1e-3, (replay_err, ref_err)
+
+
+def test_shared_levels_match_flash_attention_on_cuda(tmp_path):
+    """Levels found in the block tables (a registered preamble, documents under it, the same prompt
+    several times, seeded samples of questions: up to three levels per token) on CUDA: relay within
+    the rule above against FLASH_ATTN on the greedy requests, with full CUDA graphs (steps with levels
+    replay the levels' twin of each graph, the others vLLM's own) and eagerly."""
+    from tests.e2e.test_auto_levels import workload as levels_workload
+
+    model = get_model("tiny-llama-mha")
+    vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
+    spec = levels_workload(vocab, seed=3)
+    base = {"model": model, "dtype": "bfloat16", "max_model_len": 512, "max_num_seqs": 32}
+    relay_config = {"relay": {"system_prompts": {"preamble": spec["preamble"]}, "max_prompt_tokens": 256,
+                              "shared_path": "always"}}
+    run = {"prompts": spec["prompts"], "max_tokens": 16, "samples": spec["samples"]}
+    graphs = {"enforce_eager": False}
+    relay, _ = run_engine({**run, "engine": {**base, **graphs, "attention_backend": "relay",
+                                             "additional_config": relay_config}}, tmp_path, "relay")
+    eager, _ = run_engine({**run, "engine": {**base, "attention_backend": "relay",
+                                             "additional_config": relay_config}}, tmp_path, "relay-eager")
+    flash, _ = run_engine({**run, "engine": {**base, **graphs, "attention_backend": "FLASH_ATTN"}}, tmp_path, "flash")
+    triton, _ = run_engine({**run, "engine": {**base, **graphs, "attention_backend": "TRITON_ATTN"}}, tmp_path,
+                           "triton")
+    relay_same, relay_err = divergence(relay["outputs"], flash["outputs"])
+    ref_same, ref_err = divergence(triton["outputs"], flash["outputs"])
+    replay_same, replay_err = divergence(relay["outputs"], eager["outputs"])
+    print(f"levels: relay vs FA: {relay_same:.0%} identical, max diff {relay_err:.3g}; TRITON vs FA: "
+          f"{ref_same:.0%}, {ref_err:.3g}; relay graphs vs eager: {replay_same:.0%}, {replay_err:.3g}")
+    print("levels worker stats: graphs", relay["worker_stats"], "eager", eager["worker_stats"])
+    assert relay_err <= 2 * ref_err + 1e-3 and replay_err <= 2 * ref_err + 1e-3, (relay_err, replay_err, ref_err)
+    assert relay_same >= ref_same - 0.15, (relay_same, ref_same)
+    stats = relay["worker_stats"]
+    assert stats["level_graph_steps"] > 0 and all(stats[f"tokens_under_{k}_levels"] > 0 for k in (1, 2, 3)), stats

@@ -30,24 +30,23 @@ from vllm_relay.ops.level_attention import max_tiles, plan_tiles, tile_tokens, w
 from vllm_relay.ops.level_tree import LevelRule, LevelTree, find_levels, level_rows
 from vllm_relay.ops.relay_fusion import warm_up_fuse_in_place
 
-# The measured rule. A full CUDA graph holds the levels' launches only if its (padded) batch has at
-# least GRAPH_MIN_TOKENS tokens: smaller graphs are exactly vLLM's (one FlashAttention call per
-# layer); larger ones replay the launches also when no row uses them, so inside them every run that
-# two decode requests share is worth a level. An eager step runs levels only when they save at least
-# EAGER_MIN_SAVED_TOKENS of KV reads (tokens of one layer's K and V), the launches' cost.
+# The measured rule: a step runs levels when they save at least MIN_SAVED_TOKENS of KV reads (tokens
+# of one layer's K and V), the cost of their launches; else every request reads all its pages in
+# one FlashAttention call, exactly vLLM's. Full CUDA graphs come in two kinds per decode size
+# (hooks/graphs.py): vLLM's own, replayed by steps without levels, and one that also runs them.
 # NOTE: from the H200 layer table (benchmarks/results/layer_h200.md, one system prompt of S=2048):
-# the shared path wins from 8 (MHA) / 32 (GQA) requests in graphs and 16 / 64 eagerly, i.e. from
-# about 7 and 15 (MHA), 31 and 63 (GQA) times 2048 tokens not read again.
-GRAPH_MIN_TOKENS = {False: 8, True: 32}  # keyed by GQA (query heads per KV head > 1)
-EAGER_MIN_SAVED_TOKENS = {False: 15 * 2048, True: 63 * 2048}
+# the shared path won from 16 (MHA) / 64 (GQA) requests when its launches were paid eagerly, i.e.
+# from about 15 and 63 times 2048 tokens not read again; to be measured again for the level kinds
+# of benchmarks/bench_layer.py (--only levels).
+MIN_SAVED_TOKENS = {False: 15 * 2048, True: 63 * 2048}  # keyed by GQA (query heads per KV head > 1)
 # Levels per token at most (a fixed count for CUDA graphs: few-shot -> problem -> samples, under a
 # system prompt); deeper sharing is read in the context.
 MAX_LEVELS = 4
 # The fused level kernel splits a tile's keys into at most this many slices, so that few rows
 # still give the GPU about two programs per multiprocessor.
 MAX_LEVEL_SPLITS = 8
-STATS = ("planned_steps", "graph_steps", "prefix_requests", "shared_tokens", "level_groups", "saved_kv_tokens",
-         "saved_kv_bytes", *(f"tokens_under_{k}_levels" for k in range(1, MAX_LEVELS + 1)), "max_level_rows")
+STATS = ("planned_steps", "graph_steps", "level_graph_steps", "prefix_requests", "shared_tokens", "level_groups",
+         "saved_kv_tokens", "saved_kv_bytes", *(f"tokens_under_{k}_levels" for k in range(1, MAX_LEVELS + 1)), "max_level_rows")
 
 
 def level_splits(rows: int, gqa: int, num_kv_heads: int, num_sms: int) -> int:
@@ -62,7 +61,8 @@ _planners: list[RelayPlanner] = []
 
 
 def worker_stats(_worker=None) -> dict:
-    """What this worker's planners did, summed: steps planned (full-graph ones too), requests that
+    """What this worker's planners did, summed: steps planned (full-graph ones, and those replaying
+    the graph with the levels, too), requests that
     read their system pages through the prefix path, level rows (`shared_tokens`), levels, KV tokens
     and bytes not read again thanks to them, tokens by how many levels they read, and the most rows
     one level had (a maximum, not a sum). Callable through `LLM.collective_rpc(worker_stats)` (the
@@ -73,6 +73,13 @@ def worker_stats(_worker=None) -> dict:
             merge = max if key.startswith("max_") else int.__add__
             total[key] = merge(total[key], planner.stats[key])
     return total
+
+
+def find_step_levels(step: relay_step.RelayStep) -> None:
+    """The step's levels, found once by this worker's planner (relay serves one KV-cache group),
+    right after the runner prepared the step's inputs: before vLLM picks its CUDA graph."""
+    if _planners:
+        _planners[0].levels_for(step)
 
 
 @dataclass
@@ -162,14 +169,43 @@ class RelayPlanner:
         """A uniform decode batch that vLLM runs as a full CUDA graph (FULL_AND_PIECEWISE)."""
         return self.full_graphs and cm.max_query_len <= 1 and cm.num_actual_tokens <= self.max_graph_tokens
 
-    def rule(self, graph: bool) -> LevelRule | None:
-        """When a shared run becomes a level this step (None: no levels at all)."""
+    def rule(self) -> LevelRule | None:
+        """When a shared run becomes a level (None: no levels at all)."""
         if self.shared_path == "never":
             return None
         if self.shared_path == "always":
             return LevelRule(min_rows_root=1, min_rows=2, max_depth=self.max_depth, max_groups=self.max_groups)
         return LevelRule(min_rows_root=2, min_rows=2, min_saved_pages=1, max_depth=self.max_depth,
                          max_groups=self.max_groups)
+
+    def levels_for(self, step: relay_step.RelayStep) -> None:
+        """Find the step's levels into `step.tree` (None: none worth running). The runner hook calls
+        this as soon as the step's inputs are prepared: vLLM then picks the CUDA graph by it."""
+        step.tree, step.levels_planned = None, True
+        rule = self.rule()
+        if rule is None:
+            return
+        decode = step.q_lens == 1
+        root = np.where(decode, step.req_slot, -1)
+        if self.auto_levels and step.block_table is not None:
+            shareable = np.where(decode, (step.seq_lens - 1) // self.page_size, 0)
+            table = step.block_table
+        else:
+            shareable, table = np.zeros(step.num_reqs, dtype=np.int32), np.zeros((step.num_reqs, 1), np.int32)
+        if not (root >= 0).any() and not (shareable > 0).any():
+            return
+        tree = find_levels(table, shareable, root, self._root_pages(step), rule)
+        if tree.num_groups == 0:
+            return
+        if self.shared_path == "auto" and tree.saved_pages() * self.page_size < MIN_SAVED_TOKENS[self.gqa > 1]:
+            return  # too little to pay the levels' launches: every request reads its own pages
+        step.tree = tree
+
+    def _root_pages(self, step) -> np.ndarray:
+        root_pages = np.zeros(self.num_slots, dtype=np.int32)
+        relay = step.req_slot >= 0
+        root_pages[step.req_slot[relay]] = step.req_shift[relay] // self.page_size
+        return root_pages
 
     def plan(self, cm, step: relay_step.RelayStep | None, capture: bool = False) -> StepPlan | None:
         """This step's plan, or None when plain attention over the own tables is the whole story
@@ -178,21 +214,19 @@ class RelayPlanner:
         if step is None and not graph:
             return None
         B, T = cm.num_reqs, cm.num_actual_tokens
-        rule = self.rule(graph)
-        # A graph whose size cannot hold the levels has none (a function of T alone, so the captured
-        # graph and every step replaying it agree).
-        with_level = rule is not None and (not graph or self.shared_path == "always"
-                                           or T >= GRAPH_MIN_TOKENS[self.gqa > 1])
+        if step is not None and not step.levels_planned:
+            self.levels_for(step)
+        # Levels run eagerly when found; in a full graph, when vLLM replays the graph with them.
+        if capture:
+            with_level = self.rule() is not None and relay_step.capturing_levels()
+        else:
+            with_level = step is not None and step.tree is not None and (not graph or bool(step.graph_levels))
         root = np.full(B, -1, dtype=np.int32)
         root_pages = np.zeros(self.num_slots, dtype=np.int32)
-        tree = None
+        tree = step.tree if with_level and step is not None else None
         if step is not None:
-            n = step.num_reqs
-            root[:n] = step.req_slot
-            relay = step.req_slot >= 0
-            root_pages[step.req_slot[relay]] = step.req_shift[relay] // self.page_size
-            if with_level:
-                tree = self._find_levels(step, root_pages, rule, graph)
+            root[: step.num_reqs] = step.req_slot
+            root_pages = self._root_pages(step)
         ctx_front = np.where(root >= 0, root_pages[np.maximum(root, 0)], 0).astype(np.int32)
         ctx_skip = np.zeros(B, dtype=np.int32)
         query_start = cm.query_start_loc_cpu.numpy()
@@ -238,7 +272,7 @@ class RelayPlanner:
                                       seq_lens_cpu_upper_bound=None, _seq_lens_cpu=None,
                                       _num_computed_tokens_cpu=None, _num_computed_tokens_cache=None)
         if not capture:
-            self._count(graph, tree, ctx_front, root, perm.shape[0], row_index)
+            self._count(graph, with_level, tree, ctx_front, root, perm.shape[0], row_index)
         group_sizes = np.diff(cu)
         call = dict(cu_seqlens_q=self.cu[: groups + 1], seqused_k=self.lens[:groups],
                     max_seqlen_q=T if graph else int(group_sizes.max(initial=0)),
@@ -255,25 +289,6 @@ class RelayPlanner:
             level = SharedLevel(perm=self.perm[:rows], row_index=row_index_view[0], call=call, fused=fused)
         run_level = (capture and with_level) or perm.shape[0] > 0
         return StepPlan(context, level, run_level=run_level, graph=graph and with_level)
-
-    def _find_levels(self, step, root_pages, rule, graph: bool) -> LevelTree | None:
-        """The step's levels (None when there are none worth running)."""
-        decode = step.q_lens == 1
-        root = np.where(decode, step.req_slot, -1)
-        if self.auto_levels and step.block_table is not None:
-            shareable = np.where(decode, (step.seq_lens - 1) // self.page_size, 0)
-            table = step.block_table
-        else:
-            shareable, table = np.zeros(step.num_reqs, dtype=np.int32), np.zeros((step.num_reqs, 1), np.int32)
-        if not (root >= 0).any() and not (shareable > 0).any():
-            return None
-        tree = find_levels(table, shareable, root, root_pages, rule)
-        if tree.num_groups == 0:
-            return None
-        if not graph and self.shared_path == "auto" \
-                and tree.saved_pages() * self.page_size < EAGER_MIN_SAVED_TOKENS[self.gqa > 1]:
-            return None  # too little to pay the levels' launches: every request reads its own
-        return tree
 
     def _stage(self, B, T, depth, groups, ctx_front, ctx_slot, ctx_skip, perm, cu, lens, tree, own, tiles,
                row_index) -> None:
@@ -299,10 +314,11 @@ class RelayPlanner:
         end = int(off[12]) + depth * T
         self._dev[:end].copy_(self._host[:end], non_blocking=self.device.type == "cuda")
 
-    def _count(self, graph, tree, ctx_front, root, rows, row_index) -> None:
+    def _count(self, graph, with_level, tree, ctx_front, root, rows, row_index) -> None:
         s = self.stats
         s["planned_steps"] += 1
         s["graph_steps"] += graph
+        s["level_graph_steps"] += graph and with_level
         s["prefix_requests"] += int(np.count_nonzero(ctx_front[: root.shape[0]] * (root >= 0)))
         s["shared_tokens"] += rows
         if tree is not None:

@@ -34,6 +34,12 @@ class RelayStep:
     # only) and each request's KV tokens in it after this step; None where no levels are found.
     block_table: np.ndarray | None = None
     seq_lens: np.ndarray | None = None
+    # The step's shared levels (an ops.LevelTree, found by the planner right after the inputs are
+    # prepared: before vLLM picks the CUDA graph), None for none; and which full graph vLLM runs
+    # it with: True the one with the levels, False vLLM's own, None no full graph (hooks/graphs.py).
+    tree: object | None = None
+    levels_planned: bool = False
+    graph_levels: bool | None = None
 
 
 class SlotPages:
@@ -52,6 +58,38 @@ class SlotPages:
 
 _current: RelayStep | None = None
 _slot_pages: SlotPages | None = None
+_capturing_levels = False  # the CUDA graph being captured is the one with the levels
+
+
+def wants_levels() -> bool:
+    """Whether the full CUDA graph about to be chosen must run the shared levels: the graph being
+    captured is the levels' one, or the step being run has levels."""
+    return _capturing_levels or (_current is not None and _current.tree is not None)
+
+
+def dispatched(full_graph: bool, levels: bool) -> None:
+    """Record the graph vLLM chose for the step being run (read by the planner)."""
+    if _current is not None:
+        _current.graph_levels = levels if full_graph else None
+
+
+def capturing_levels() -> bool:
+    return _capturing_levels
+
+
+class capturing:  # noqa: N801 - a context manager, named like one
+    """`with capturing(levels):` the CUDA graphs captured inside do (or do not) run the levels."""
+
+    def __init__(self, levels: bool) -> None:
+        self.levels = levels
+
+    def __enter__(self):
+        global _capturing_levels
+        self.before, _capturing_levels = _capturing_levels, self.levels
+
+    def __exit__(self, *exc):
+        global _capturing_levels
+        _capturing_levels = self.before
 
 
 def slot_pages_for(cfg, page_size: int) -> SlotPages:

@@ -29,6 +29,10 @@ def _prepare_inputs(self, scheduler_output, num_scheduled_tokens):
             pages = self._relay_pages = step.slot_pages_for(cfg, self.cache_config.block_size)
             self._relay_auto_levels = cfg.auto_levels and cfg.shared_path != "never"
         step.prepare(self, num_scheduled_tokens, pages, self.cache_config.block_size, self._relay_auto_levels)
+        if step._current is not None:
+            from vllm_relay.attention.planner import find_step_levels
+
+            find_step_levels(step._current)
     return result
 
 
@@ -72,3 +76,6 @@ def apply_worker() -> None:
     patch(GPUModelRunner, "_prepare_inputs", _prepare_inputs)
     patch(GPUModelRunner, "execute_model", _execute_model)
     patch(WorkerBase, "relay_worker_stats", _relay_worker_stats)
+    from vllm_relay.hooks import graphs
+
+    graphs.apply_worker()

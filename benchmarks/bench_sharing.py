@@ -1,0 +1,223 @@
+"""Shared prefixes nobody registered, end to end: relay against vLLM's default, its cascade attention
+and the bound, on workloads whose requests share prefixes through vLLM's prefix cache (GPU).
+
+Workloads (`--workloads`, each point with fresh random ids, so no point reuses another's cache):
+  samples  Hydragen's sweep: one shared prompt of P tokens (`--prefix-lens`), n completions of it
+           (`--ns`), `--output-len` tokens each, as one request with SamplingParams(n=n).
+  latency  bifurcated attention's: ms per decode step of n samples of one C-token context
+           (`--contexts` x `--latency-ns`): (time of 1 + steps tokens - time of 1 token) / steps,
+           over two contexts of the same length (both cold: the same prefill).
+  tree     two levels: a system prompt (`--tree-system`) over D documents, Q questions each, n samples
+           per question (`--tree D,Q,n,doc_len,question_len`).
+Configs (`--configs`, each in its own process: a fresh engine runs every point of every workload):
+  default        vLLM 0.26 as it ships (prefix caching on, Model Runner V2, cascade off)
+  relay          --attention-backend relay, nothing registered (tree: its system prompt registered)
+  relay-sysonly  relay with auto_levels off (tree: the registered system prompt is the only level)
+  cascade        vLLM's opt-in cascade attention (VLLM_USE_V2_MODEL_RUNNER=0, disable_cascade_attn=False)
+  ceiling        the same completions with the shared part cut from every prompt (BOS only)
+The bound of a point: the ceiling's time plus, per decode step, one read of the shared KV at the
+card's measured copy bandwidth or its attention FLOPs at the measured bf16 matmul rate, whichever is
+larger (decode steps: output_len x ceil(completions / max_num_seqs)).
+Usage (GPU host): python3 benchmarks/bench_sharing.py --model DIR --out results/sharing.json
+"""
+
+import argparse
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+import time
+
+
+def measure_card() -> dict:
+    """Copy bandwidth (bytes read + written per second) and bf16 matmul rate, measured once."""
+    import torch
+    import triton
+
+    x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    copy_ms = triton.testing.do_bench(lambda: y.copy_(x), return_mode="median")
+    a = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
+    mm_ms = triton.testing.do_bench(lambda: a @ a, return_mode="median")
+    return {"copy_bytes_per_s": 2 * x.numel() / copy_ms * 1e3, "bf16_flop_per_s": 2 * 8192 ** 3 / mm_ms * 1e3,
+            "device": torch.cuda.get_device_name()}
+
+
+def shape(model: str) -> dict:
+    c = json.load(open(os.path.join(model, "config.json")))
+    hd = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+    return {"layers": c["num_hidden_layers"], "hq": c["num_attention_heads"], "hkv": c["num_key_value_heads"],
+            "head_dim": hd, "vocab": c["vocab_size"]}
+
+
+def points(args) -> list[dict]:
+    """Every point of the chosen workloads, in order."""
+    out = []
+    for w in args.workloads.split(","):
+        if w == "samples":
+            out += [{"workload": w, "P": P, "n": n} for P in map(int, args.prefix_lens.split(","))
+                    for n in map(int, args.ns.split(","))]
+        elif w == "latency":
+            out += [{"workload": w, "C": C, "n": n} for C in map(int, args.contexts.split(","))
+                    for n in map(int, args.latency_ns.split(","))]
+        elif w == "tree":
+            D, Q, n, doc, q = map(int, args.tree.split(","))
+            out.append({"workload": w, "D": D, "Q": Q, "n": n, "doc": doc, "q": q, "S": args.tree_system})
+    return out
+
+
+def requests(point, config, rng, vocab, system):
+    """(prompts, n, shared tokens per completion) of a point for a config."""
+    def ids(k):
+        return [rng.randrange(100, vocab) for _ in range(k)]
+
+    w = point["workload"]
+    if w in ("samples", "latency"):
+        ctx = point["P"] if w == "samples" else point["C"]
+        prompt = [1] if config == "ceiling" else [1] + ids(ctx - 1)
+        return [prompt], point["n"], ctx
+    docs = [ids(point["doc"]) for _ in range(point["D"])]
+    prompts = [[1] if config == "ceiling" else system + doc + ids(point["q"]) for doc in docs
+               for _ in range(point["Q"])]
+    return prompts, point["n"], len(system) + point["doc"] + point["q"]
+
+
+def engine_kwargs(args, config, system):
+    kw = dict(model=args.model, load_format="dummy", max_model_len=args.max_model_len, seed=0,
+              max_num_seqs=args.max_num_seqs, disable_log_stats=False)
+    if config.startswith("relay"):
+        relay = {"auto_levels": config == "relay"}
+        if "tree" in args.workloads:
+            relay.update(system_prompts={"system": system}, max_prompt_tokens=len(system))
+        kw.update(attention_backend="relay", additional_config={"relay": relay})
+    elif config == "cascade":
+        kw["disable_cascade_attn"] = False
+    return kw
+
+
+def worker(args):
+    """One configuration in this process; prints one RESULT line."""
+    if args.worker == "cascade":
+        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    sh = shape(args.model)
+    system = [1] + [random.Random(7).randrange(100, sh["vocab"]) for _ in range(args.tree_system - 1)]
+    llm = LLM(**engine_kwargs(args, args.worker, system))
+    llm.generate([TokensPrompt(prompt_token_ids=[1, 2, 3])], SamplingParams(max_tokens=8), use_tqdm=False)
+    rows = []
+    for i, point in enumerate(points(args)):
+        rng = random.Random(1000 + i)  # the same ids for every config
+        latency = point["workload"] == "latency"
+        prompts, n, _ = requests(point, args.worker, rng, sh["vocab"], system)
+        steps = args.latency_steps if latency else args.output_len
+
+        def run(prompts, max_tokens):
+            params = SamplingParams(n=n, temperature=1.0, max_tokens=max_tokens, ignore_eos=True, seed=i)
+            t0 = time.perf_counter()
+            outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+            return time.perf_counter() - t0, outs
+
+        elapsed, outs = run(prompts, 1 + steps if latency else steps)
+        row = {**point, "elapsed_s": elapsed, "completions": sum(len(o.outputs) for o in outs),
+               "tokens_per_s": sum(len(c.token_ids) for o in outs for c in o.outputs) / elapsed}
+        if latency:  # minus the same prefill and first token, of another context of the same length
+            first, _ = run(requests(point, args.worker, rng, sh["vocab"], system)[0], 1)
+            row["ms_per_step"] = (elapsed - first) / steps * 1e3
+        rows.append(row)
+        print(f"  {args.worker} {point}: {elapsed:.2f} s, {row['tokens_per_s']:.0f} tok/s"
+              + (f", {row['ms_per_step']:.2f} ms/step" if "ms_per_step" in row else ""), flush=True)
+    result = {"config": args.worker, "rows": rows}
+    if args.worker.startswith("relay"):
+        from vllm_relay.stats import relay_stats
+
+        result["relay_stats"] = {k: v for k, v in relay_stats(llm).items() if k != "prompts"}
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def run_config(args, config) -> dict:
+    proc = subprocess.run([sys.executable, __file__, *sys.argv[1:], "--worker", config], capture_output=True,
+                          text=True)
+    log = proc.stdout + proc.stderr
+    if args.out:
+        with open(f"{os.path.splitext(args.out)[0]}.{config}.log", "w") as f:
+            f.write(log)
+    for line in log.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    raise RuntimeError(f"{config} failed (rc {proc.returncode}):\n{log[-6000:]}")
+
+
+def bound_s(point, ceiling_s, card, sh, args) -> float:
+    """The ceiling's time plus one read (or the attention FLOPs) of the shared KV per decode step."""
+    shared = point.get("P") or point.get("C") or point["S"] + point["doc"] + point["q"]
+    completions = point["n"] * point.get("D", 1) * point.get("Q", 1)
+    steps = args.output_len * math.ceil(completions / args.max_num_seqs)
+    kv_bytes = 2 * shared * sh["layers"] * sh["hkv"] * sh["head_dim"] * 2  # K and V, bf16
+    flops = 4 * min(completions, args.max_num_seqs) * shared * sh["layers"] * sh["hq"] * sh["head_dim"]
+    return ceiling_s + steps * max(kv_bytes / card["copy_bytes_per_s"], flops / card["bf16_flop_per_s"])
+
+
+def markdown(results, card, sh, args) -> str:
+    configs = [c for c in results if c != "card"]
+    lines = [f"{card['device']}: copy {card['copy_bytes_per_s'] / 1e12:.2f} TB/s, bf16 matmul "
+             f"{card['bf16_flop_per_s'] / 1e12:.0f} TFLOP/s. Output tokens/s (latency: ms per decode step).", "",
+             "| point | " + " | ".join(configs) + " | bound | relay / bound | relay / default | relay / cascade |",
+             "|---|" + "---|" * (len(configs) + 4)]
+    for i, point in enumerate(points(args)):
+        get = {c: results[c]["rows"][i] for c in configs}
+        label = ", ".join(f"{k}={v}" for k, v in point.items())
+        if point["workload"] == "latency":
+            cells = [f"{get[c]['ms_per_step']:.2f}" for c in configs]
+            lines.append(f"| {label} | " + " | ".join(cells) + " | | | | |")
+            continue
+        cells = [f"{get[c]['tokens_per_s']:.0f}" for c in configs]
+        ratio = lambda a, b: f"{get[a]['tokens_per_s'] / get[b]['tokens_per_s']:.2f}" if a in get and b in get else ""  # noqa: E731
+        bound = ""
+        if "ceiling" in get:
+            tokens = get["ceiling"]["tokens_per_s"] * get["ceiling"]["elapsed_s"]
+            b = tokens / bound_s(point, get["ceiling"]["elapsed_s"], card, sh, args)
+            bound = f"{b:.0f} | " + (f"{get['relay']['tokens_per_s'] / b:.2f}" if "relay" in get else "")
+        else:
+            bound = " | "
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {bound} | {ratio('relay', 'default')} | "
+                     f"{ratio('relay', 'cascade')} |")
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", required=True)
+    p.add_argument("--configs", default="ceiling,relay,default,cascade")
+    p.add_argument("--workloads", default="samples,latency")
+    p.add_argument("--prefix-lens", default="1024,4096,16384")
+    p.add_argument("--ns", default="16,64,256,1024")
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--contexts", default="2048,8192,16384")
+    p.add_argument("--latency-ns", default="1,8,64,256")
+    p.add_argument("--latency-steps", type=int, default=32)
+    p.add_argument("--tree", default="8,4,8,2048,128", help="D,Q,n,doc_len,question_len")
+    p.add_argument("--tree-system", type=int, default=2048)
+    p.add_argument("--max-model-len", type=int, default=17408)
+    p.add_argument("--max-num-seqs", type=int, default=1024)
+    p.add_argument("--out")
+    p.add_argument("--worker")
+    args = p.parse_args()
+    if args.worker:
+        return worker(args)
+    results = {"card": measure_card()}
+    for config in args.configs.split(","):
+        results[config] = run_config(args, config)
+        if args.out:  # keep what is done, whatever fails later
+            json.dump({"args": vars(args), **results}, open(args.out, "w"), indent=1)
+    md = markdown(results, results["card"], shape(args.model), args)
+    print(md)
+    if args.out:
+        open(os.path.splitext(args.out)[0] + ".md", "w").write(md)
+
+
+if __name__ == "__main__":
+    main()

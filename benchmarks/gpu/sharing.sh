@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# GPU host, after benchmarks/gpu/run_all.sh has installed the project: shared prefixes nobody
+# registered (issue 15), relay against vLLM's default, its cascade and the bound.
+# Usage: bash benchmarks/gpu/sharing.sh STEP...   with STEP one of
+#   samples2    Hydragen's sweep on the Llama-2-7B shape: P in $PS, n in $NS, 128 output tokens
+#   samples3    the same on the Llama-3-8B shape
+#   latency2    decode-step latency against n at contexts $CS (bifurcated attention's figure)
+#   tree2       a 2048-token system prompt over 8 documents x 4 questions x 8 samples: relay, relay
+#               with the registered prompt only, default, cascade, ceiling
+#   plain3      nothing shared: 1000 requests (128 in / 256 out), vLLM's default and the relay backend,
+#               each run twice on its engine (bench_throughput.py noprefix, noprefix-relay)
+#   single3     the registered single-prompt workload (P=2048, 1000 requests): default, relay, no prompt
+# CONFIGS (default ceiling,relay,default,cascade), PS, NS, CS tune the size.
+set -uo pipefail
+export PYTHONPATH=/tmp/site VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
+out=${OUT:-/tmp/out}; mkdir -p "$out"
+PS=${PS:-1024,16384}; NS=${NS:-64,256}; CS=${CS:-8192}; CONFIGS=${CONFIGS:-ceiling,relay,default,cascade}
+m2=$(python3 -m vllm_relay.testing build llama-2-7b-shape | tail -1 | cut -f2)
+m3=$(python3 -m vllm_relay.testing build llama-3-8b-shape | tail -1 | cut -f2)
+sb="python3 benchmarks/bench_sharing.py"
+bt="python3 benchmarks/bench_throughput.py"
+for step in "$@"; do
+  case $step in
+    samples2) $sb --model "$m2" --workloads samples --prefix-lens "$PS" --ns "$NS" --configs "$CONFIGS" \
+                --out "$out/sharing_samples_llama2.json" ;;
+    samples3) $sb --model "$m3" --workloads samples --prefix-lens "$PS" --ns "$NS" --configs "$CONFIGS" \
+                --out "$out/sharing_samples_llama3.json" ;;
+    latency2) $sb --model "$m2" --workloads latency --contexts "$CS" --latency-ns 1,8,64 --configs relay,default \
+                --out "$out/sharing_latency_llama2.json" ;;
+    tree2) $sb --model "$m2" --workloads tree --configs ceiling,relay,relay-sysonly,default,cascade \
+                --max-model-len 8192 --out "$out/sharing_tree_llama2.json" ;;
+    plain3) $bt --model "$m3" --prefix-len 2048 --num-prompts 1000 --max-model-len 4096 --repeat 2 \
+                --configs noprefix,noprefix-relay --out "$out/sharing_plain_llama3.json" ;;
+    single3) $bt --model "$m3" --prefix-len 2048 --num-prompts 1000 --max-model-len 4096 \
+                --configs default,relay,noprefix --out "$out/sharing_single_llama3.json" ;;
+  esac
+done

@@ -1,0 +1,60 @@
+"""benchmarks/bench_sharing.py: the points of each workload, the requests each config sends, and the
+bound (the ceiling plus one read of the shared KV per decode step), against hand-computed values."""
+
+import importlib.util
+import random
+from pathlib import Path
+from types import SimpleNamespace
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+spec = importlib.util.spec_from_file_location("bench_sharing", BENCH / "bench_sharing.py")
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+
+ARGS = SimpleNamespace(workloads="samples,latency,tree", prefix_lens="1024,16384", ns="16,256", contexts="8192",
+                       latency_ns="1,64", tree="2,3,4,100,10", tree_system=50, output_len=128, max_num_seqs=256)
+SHAPE = {"layers": 32, "hq": 32, "hkv": 32, "head_dim": 128, "vocab": 32000}
+
+
+def test_points_and_requests():
+    points = bench.points(ARGS)
+    assert [p["workload"] for p in points] == ["samples"] * 4 + ["latency"] * 2 + ["tree"]
+    system = [1] + [5] * 49
+    prompts, n, shared = bench.requests(points[-1], "relay", random.Random(0), 32000, system)
+    assert len(prompts) == 6 and n == 4 and shared == 160 and all(p[:50] == system for p in prompts)
+    assert {tuple(p[50:150]) for p in prompts[:3]} == {tuple(prompts[0][50:150])}  # one document, 3 questions
+    ceiling, n, _ = bench.requests(points[-1], "ceiling", random.Random(0), 32000, system)
+    assert ceiling == [[1]] * 6 and n == 4  # the shared part cut
+    prompts, n, shared = bench.requests(points[1], "relay", random.Random(0), 32000, system)
+    assert len(prompts[0]) == 1024 == shared and n == 256
+
+
+def test_bound_is_the_ceiling_plus_one_read_of_the_shared_kv_per_step():
+    card = {"copy_bytes_per_s": 4e12, "bf16_flop_per_s": 8e14}
+    point = {"workload": "samples", "P": 16384, "n": 256}
+    kv = 2 * 16384 * 32 * 32 * 128 * 2  # bytes of K and V, every layer
+    flops = 4 * 256 * 16384 * 32 * 32 * 128
+    assert max(kv / 4e12, flops / 8e14) == flops / 8e14  # 256 rows: the attention FLOPs dominate
+    assert abs(bench.bound_s(point, 10.0, card, SHAPE, ARGS) - (10.0 + 128 * flops / 8e14)) < 1e-9
+    point = {"workload": "samples", "P": 1024, "n": 512}  # two waves of max_num_seqs
+    flops = 4 * 256 * 1024 * 32 * 32 * 128
+    want = 2 + 2 * 128 * max(2 * 1024 * 32 * 32 * 128 * 2 / 4e12, flops / 8e14)
+    assert abs(bench.bound_s(point, 2.0, card, SHAPE, ARGS) - want) < 1e-9
+
+
+def test_markdown_table_has_a_row_per_point_with_the_ratios():
+    args = SimpleNamespace(**{**vars(ARGS), "workloads": "samples,latency"})
+    points = bench.points(args)
+    card = {"copy_bytes_per_s": 4e12, "bf16_flop_per_s": 8e14, "device": "card"}
+
+    def rows(speed):
+        return {"rows": [{**p, "elapsed_s": 1000 / speed, "tokens_per_s": speed, "ms_per_step": 100 / speed}
+                         for p in points]}
+
+    results = {"ceiling": rows(1000.0), "relay": rows(800.0), "default": rows(100.0), "cascade": rows(400.0)}
+    md = bench.markdown(results, card, SHAPE, args)
+    lines = [line for line in md.splitlines() if line.startswith("| workload=")]
+    assert len(lines) == len(points)
+    assert lines[0].endswith("| 8.00 | 2.00 |")  # relay / default, relay / cascade
+    assert all(line.count("|") == lines[0].count("|") for line in lines)
+    assert lines[-1].split(" | ")[1:5] == ["0.10", "0.12", "1.00", "0.25"]  # latency: ms per step

@@ -1,0 +1,85 @@
+"""Two full CUDA graphs per decode size: vLLM's dispatcher with relay's twins, on vLLM's own code.
+
+vLLM's CPU platform turns CUDA graphs off, so the dispatcher is driven directly with capture sizes:
+every FULL key gets a levels twin; a step without levels gets vLLM's own graph, a step with levels
+(or the capture of a twin) the twin; what was chosen is recorded for the planner. Engines without
+relay are untouched.
+"""
+
+import numpy as np
+import pytest
+
+import vllm_relay
+from vllm_relay.attention import step as relay_step
+
+
+def dispatcher(backend):
+    from vllm.config import CUDAGraphMode, VllmConfig
+    from vllm.config.attention import AttentionConfig
+    from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
+
+    from vllm_relay.hooks import graphs
+
+    vllm_relay.register()
+    graphs.apply_worker()
+    config = VllmConfig(attention_config=AttentionConfig(backend=backend))
+    config.compilation_config.cudagraph_capture_sizes = [1, 2, 4, 8]
+    config.compilation_config.max_cudagraph_capture_size = 8
+    d = CudagraphDispatcher(config)
+    d.initialize_cudagraph_keys(CUDAGraphMode.FULL_DECODE_ONLY)
+    return d
+
+
+def step_with(tree):
+    s = relay_step.RelayStep(3, 3, np.full(3, -1, np.int32), np.zeros(3, np.int32), np.ones(3, np.int32))
+    s.tree, s.levels_planned = tree, True
+    return s
+
+
+@pytest.fixture
+def current():
+    yield
+    relay_step.clear()
+
+
+def test_every_full_graph_has_a_levels_twin_chosen_only_for_steps_with_levels(current):
+    from vllm.config import CUDAGraphMode
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum as E
+
+    from vllm_relay.hooks.graphs import RelayLevelsDescriptor, levels_twin
+
+    d = dispatcher(E.CUSTOM)
+    full = d.cudagraph_keys[CUDAGraphMode.FULL]
+    plain = {k for k in full if not isinstance(k, RelayLevelsDescriptor)}
+    assert len(plain) == 4 and {levels_twin(k) for k in plain} == full - plain
+    assert levels_twin(next(iter(plain))) != next(iter(plain))  # never equal: two graphs
+
+    relay_step._current = step_with(None)  # nothing shared: vLLM's own graph
+    mode, desc = d.dispatch(num_tokens=3, uniform_decode=True)
+    assert mode == CUDAGraphMode.FULL and type(desc) is not RelayLevelsDescriptor and desc.num_tokens == 4
+    assert relay_step._current.graph_levels is False
+
+    relay_step._current = step_with(object())  # a step with levels: the twin, recorded
+    mode, desc = d.dispatch(num_tokens=3, uniform_decode=True)
+    assert isinstance(desc, RelayLevelsDescriptor) and desc.num_tokens == 4
+    assert relay_step._current.graph_levels is True
+
+    mode, desc = d.dispatch(num_tokens=30, uniform_decode=True)  # too large for a graph: eager
+    assert mode == CUDAGraphMode.NONE and relay_step._current.graph_levels is None
+
+    relay_step.clear()
+    with relay_step.capturing(True):  # capturing a twin (no step being run)
+        assert isinstance(d.dispatch(num_tokens=8, uniform_decode=True)[1], RelayLevelsDescriptor)
+    assert type(d.dispatch(num_tokens=8, uniform_decode=True)[1]) is not RelayLevelsDescriptor
+
+
+def test_engines_without_relay_keep_vllms_keys(current):
+    from vllm.config import CUDAGraphMode
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum as E
+
+    from vllm_relay.hooks.graphs import RelayLevelsDescriptor
+
+    d = dispatcher(E.FLASH_ATTN)
+    assert len(d.cudagraph_keys[CUDAGraphMode.FULL]) == 4
+    relay_step._current = step_with(object())
+    assert not isinstance(d.dispatch(num_tokens=3, uniform_decode=True)[1], RelayLevelsDescriptor)

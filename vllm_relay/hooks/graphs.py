@@ -1,0 +1,80 @@
+"""Two full CUDA graphs per decode size: vLLM's own, and one that also runs the shared levels.
+
+Imported in workers only (with the runner hooks). A full CUDA graph replays a fixed list of launches. Captured with the levels' launches, it costs
+every step that replays it those launches, rows or not (on the H200, 13-14 us a layer at 256
+requests on a Llama-7B shape: 5% for traffic that shares nothing); captured without them, no step
+can use levels. So relay captures both kinds of each FULL decode graph vLLM keys, and picks one per
+step: the planner finds the step's levels right after its inputs are prepared (`attention.step`),
+before vLLM dispatches, and the dispatcher returns the levels' twin of the graph only for a step
+that has levels. A step without them replays exactly vLLM's graph (attention reading the context
+tables relay writes, which are vLLM's own tables when nothing is shared).
+
+The twin is a subclass of vLLM's `BatchDescriptor` with one more field: it never equals vLLM's
+descriptor, so vLLM's CUDA-graph wrappers keep a graph for each, and everything else vLLM does with
+descriptors (padding, `replace`) carries it along.
+"""
+
+from dataclasses import dataclass, fields
+
+from vllm.forward_context import BatchDescriptor
+
+from vllm_relay.hooks._patch import original, patch
+from vllm_relay.protocol import relay_enabled
+
+_Dispatcher = _GPUModelRunner = None
+
+
+@dataclass(frozen=True)
+class RelayLevelsDescriptor(BatchDescriptor):
+    """The `BatchDescriptor` of a full CUDA graph that also runs the shared levels."""
+
+    relay_levels: bool = True
+
+
+def levels_twin(desc) -> RelayLevelsDescriptor:
+    """The descriptor of `desc`'s graph that also runs the levels."""
+    return RelayLevelsDescriptor(**{f.name: getattr(desc, f.name) for f in fields(BatchDescriptor)})
+
+
+def _initialize_cudagraph_keys(self, cudagraph_mode, *args, **kwargs):
+    original(_Dispatcher, "initialize_cudagraph_keys")(self, cudagraph_mode, *args, **kwargs)
+    if relay_enabled(self.vllm_config):
+        from vllm.config import CUDAGraphMode
+
+        full = self.cudagraph_keys[CUDAGraphMode.FULL]
+        full |= {levels_twin(d) for d in full}
+
+
+def _dispatch(self, *args, **kwargs):
+    mode, desc = original(_Dispatcher, "dispatch")(self, *args, **kwargs)
+    if relay_enabled(self.vllm_config):
+        from vllm.config import CUDAGraphMode
+
+        from vllm_relay.attention import step
+
+        full = mode == CUDAGraphMode.FULL
+        if full and step.wants_levels():
+            twin = levels_twin(desc)
+            if twin in self.cudagraph_keys[CUDAGraphMode.FULL]:
+                desc = twin
+        step.dispatched(full, isinstance(desc, RelayLevelsDescriptor))
+    return mode, desc
+
+
+def _warmup_and_capture(self, desc, *args, **kwargs):
+    from vllm_relay.attention import step
+
+    with step.capturing(isinstance(desc, RelayLevelsDescriptor)):
+        return original(_GPUModelRunner, "_warmup_and_capture")(self, desc, *args, **kwargs)
+
+
+def apply_worker() -> None:
+    """Workers only (with the runner hooks): the dispatcher lives in the model runner."""
+    global _Dispatcher, _GPUModelRunner
+    from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    _Dispatcher, _GPUModelRunner = CudagraphDispatcher, GPUModelRunner
+    patch(CudagraphDispatcher, "initialize_cudagraph_keys", _initialize_cudagraph_keys)
+    patch(CudagraphDispatcher, "dispatch", _dispatch)
+    patch(GPUModelRunner, "_warmup_and_capture", _warmup_and_capture)
