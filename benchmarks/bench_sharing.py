@@ -26,9 +26,11 @@ import json
 import math
 import os
 import random
-import subprocess
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_throughput import profiler_config, run_logged  # noqa: E402
 
 
 def measure_card() -> dict:
@@ -86,7 +88,8 @@ def requests(point, config, rng, vocab, system):
 
 def engine_kwargs(args, config, system):
     kw = dict(model=args.model, load_format="dummy", max_model_len=args.max_model_len, seed=0,
-              max_num_seqs=args.max_num_seqs, disable_log_stats=False)
+              max_num_seqs=args.max_num_seqs, disable_log_stats=False,
+              enable_logging_iteration_details=args.iteration_details)
     if config.startswith("relay"):
         relay = {"auto_levels": config == "relay"}
         if "tree" in args.workloads:
@@ -94,6 +97,8 @@ def engine_kwargs(args, config, system):
         kw.update(attention_backend="relay", additional_config={"relay": relay})
     elif config == "cascade":
         kw["disable_cascade_attn"] = False
+    if args.profile:  # vLLM's torch profiler over a window of the first point's steps
+        kw["profiler_config"] = profiler_config(args, config)
     return kw
 
 
@@ -116,12 +121,18 @@ def worker(args):
         steps = args.latency_steps if latency else args.output_len
 
         def run(prompts, max_tokens):
-            params = SamplingParams(n=n, temperature=1.0, max_tokens=max_tokens, ignore_eos=True, seed=i)
+            # No seed: the V1 runner (relay's, the cascade's) samples seeded requests one by one on
+            # the host (aten::exponential_ per request, ~5 ms a step at 256), Model Runner V2 in a batch.
+            params = SamplingParams(n=n, temperature=1.0, max_tokens=max_tokens, ignore_eos=True)
             t0 = time.perf_counter()
             outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
             return time.perf_counter() - t0, outs
 
+        if args.profile and i == 0:  # (the profiler slows the steps it records: this point's time too)
+            llm.start_profile()
         elapsed, outs = run(prompts, 1 + steps if latency else steps)
+        if args.profile and i == 0:
+            llm.stop_profile()
         row = {**point, "elapsed_s": elapsed, "completions": sum(len(o.outputs) for o in outs),
                "tokens_per_s": sum(len(c.token_ids) for o in outs for c in o.outputs) / elapsed}
         if latency:  # minus the same prefill and first token, of another context of the same length
@@ -139,16 +150,11 @@ def worker(args):
 
 
 def run_config(args, config) -> dict:
-    proc = subprocess.run([sys.executable, __file__, *sys.argv[1:], "--worker", config], capture_output=True,
-                          text=True)
-    log = proc.stdout + proc.stderr
-    if args.out:
-        with open(f"{os.path.splitext(args.out)[0]}.{config}.log", "w") as f:
-            f.write(log)
+    log, rc = run_logged([sys.executable, __file__, *sys.argv[1:], "--worker", config], args, config)
     for line in log.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[7:])
-    raise RuntimeError(f"{config} failed (rc {proc.returncode}):\n{log[-6000:]}")
+    raise RuntimeError(f"{config} failed (rc {rc}):\n{log[-6000:]}")
 
 
 def bound_s(point, ceiling_s, card, sh, args) -> float:
@@ -188,12 +194,54 @@ def markdown(results, card, sh, args) -> str:
     return "\n".join(lines) + "\n"
 
 
+def plot(path: str) -> str:
+    """<path>.png from a results file: output tokens/s against n, one panel per shared-prompt length,
+    every config and the bound (samples workload)."""
+    import re
+    from types import SimpleNamespace
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from vllm_relay.testing.models import get_model
+
+    data = json.load(open(path))
+    args = SimpleNamespace(**data["args"])
+    name = re.sub(r"-[0-9a-f]{10}$", "", os.path.basename(args.model.rstrip("/")))
+    sh = shape(get_model(name))
+    configs = [c for c in data if c not in ("args", "card")]
+    pts = points(args)
+    lens = sorted({p["P"] for p in pts if p["workload"] == "samples"})
+    fig, axes = plt.subplots(1, len(lens), figsize=(5 * len(lens), 4), squeeze=False)
+    for ax, P in zip(axes[0], lens):
+        idx = [i for i, p in enumerate(pts) if p["workload"] == "samples" and p["P"] == P]
+        ns = [pts[i]["n"] for i in idx]
+        for c in configs:
+            ax.plot(ns, [data[c]["rows"][i]["tokens_per_s"] for i in idx], marker="o", label=c)
+        if "ceiling" in data:
+            rows = [data["ceiling"]["rows"][i] for i in idx]
+            ax.plot(ns, [r["tokens_per_s"] * r["elapsed_s"] / bound_s(pts[i], r["elapsed_s"], data["card"], sh, args)
+                         for i, r in zip(idx, rows)], "k--", label="bound")
+        ax.set(xscale="log", yscale="log", xlabel="completions n of one prompt", ylabel="output tokens/s",
+               title=f"shared prompt of {P} tokens")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"{data['card']['device']}, {name}, {args.output_len} output tokens per completion", fontsize=9)
+    fig.tight_layout()
+    png = os.path.splitext(path)[0] + ".png"
+    fig.savefig(png, dpi=110)
+    return png
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", required=True)
+    p.add_argument("--model")
+    p.add_argument("--plot", help="a results file of this benchmark: write its PNG beside it and exit")
     p.add_argument("--configs", default="ceiling,relay,default,cascade")
     p.add_argument("--workloads", default="samples,latency")
-    p.add_argument("--prefix-lens", default="1024,4096,16384")
+    p.add_argument("--prefix-lens", default="1024,4096,16000")
     p.add_argument("--ns", default="16,64,256,1024")
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--contexts", default="2048,8192,16384")
@@ -201,11 +249,16 @@ def main():
     p.add_argument("--latency-steps", type=int, default=32)
     p.add_argument("--tree", default="8,4,8,2048,128", help="D,Q,n,doc_len,question_len")
     p.add_argument("--tree-system", type=int, default=2048)
-    p.add_argument("--max-model-len", type=int, default=17408)
+    p.add_argument("--max-model-len", type=int, default=16384)
     p.add_argument("--max-num-seqs", type=int, default=1024)
+    p.add_argument("--iteration-details", action="store_true", help="vLLM's per-step log in <out>.<config>.log")
+    p.add_argument("--profile", help="DELAY,STEPS: vLLM's torch profiler over STEPS engine steps of the first "
+                   "point, after DELAY; its kernel table lands in <out>.<config>.profile/profiler_out_0.txt")
     p.add_argument("--out")
     p.add_argument("--worker")
     args = p.parse_args()
+    if args.plot:
+        return print(plot(args.plot))
     if args.worker:
         return worker(args)
     results = {"card": measure_card()}

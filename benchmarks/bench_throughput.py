@@ -103,15 +103,26 @@ def engine_kwargs(args, config, systems):
         kw["additional_config"] = {"relay": relay}
     elif config == "accuracy-reference":
         kw["attention_backend"] = "FLASH_ATTN"
-    if args.profile:  # vLLM's torch profiler over a window of the first run's steps
-        delay, steps = map(int, args.profile.split(","))
-        kw["profiler_config"] = dict(profiler="torch", torch_profiler_dir=profile_dir(args, config),
-                                     delay_iterations=delay, max_iterations=steps, torch_profiler_with_stack=False)
+    if args.profile:
+        kw["profiler_config"] = profiler_config(args, config)
     return kw
 
 
+def profiler_config(args, config) -> dict:
+    """vLLM's torch profiler over a window of the first run's steps (`--profile DELAY,STEPS`)."""
+    delay, steps = map(int, args.profile.split(","))
+    return dict(profiler="torch", torch_profiler_dir=profile_dir(args, config), delay_iterations=delay,
+                max_iterations=steps, torch_profiler_with_stack=False)
+
+
 def profile_dir(args, config) -> str:
-    return os.path.abspath(f"{os.path.splitext(args.out or 'bench_throughput')[0]}.{config}.profile")
+    return os.path.abspath(f"{os.path.splitext(args.out or 'bench')[0]}.{config}.profile")
+
+
+def drop_traces(args, config) -> None:
+    """Keep vLLM's kernel table (profiler_out_0.txt), not the traces (large)."""
+    for trace in glob.glob(os.path.join(profile_dir(args, config), "*.pt.trace.json*")):
+        os.remove(trace)
 
 
 def decode_latency(llm, system_ids, args):
@@ -226,14 +237,7 @@ def run_config(args, config):
     env = dict(os.environ)
     if args.triton_cache:  # a fresh cache per configuration: every compilation is seen (and paid)
         env["TRITON_CACHE_DIR"] = os.path.join(args.triton_cache, config)
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    log = proc.stdout + proc.stderr
-    if args.out:  # the engine's own log beside the results (its step statistics, warnings)
-        with open(f"{os.path.splitext(args.out)[0]}.{config}.log", "w") as f:
-            f.write(log)
-    if args.profile:  # keep vLLM's kernel table (profiler_out_0.txt), not the traces (large)
-        for trace in glob.glob(os.path.join(profile_dir(args, config), "*.pt.trace.json*")):
-            os.remove(trace)
+    log, rc = run_logged(cmd, args, config, env)
     for line in log.splitlines():
         if line.startswith("RESULT "):
             result = json.loads(line[7:])
@@ -242,7 +246,20 @@ def run_config(args, config):
             return result
         if line.startswith("Throughput:"):
             return {"config": "bench", "single": {"requests_per_s": float(line.split()[1])}}
-    raise RuntimeError(f"{config} failed (rc {proc.returncode}):\n{log[-6000:]}")
+    raise RuntimeError(f"{config} failed (rc {rc}):\n{log[-6000:]}")
+
+
+def run_logged(cmd, args, config, env=None) -> tuple[str, int]:
+    """Run one configuration's process: (its output, exit code); the engine's own log kept beside
+    `--out` (its step statistics, warnings), the profiler's traces dropped."""
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    log = proc.stdout + proc.stderr
+    if args.out:
+        with open(f"{os.path.splitext(args.out)[0]}.{config}.log", "w") as f:
+            f.write(log)
+    if args.profile:
+        drop_traces(args, config)
+    return log, proc.returncode
 
 
 def iteration_summary(log: str) -> dict:

@@ -14,7 +14,7 @@
 set -uo pipefail
 export PYTHONPATH=/tmp/site VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
 out=${OUT:-/tmp/out}; mkdir -p "$out"
-PS=${PS:-1024,16384}; NS=${NS:-64,256}; CS=${CS:-8192}; CONFIGS=${CONFIGS:-ceiling,relay,default,cascade}
+PS=${PS:-1024,16000}; NS=${NS:-64,256}; CS=${CS:-8192}; CONFIGS=${CONFIGS:-ceiling,relay,default,cascade}
 m2=$(python3 -m vllm_relay.testing build llama-2-7b-shape | tail -1 | cut -f2)
 m3=$(python3 -m vllm_relay.testing build llama-3-8b-shape | tail -1 | cut -f2)
 sb="python3 benchmarks/bench_sharing.py"

@@ -224,7 +224,7 @@ def test_eager_steps_with_little_sharing_plan_no_levels():
     planner = make_planner()
     cm = world.cm()
     plan = planner.plan(cm, world.step())
-    assert not plan.run_level and planner.stats["level_groups"] == 0
+    assert plan is None and planner.stats["level_groups"] == 0  # vLLM's own call over its own tables
     run_and_check(world, plan, cm)
 
 

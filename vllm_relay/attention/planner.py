@@ -216,6 +216,8 @@ class RelayPlanner:
         B, T = cm.num_reqs, cm.num_actual_tokens
         if step is not None and not step.levels_planned:
             self.levels_for(step)
+        if not graph and step.tree is None and not (step.req_slot >= 0).any():
+            return None  # nothing shared, nothing registered: vLLM's own tables, no work
         # Levels run eagerly when found; in a full graph, when vLLM replays the graph with them.
         if capture:
             with_level = self.rule() is not None and relay_step.capturing_levels()
@@ -259,6 +261,10 @@ class RelayPlanner:
             width = cm.block_table_tensor.shape[1]
             self.ctx_table = torch.zeros(self.ctx_lens.shape[0], width, dtype=torch.int32, device=self.device)
             self.level_table = torch.zeros(self.max_groups, width, dtype=torch.int32, device=self.device)
+            # Compiled now (the first plan is a profiling or capture run), not by the first step with levels.
+            zero = torch.zeros(1, dtype=torch.int32, device=self.device)
+            prefix_block_table(cm.block_table_tensor[:1], zero, zero, zero, self.slot_pages, self.page_size,
+                               self.level_table, self._level_lens, src_row=zero, start=zero)
         ctx_table, ctx_lens = self.ctx_table[:B], self.ctx_lens[:B]
         prefix_block_table(cm.block_table_tensor[:B], cm.seq_lens[:B], self.ctx_front[:B], self.ctx_slot[:B],
                            self.slot_pages, self.page_size, ctx_table, ctx_lens, start=self.ctx_skip[:B])

@@ -180,16 +180,19 @@ def _fuse_in_place_kernel(
     d = tl.arange(0, BLOCK_D)
     d_mask = (d < HEAD_DIM)[None, :]
     row_off = (t * NUM_HEADS + h)[:, None] * HEAD_DIM + d[None, :]
-    any_row = tl.load(row_ptr + t, mask=r_mask, other=-1) >= 0
+    # Whether a token has any level row (a max of the rows, not an OR of masks: Triton 3.6 fails to
+    # compile i1 masks OR-ed across an unrolled loop at some tile shapes).
+    last = tl.load(row_ptr + t, mask=r_mask, other=-1)
     for k in tl.static_range(1, LEVELS):
-        any_row = any_row | (tl.load(row_ptr + k * num_tokens + t, mask=r_mask, other=-1) >= 0)
+        last = tl.maximum(last, tl.load(row_ptr + k * num_tokens + t, mask=r_mask, other=-1))
+    any_row = last >= 0
     lc = tl.load(lse_ptr + h * num_tokens + t, mask=any_row, other=float("-inf"))
     oc_raw = tl.load(out_ptr + row_off, mask=any_row[:, None] & d_mask)
     oc = oc_raw.to(tl.float32)
-    touched = any_row & False
+    touched = r < 0  # no row merged yet
     for k in tl.static_range(LEVELS):
-        s = tl.load(row_ptr + k * num_tokens + t, mask=any_row, other=-1).to(tl.int64)
-        has = any_row & (s >= 0)
+        s = tl.load(row_ptr + k * num_tokens + t, mask=r_mask, other=-1).to(tl.int64)
+        has = s >= 0
         ls = tl.load(lse_lvl_ptr + h * num_level_rows + s, mask=has, other=float("-inf"))
         ws, wc, sys_empty, ctx_empty, merged = _merge_weights(ls, lc)
         os_ = tl.load(o_lvl_ptr + (s * NUM_HEADS + h)[:, None] * HEAD_DIM + d[None, :],

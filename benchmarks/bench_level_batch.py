@@ -1,0 +1,87 @@
+"""The levels' FlashAttention call inside a CUDA graph: does a padded batch cost it its key splits?
+
+A full CUDA graph fixes the levels' call at the capture's group capacity (thousands of groups, most
+of them empty in any step). FlashAttention-3 sizes its split-K from an ahead-of-time schedule; this
+times one level (n rows over S shared keys, one layer) in graphs:
+  one      a batch of exactly one group, the schedule's split cap 16 (what an unpadded call gets)
+  padded   the same group first in a batch of --capacity groups, the others empty (the twin graph)
+  chunksK  the group's keys cut into K groups of S/K keys in the padded batch, the queries repeated
+           (split-K done by the plan; the fusion merges the K rows of each token)
+Times are medians of graph replays (triton.testing.do_bench); TFLOP/s counts 4 n S Hq D.
+Usage (GPU host): python3 benchmarks/bench_level_batch.py [--out DIR]
+"""
+
+import argparse
+import os
+import sys
+
+import torch
+import triton
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_layer import write_results  # noqa: E402
+from bench_ops import BLOCK, DTYPE, FA, MODELS, capture_graph  # noqa: E402
+from bench_ops import HEAD_DIM as D  # noqa: E402
+
+
+def level_ms(fa, hq, hkv, n, S, groups, chunks, capacity):
+    pages = triton.cdiv(S, BLOCK)
+    kv = torch.randn(pages + 8, BLOCK, hkv, 2 * D, device="cuda", dtype=DTYPE)
+    k_cache, v_cache = kv[..., :D], kv[..., D:]
+    per = triton.cdiv(pages, chunks)
+    width = triton.cdiv(16384, BLOCK) + 8
+    table = torch.zeros(capacity, width, dtype=torch.int32, device="cuda")
+    lens = torch.zeros(capacity, dtype=torch.int32, device="cuda")
+    for c in range(chunks):
+        lo, hi = c * per, min(pages, (c + 1) * per)
+        table[c, : hi - lo] = torch.arange(lo, hi, dtype=torch.int32)
+        lens[c] = (hi - lo) * BLOCK
+    cu = torch.zeros(capacity + 1, dtype=torch.int32, device="cuda")
+    cu[1: chunks + 1] = torch.arange(1, chunks + 1, dtype=torch.int32) * n
+    cu[chunks + 1:] = chunks * n
+    batch = capacity if groups == "padded" else chunks
+    q = torch.randn(chunks * n, hq, D, device="cuda", dtype=DTYPE)
+    out = torch.empty_like(q)
+    sched = fa.schedule(batch, cu[: batch + 1], n, lens[:batch], 16384, False, hq, hkv, 16)
+
+    def run():
+        fa.varlen(q=q, k=k_cache, v=v_cache, out=out, cu_seqlens_q=cu[: batch + 1], seqused_k=lens[:batch],
+                  max_seqlen_q=n, max_seqlen_k=16384, softmax_scale=D ** -0.5, causal=False,
+                  block_table=table[:batch], return_softmax_lse=True, scheduler_metadata=sched, num_splits=16,
+                  fa_version=fa.version)
+
+    run()
+    torch.cuda.synchronize()
+    return triton.testing.do_bench(capture_graph(run).replay, warmup=20, rep=100, return_mode="median")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out")
+    p.add_argument("--capacity", type=int, default=2050)
+    args = p.parse_args()
+    fa, rows = FA(), []
+    variants = [("one", "one", 1), ("padded", "padded", 1)] + [(f"chunks{k}", "padded", k) for k in (2, 4, 8)]
+    for model in ("llama2-7b", "llama3-8b"):
+        hq, hkv = MODELS[model]
+        for S in (2048, 16000):
+            for n in (16, 64, 256):
+                row = dict(model=model, S=S, n=n)
+                for name, groups, chunks in variants:
+                    ms = level_ms(fa, hq, hkv, n, S, groups, chunks, args.capacity)
+                    row[f"{name}_us"] = ms * 1e3
+                    row[f"{name}_tflops"] = 4 * n * S * hq * D / ms / 1e9
+                rows.append(row)
+                print(f"{model} S={S:5d} n={n:3d}: " + " ".join(
+                    f"{k[:-3]} {v:.0f} us" for k, v in row.items() if k.endswith("_us")), flush=True)
+    md = ["| model | S | n | " + " | ".join(v for v, _, _ in variants) + " |",
+          "|---|---|---|" + "---|" * len(variants)]
+    md += [f"| {r['model']} | {r['S']} | {r['n']} | " + " | ".join(
+        f"{r[v + '_us']:.0f} us ({r[v + '_tflops']:.0f} TF/s)" for v, _, _ in variants) + " |" for r in rows]
+    print("\n".join(md))
+    if args.out:
+        write_results(args.out, "level_batch", {"capacity": args.capacity, "rows": rows}, "\n".join(md) + "\n")
+
+
+if __name__ == "__main__":
+    main()
