@@ -139,6 +139,44 @@ def test_metrics_count_each_request_once(server):
     assert server.relay_metric("vllm_relay_system_prompt_slots") == 4
 
 
+def completion_texts(server, body: dict, stream: bool) -> list[str]:
+    """The n choices' texts of one /v1/completions request, streamed (server-sent events) or not."""
+    import requests
+
+    r = requests.post(server.url + "/v1/completions", json={**body, "stream": stream}, headers=server.headers(),
+                      stream=stream, timeout=600)
+    assert r.status_code == 200, r.text
+    if not stream:
+        return [c["text"] for c in sorted(r.json()["choices"], key=lambda c: c["index"])]
+    texts = [""] * body["n"]
+    for line in r.iter_lines(decode_unicode=True):
+        if line.startswith("data: ") and line != "data: [DONE]":
+            for c in json.loads(line[6:])["choices"]:
+                texts[c["index"]] += c["text"]
+    return texts
+
+
+def test_n_samples_over_http_read_their_prompt_once(server):
+    """n > 1 through the completions (streamed and not) and chat endpoints, nothing registered for
+    the prompt: its samples share its blocks in vLLM's prefix cache, and relay reads them as a level
+    (/metrics counts the tokens). The same seed gives the same samples streamed or not. (Exactness
+    against vLLM's own backend for n > 1 is tests/e2e/test_auto_levels.py, on the same engine path.)"""
+    prompt = " ".join(f"parcel {i} left the depot at dawn and reached the harbour by noon." for i in range(24))
+    body = {"model": server.model, "prompt": prompt, "n": 4, "seed": 7, "max_tokens": 6, "temperature": 1.0}
+    before = server.steady_metric("vllm_relay_level_tokens_total")
+    saved_before = server.steady_metric("vllm_relay_kv_bytes_saved_total")
+    plain = completion_texts(server, body, stream=False)
+    streamed = completion_texts(server, body, stream=True)
+    assert len(plain) == 4 and streamed == plain
+    status, chat = server.call("POST", "/v1/chat/completions", {
+        "model": server.model, "n": 3, "seed": 5, "max_tokens": 6, "temperature": 1.0,
+        "messages": [{"role": "user", "content": prompt}]})
+    assert status == 200 and len(chat["choices"]) == 3, chat
+    wait_for(lambda: server.relay_metric("vllm_relay_level_tokens_total") > before,
+             what="level tokens in /metrics after n > 1 requests")
+    assert server.relay_metric("vllm_relay_kv_bytes_saved_total") > saved_before
+
+
 def test_error_statuses(server):
     def error(status, body=None, raw=None, method="POST", path=PROMPTS):
         got, answer = server.call(method, path, body, raw=raw)
