@@ -93,6 +93,8 @@ class RelayEngine:
         self._system_lens: dict[str, int] = {}  # tagged request in the scheduler -> tokens stripped (0: fill)
         self._freed: dict[str, int] = {}  # the same, for requests freed since the last outputs
         self._last_line = ""
+        self._steps = 0  # steps scheduled so far, and the workers' stats as of the last one asked
+        self._level_stats: tuple[int, dict] = (-1, {})
         self.admin = RelayAdmin(self)  # per-prompt usage and the serving surface's utility calls
 
     # ---- start-up ----------------------------------------------------------------------------
@@ -147,15 +149,22 @@ class RelayEngine:
         """The shared levels the workers ran: decode tokens that read one or more (`level_tokens`),
         levels (`level_groups`), and KV-cache bytes not read again thanks to them
         (`kv_bytes_saved`, every layer). Every tensor-parallel rank plans the same steps: counts
-        are the first worker's, bytes the sum (each rank reads its own KV heads)."""
+        are the first worker's, bytes the sum (each rank reads its own KV heads). Asked of the
+        workers only when steps ran since the last time: an idle engine sends them no message (a
+        message every metrics refresh would keep vLLM's idle workers spinning, not sleeping)."""
+        if self._level_stats[0] == self._steps:
+            return self._level_stats[1]
         try:
-            workers = self.core.collective_rpc("relay_worker_stats")
+            workers = self.core.collective_rpc("relay_worker_stats") if hasattr(self.core, "model_executor") else []
         except NotImplementedError:  # no relay attention builder in the workers yet (start-up)
             workers = []
         first = workers[0] if workers else {}
-        return {"level_tokens": sum(v for k, v in first.items() if k.startswith("tokens_under_")),
-                "level_groups": first.get("level_groups", 0),
-                "kv_bytes_saved": sum(w.get("saved_kv_bytes", 0) for w in workers)}
+        stats = {"level_tokens": sum(v for k, v in first.items() if k.startswith("tokens_under_")),
+                 "level_groups": first.get("level_groups", 0),
+                 "kv_bytes_saved": sum(w.get("saved_kv_bytes", 0) for w in workers)}
+        if workers:
+            self._level_stats = (self._steps, stats)
+        return stats
 
     def summary(self) -> str:
         return summary_line(self.counters, self.system_prompts(), len(self._held))
@@ -281,6 +290,8 @@ class RelayEngine:
     # ---- scheduler callbacks -----------------------------------------------------------------
 
     def on_schedule(self, out) -> None:
+        if out.total_num_scheduled_tokens:
+            self._steps += 1
         if not self._system_lens:
             return
         lens, c = self._system_lens, self.counters
