@@ -180,7 +180,7 @@ def test_failed_fill_is_listed_with_its_reason_and_raised_to_waiters(core):
 # ---- engine and model features (worker start-up) -----------------------------------------------
 
 
-@pytest.mark.parametrize("feature", ["speculative", "mrope", "kv_cache_dtype", "sleep_mode"])
+@pytest.mark.parametrize("feature", ["speculative", "mrope", "kv_cache_dtype"])
 def test_engine_features_are_refused(feature, monkeypatch):
     from vllm.config import ModelConfig, set_current_vllm_config
 
@@ -194,12 +194,21 @@ def test_engine_features_are_refused(feature, monkeypatch):
     config = engine_args({}, **engine).create_engine_config()
     if feature == "mrope":
         monkeypatch.setattr(ModelConfig, "uses_mrope", property(lambda self: True))
-    if feature == "sleep_mode":  # vLLM refuses sleep mode on the CPU platform itself: set it afterwards
-        config.model_config.enable_sleep_mode = True
     expected = {"speculative": ENGINE_FEATURES, "mrope": "M-RoPE / XD-RoPE position encodings",
-                "kv_cache_dtype": "kv_cache_dtype='fp8' other than the model's",
-                "sleep_mode": "sleep mode (sleeping discards the KV cache"}[feature]
+                "kv_cache_dtype": "kv_cache_dtype='fp8' other than the model's"}[feature]
     with set_current_vllm_config(config), pytest.raises(NotImplementedError, match=re.escape(expected)):
+        check_engine()
+
+
+def test_sleep_mode_is_accepted():
+    """Sleep resets the prefix cache first: relay's refills bring the prompts back on wake-up."""
+    from vllm.config import set_current_vllm_config
+
+    from vllm_relay.attention.common import check_engine
+
+    config = engine_args({}).create_engine_config()
+    config.model_config.enable_sleep_mode = True  # vLLM refuses it on the CPU platform itself: set it after
+    with set_current_vllm_config(config):
         check_engine()
 
 

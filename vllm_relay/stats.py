@@ -31,6 +31,7 @@ class RelayCounters:
     fill_tokens: int = 0  # scheduled tokens of fill requests
     fills_completed: int = 0
     fills_failed: int = 0
+    refills: int = 0  # prompts filled again through new weights (engine/refills.py)
 
 
 def summary_line(counters: RelayCounters, prompts: list[dict], held: int) -> str:

@@ -7,7 +7,9 @@ Usage: python run_offline.py SPEC_JSON OUT_JSON, where SPEC_JSON holds
    "max_tokens": int or [int per prompt], "samples": [{"prompt": [ids], "n": k, "seed": s,
    "max_tokens": m}, ...] (optional: seeded sampling, every sample with its top-5 logprobs),
    "first": {"prompts": [...], "max_tokens": int} (optional: a greedy batch run before the rest,
-   its outputs and, for relay, the workers' stats right after it)}
+   its outputs and, for relay, the workers' stats right after it),
+   "sleep": 1 or 2 (optional: after "first", sleep at that level and wake up; at level 2 the
+   weights are loaded again in between, as vLLM's docs do)}
 With data_parallel_size > 1 the engine is an AsyncLLM (vllm.LLM refuses data parallelism).
 """
 
@@ -44,6 +46,14 @@ def main() -> None:
             from vllm_relay.attention.planner import worker_stats
 
             result["first"]["worker_stats"] = llm.collective_rpc(worker_stats)[0]
+    if level := spec.get("sleep"):
+        llm.sleep(level=level)
+        if level == 2:
+            llm.wake_up(tags=["weights"])
+            llm.collective_rpc("reload_weights")
+            llm.wake_up(tags=["kv_cache"])
+        else:
+            llm.wake_up()
     outs = llm.generate([tokens_prompt(p) for p in spec["prompts"]], params, use_tqdm=False)
     result["outputs"] = [greedy(out) for out in outs]
     if spec.get("samples"):  # all at once: the samples of every prompt decode in the same steps

@@ -121,3 +121,31 @@ def test_shared_levels_match_flash_attention_on_cuda(tmp_path):
     assert relay_same >= ref_same - 0.15, (relay_same, ref_same)
     stats = relay["worker_stats"]
     assert stats["level_graph_steps"] > 0 and all(stats[f"tokens_under_{k}_levels"] > 0 for k in (1, 2, 3)), stats
+
+
+@pytest.mark.parametrize("level", [1, 2])
+def test_sleep_and_wake_up_refill_the_system_prompt(level, tmp_path):
+    """Sleep discards the KV cache (and at level 2 the weights, loaded again before waking the KV
+    cache): relay fills its prompts again after waking, and answers as FLASH_ATTN does after the
+    same sleep, within the GPU rule."""
+    model = get_model("tiny-llama-gqa")
+    vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
+    systems, prompts, num_relay = workload(vocab, seed=5)
+    base = {"model": model, "dtype": "bfloat16", "max_model_len": 512, "max_num_batched_tokens": 64,
+            "enable_sleep_mode": True, "enforce_eager": False}
+    relay_config = {"relay": {"system_prompts": systems, "max_prompts": 2, "max_prompt_tokens": 256}}
+    spec = {"prompts": prompts, "max_tokens": 16, "first": {"prompts": prompts, "max_tokens": 16}, "sleep": level}
+    relay, _ = run_engine({**spec, "engine": {**base, "attention_backend": "relay",
+                                              "additional_config": relay_config}}, tmp_path, "relay")
+    flash, _ = run_engine({**spec, "engine": {**base, "attention_backend": "FLASH_ATTN"}}, tmp_path, "flash")
+    triton, _ = run_engine({**spec, "engine": {**base, "attention_backend": "TRITON_ATTN"}}, tmp_path, "triton")
+
+    stats = relay["relay_stats"]
+    assert stats["relay_requests"] == 2 * num_relay and stats["refills"] >= 1 and stats["fills_failed"] == 0, stats
+    for phase in ("before", "after"):
+        pick = (lambda r: r["first"]["outputs"]) if phase == "before" else (lambda r: r["outputs"])
+        relay_same, relay_err = divergence(pick(relay), pick(flash))
+        ref_same, ref_err = divergence(pick(triton), pick(flash))
+        print(f"sleep level {level}, {phase}: relay vs FA {relay_same:.0%} identical, max diff {relay_err:.3g}; "
+              f"TRITON vs FA {ref_same:.0%}, {ref_err:.3g}")
+        assert relay_err <= 2 * ref_err + 1e-3, (phase, relay_err, ref_err)

@@ -16,6 +16,7 @@ def reading(requests=0, reused=0, prompts=(), **extra):
         "fills_completed": 1,
         "fills_failed": 0,
         "fills_cancelled": 0,
+        "refills": 0,
         "level_tokens": 0,
         "level_groups": 0,
         "kv_bytes_saved": 0,
@@ -97,9 +98,10 @@ def test_engines_are_labelled_separately():
 def test_level_counters_follow_the_engine_totals():
     registry = CollectorRegistry()
     m = RelayMetrics("m", [0], max_prompts=1, registry=registry)
-    m.update(0, reading(level_tokens=7, level_groups=2, kv_bytes_saved=4096))
-    m.update(0, reading(level_tokens=19, level_groups=5, kv_bytes_saved=8192))
+    m.update(0, reading(level_tokens=7, level_groups=2, kv_bytes_saved=4096, refills=1))
+    m.update(0, reading(level_tokens=19, level_groups=5, kv_bytes_saved=8192, refills=3))
     s = scrape(registry)
     assert value(s, "vllm_relay_level_tokens_total") == 19
     assert value(s, "vllm_relay_levels_total") == 5
     assert value(s, "vllm_relay_kv_bytes_saved_total") == 8192
+    assert value(s, "vllm_relay_refills_total") == 3

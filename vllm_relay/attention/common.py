@@ -49,9 +49,6 @@ def check_engine() -> None:
     if vllm_config.cache_config.cache_dtype not in ("auto", str(model_config.dtype).removeprefix("torch.")):
         unsupported.append(f"kv_cache_dtype={vllm_config.cache_config.cache_dtype!r} other than the "
                            f"model's {model_config.dtype}")
-    if model_config.enable_sleep_mode:
-        unsupported.append("sleep mode (sleeping discards the KV cache, and with it the system prompts' pages, "
-                           "which relay does not refill yet)")
     if getattr(vllm_config.parallel_config, "use_ubatching", False):
         unsupported.append("micro-batching (dual-batch overlap splits a step the relay plan covers whole)")
     if unsupported:

@@ -29,6 +29,7 @@ from vllm_relay.config import RelayConfig, check_prompt_name, check_prompt_spec
 from vllm_relay.engine.admin import RelayAdmin
 from vllm_relay.engine.fills import Fills
 from vllm_relay.engine.pages import PromptPages
+from vllm_relay.engine.refills import Refills
 from vllm_relay.engine.requests import (
     ENGINE_ATTR,
     INFO_ATTR,
@@ -89,6 +90,7 @@ class RelayEngine:
         self.secret = salt_secret()
         self.pages = PromptPages(core.scheduler, core.vllm_config.cache_config.block_size)
         self.fills = Fills(self)
+        self.refills = Refills(self)  # prompts filled again after the weights may have changed
         self._held: dict[str, tuple[Any, int]] = {}  # request id -> (Request, wave)
         self._system_lens: dict[str, int] = {}  # tagged request in the scheduler -> tokens stripped (0: fill)
         self._freed: dict[str, int] = {}  # the same, for requests freed since the last outputs

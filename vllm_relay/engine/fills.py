@@ -112,6 +112,11 @@ class Fills:
                 raise
         return prompt
 
+    def refill(self, prompt: SystemPrompt) -> None:
+        """Fill `prompt`, ready or draining, again (engine/refills.py): its outcome goes to the
+        RelayEngine's refills, not to the registry."""
+        self._start(prompt, startup=False)
+
     def _start(self, prompt: SystemPrompt, startup: bool) -> None:
         """Add the request that computes `prompt` at positions 0..S-1 (the workers capture its KV).
 
@@ -171,6 +176,9 @@ class Fills:
             self.in_flight.pop(rid, None)
             if not scrub_later:  # no finished-id set will carry it: nothing left to hide
                 self.hidden.discard(rid)
+            if relay.refills.refilling(prompt):
+                relay.refills.finished(prompt, reason, aborted=reason == ABORTED)
+                continue
             if reason is None:
                 try:
                     relay.registry.mark_ready(prompt.name)

@@ -43,5 +43,12 @@ class PromptPages:
         for prompt in gone:
             self._scheduler.kv_cache_manager.block_pool.free_blocks(self._kept.pop(prompt))
 
+    def release_all(self) -> None:
+        """Give back every prompt's blocks (their KV is about to be stale: engine/refills.py)."""
+        pool = self._scheduler.kv_cache_manager.block_pool
+        for blocks in self._kept.values():
+            pool.free_blocks(blocks)
+        self._kept.clear()
+
     def num_blocks(self) -> int:
         return sum(len(b) for b in self._kept.values())

@@ -36,6 +36,11 @@ COUNTERS = {
         "Tokens of relay requests computed with relay attention.",
     ),
     "vllm_relay_fill_tokens": ("fill_tokens", "Tokens computed to fill system prompts into the store."),
+    "vllm_relay_refills": (
+        "refills",
+        "System prompts filled again through the current weights (after a prefix-cache reset, a weight "
+        "update or a wake-up from sleep).",
+    ),
     "vllm_relay_level_tokens": (
         "level_tokens",
         "Decode tokens that read shared levels (prefixes several requests share: registered system "

@@ -14,8 +14,12 @@ runs the original unchanged. The patches (listed in patches/README.md) only forw
   server, in-process and multiprocess): routes it (`RelayEngine.preprocess`).
 - `EngineCore.add_request` / `abort_requests`: hold requests for a filling prompt; after an
   abort, apply fill outcomes (an aborted fill fails its prompt and releases its held requests).
+- `EngineCore.reset_prefix_cache` / `collective_rpc`: after a prefix-cache reset (RL loops,
+  pause(clear_cache=True), sleep) or a weight update the workers ran, fill every system prompt
+  again through the current weights (engine/refills.py).
 - `Scheduler.schedule` / `update_from_output` / `_free_request`: count, hide fill outputs, finish
-  fills, release prompts when their requests end (finished, aborted or failed).
+  fills, release prompts when their requests end (finished, aborted or failed); while prompts
+  refill, their requests are kept out of `schedule`.
 - `Scheduler.finish_requests`: aborts (by id, or of everything: pause(mode="abort"), shutdown)
   reach held requests too, and return them so their clients get the same finish; fills, which
   have no client, are left out of what it returns.
@@ -23,8 +27,10 @@ runs the original unchanged. The patches (listed in patches/README.md) only forw
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
+from vllm_relay.engine.refills import WEIGHT_UPDATES
 from vllm_relay.engine.requests import ENGINE_ATTR
 from vllm_relay.hooks._patch import original, patch
 from vllm_relay.protocol import relay_enabled
@@ -80,11 +86,29 @@ def _abort_requests(self, request_ids):
         relay.fills.finish()  # an aborted fill fails its prompt and frees the requests it held
 
 
-def _schedule(self, *args, **kwargs):
-    out = original(_Scheduler, "schedule")(self, *args, **kwargs)
+def _reset_prefix_cache(self, reset_running_requests: bool = False, reset_connector: bool = False) -> bool:
     relay = getattr(self, ENGINE_ATTR, None)
-    if relay is not None:
-        relay.on_schedule(out)
+    reset = functools.partial(original(_EngineCore, "reset_prefix_cache"), self)
+    if relay is None:
+        return reset(reset_running_requests, reset_connector)
+    return relay.refills.reset_prefix_cache(reset, reset_running_requests, reset_connector)
+
+
+def _collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+    result = original(_EngineCore, "collective_rpc")(self, method, timeout, args, kwargs)
+    relay = getattr(self, ENGINE_ATTR, None)
+    if relay is not None and isinstance(method, str) and method in WEIGHT_UPDATES:
+        relay.refills.weights_updated(method)
+    return result
+
+
+def _schedule(self, *args, **kwargs):
+    relay = getattr(self, ENGINE_ATTR, None)
+    schedule = functools.partial(original(_Scheduler, "schedule"), self, *args, **kwargs)
+    if relay is None:
+        return schedule()
+    out = relay.refills.schedule(schedule) if relay.refills.stale else schedule()
+    relay.on_schedule(out)
     return out
 
 
@@ -127,6 +151,8 @@ def apply() -> None:
     patch(EngineCore, "preprocess_add_request", _preprocess_add_request)
     patch(EngineCore, "add_request", _add_request)
     patch(EngineCore, "abort_requests", _abort_requests)
+    patch(EngineCore, "reset_prefix_cache", _reset_prefix_cache)
+    patch(EngineCore, "collective_rpc", _collective_rpc)
     patch(Scheduler, "schedule", _schedule)
     patch(Scheduler, "update_from_output", _update_from_output)
     patch(Scheduler, "finish_requests", _finish_requests)
