@@ -34,6 +34,24 @@ class RelayCounters:
     refills: int = 0  # prompts filled again through new weights (engine/refills.py)
 
 
+def merge_worker_stats(workers: list[dict]) -> dict:
+    """One engine's workers' planner stats (`attention.planner.worker_stats` of each) as one:
+    every tensor-parallel rank plans the same steps, so counts are the first worker's; KV bytes
+    (each rank reads its own KV heads) are summed over the workers."""
+    if not workers:
+        return {}
+    return {**workers[0], "saved_kv_bytes": sum(w.get("saved_kv_bytes", 0) for w in workers)}
+
+
+def sum_engine_stats(engines: list[dict]) -> dict:
+    """Planner stats of several engines (data-parallel ranks) added up; `max_*` keys take the max."""
+    total: dict = {}
+    for stats in engines:
+        for key, value in stats.items():
+            total[key] = (max if key.startswith("max_") else int.__add__)(total.get(key, 0), value)
+    return total
+
+
 def summary_line(counters: RelayCounters, prompts: list[dict], held: int) -> str:
     """The one-line summary the engine core logs (prompts as `relay_system_prompts` gives them)."""
     listed = ", ".join(
@@ -98,6 +116,12 @@ def relay_stats(llm) -> dict:
     return _call(llm, "relay_stats")
 
 
+def planner_stats(llm) -> dict:
+    """What the workers' relay planners did (steps planned, levels, tokens under them, KV bytes
+    not read again: `attention.planner.worker_stats`), for this engine's workers."""
+    return _call(llm, "relay_planner_stats")
+
+
 def _find(name: str, prompts: list[dict], registered: dict) -> dict:
     for p in prompts:
         if p["name"] == name and p["generation"] == registered["generation"]:
@@ -143,3 +167,9 @@ async def async_relay_stats(engine) -> dict:
     keys = (*RelayCounters.__dataclass_fields__, "level_tokens", "level_groups", "kv_bytes_saved", "held_requests")
     summed = {k: sum(e[k] for e in per_engine) for k in keys}
     return {**summed, "prompts": per_engine[0]["prompts"], "engines": per_engine}
+
+
+async def async_planner_stats(engine) -> dict:
+    """`planner_stats` for an `AsyncLLM`: summed over every engine core (data-parallel rank) and,
+    within each, merged over its workers (`merge_worker_stats`)."""
+    return sum_engine_stats(await _on_each_engine(engine, "relay_planner_stats"))

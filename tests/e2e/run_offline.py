@@ -117,10 +117,11 @@ def run_async(engine: dict, prompts: list, params: list) -> dict:
             result = {"outputs": [greedy(out) for out in outs], "sampled": [], "preemptions": None}
             if engine.get("attention_backend") == "relay":
                 from vllm_relay.attention.planner import worker_stats
-                from vllm_relay.stats import async_relay_stats
+                from vllm_relay.stats import async_planner_stats, async_relay_stats
 
                 result["relay_stats"] = await async_relay_stats(llm)
-                result["worker_stats"] = (await llm.collective_rpc(worker_stats))[0]  # engine 0's first worker
+                result["worker_stats"] = await async_planner_stats(llm)  # every engine's workers
+                result["first_worker_stats"] = (await llm.collective_rpc(worker_stats))[0]  # engine 0's first
             return result
         finally:
             llm.shutdown()

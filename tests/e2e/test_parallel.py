@@ -47,3 +47,6 @@ def test_relay_is_exact_under_parallelism_on_cpu(parallel, tmp_path, monkeypatch
     if "data_parallel_size" in parallel:
         served = [e["relay_requests"] > 0 and e["fills_completed"] == 2 for e in stats["engines"]]
         assert served == [True, True], stats
+        # The planners' stats add up both engines' workers, not the first engine's alone.
+        summed, first = relay["worker_stats"], relay["first_worker_stats"]
+        assert summed["planned_steps"] > first["planned_steps"] > 0, (summed, first)

@@ -12,6 +12,8 @@ SCENARIOS = {
     "chunked": [(5, 300), (33, 47), (1, 15)],
     "empty_kv": [(3, 0), (1, 15), (2, 0)],
     "q_longer": [(9, 4), (1, 1)],
+    # Decodes run batched (padded to the longest): interleaved with prefills and an empty one.
+    "decode_mixed": [(1, 40), (3, 3), (1, 17), (1, 0), (1, 300), (6, 50), (1, 1), (1, 33)],
 }
 
 
@@ -110,3 +112,29 @@ def test_argument_checks(bad, match):
         kw["seqused_k"] = torch.tensor([3, 3], dtype=torch.int32)
     with pytest.raises(ValueError, match=match):
         varlen_attention_torch(**kw)
+
+
+def test_batched_decodes_split_into_chunks(monkeypatch):
+    """Small limits: the batched decodes run in several chunks (one request alone when it is over
+    them), with the same results."""
+    import vllm_relay.ops.varlen_attention as va
+
+    monkeypatch.setattr(va, "_MAX_SCORE_ELEMS", 4 * 64)
+    monkeypatch.setattr(va, "_MAX_KV_ELEMS", 2 * 64 * 16)
+    run_case([(1, 40), (1, 17), (1, 300), (2, 9), (1, 33), (1, 64), (1, 5), (1, 65)], 2, 2, 16, 16,
+             torch.float32, causal=True)
+
+
+def test_batched_decodes_read_separate_caches_too():
+    """K and V in two tensors (not the halves of one packed cache): the same results."""
+    lens = [(1, 40), (1, 17), (1, 300), (2, 9), (1, 1)]
+    hq, h_kv, d = 4, 2, 64
+    q = torch.randn(sum(ql for ql, _ in lens), hq, d)
+    ks = [torch.randn(kl, h_kv, d) for _, kl in lens]
+    vs = [torch.randn(kl, h_kv, d) for _, kl in lens]
+    k_cache, v_cache, table, seqused = make_paged_cache(ks, vs, 16, torch.float32)
+    kwargs = dict(q=q, cu_seqlens_q=cu_seqlens([ql for ql, _ in lens]), seqused_k=seqused, causal=True,
+                  block_table=table, return_softmax_lse=True)
+    packed = varlen_attention_torch(k=k_cache, v=v_cache, **kwargs)
+    separate = varlen_attention_torch(k=k_cache.contiguous(), v=v_cache.contiguous(), **kwargs)
+    torch.testing.assert_close(separate, packed)

@@ -40,7 +40,7 @@ from vllm_relay.engine.requests import (
 )
 from vllm_relay.hooks._patch import original
 from vllm_relay.protocol import TAG_KEY, RelayTag, tag
-from vllm_relay.stats import RelayCounters, summary_line
+from vllm_relay.stats import RelayCounters, merge_worker_stats, summary_line
 from vllm_relay.system_prompts import SystemPrompt, SystemPromptRegistry, match_filling, route
 from vllm_relay.system_prompts.fill import relay_salt, salt_secret
 
@@ -112,6 +112,7 @@ class RelayEngine:
         core.relay_unregister_system_prompt = relay.unregister_system_prompt
         core.relay_system_prompts = relay.system_prompts
         core.relay_stats = relay.stats
+        core.relay_planner_stats = relay.planner_stats
         relay.admin.expose(core)
         relay.fills.startup()
         if relay.config.system_prompts:
@@ -156,17 +157,21 @@ class RelayEngine:
         message every metrics refresh would keep vLLM's idle workers spinning, not sleeping)."""
         if self._level_stats[0] == self._steps:
             return self._level_stats[1]
+        planners = self.planner_stats()
+        stats = {"level_tokens": sum(v for k, v in planners.items() if k.startswith("tokens_under_")),
+                 "level_groups": planners.get("level_groups", 0),
+                 "kv_bytes_saved": planners.get("saved_kv_bytes", 0)}
+        if planners:
+            self._level_stats = (self._steps, stats)
+        return stats
+
+    def planner_stats(self) -> dict:
+        """The workers' planner stats, merged (`merge_worker_stats`); {} before they have any."""
         try:
             workers = self.core.collective_rpc("relay_worker_stats") if hasattr(self.core, "model_executor") else []
         except NotImplementedError:  # no relay attention builder in the workers yet (start-up)
             workers = []
-        first = workers[0] if workers else {}
-        stats = {"level_tokens": sum(v for k, v in first.items() if k.startswith("tokens_under_")),
-                 "level_groups": first.get("level_groups", 0),
-                 "kv_bytes_saved": sum(w.get("saved_kv_bytes", 0) for w in workers)}
-        if workers:
-            self._level_stats = (self._steps, stats)
-        return stats
+        return merge_worker_stats(workers)
 
     def summary(self) -> str:
         return summary_line(self.counters, self.system_prompts(), len(self._held))

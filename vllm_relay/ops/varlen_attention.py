@@ -8,6 +8,8 @@ import torch
 
 # Scores of one query chunk are [chunk, Hq, K] fp32; the chunk is sized to keep them under ~64 MiB.
 _MAX_SCORE_ELEMS = 1 << 24
+# Decode rows run batched, their KV gathered padded to the longest: [rows, K, Hkv, D] fp32 each.
+_MAX_KV_ELEMS = 1 << 24
 
 
 def _gather_kv(cache: torch.Tensor, blocks: torch.Tensor, k_len: int) -> torch.Tensor:
@@ -66,10 +68,17 @@ def varlen_attention_torch(q, k_cache=None, v_cache=None, cu_seqlens_q=None, seq
     cu = cu_seqlens_q.tolist()
     k_lens = seqused_k.tolist()
     block_size = k_cache.shape[1]
+    # One query and some keys (decode): all such requests at once; the others one by one.
+    decode = [b for b, k_len in enumerate(k_lens) if cu[b + 1] - cu[b] == 1 and k_len > 0]
+    if len(decode) > 1:
+        _decode_batch(q, k_cache, v_cache, decode, cu, k_lens, block_table, scale, out, lse)
+    else:
+        decode = []
+    batched = set(decode)
     for b, k_len in enumerate(k_lens):
         q_start, q_end = cu[b], cu[b + 1]
         q_len = q_end - q_start
-        if q_len <= 0:
+        if q_len <= 0 or b in batched:
             continue
         if k_len <= 0:
             out[q_start:q_end] = 0
@@ -91,6 +100,60 @@ def varlen_attention_torch(q, k_cache=None, v_cache=None, cu_seqlens_q=None, seq
             out[q_start + c0: q_start + c1] = o.to(out.dtype)
             lse[:, q_start + c0: q_start + c1] = row_lse.reshape(Hq, c1 - c0)
     return (out, lse) if return_softmax_lse else out
+
+
+def _gather_blocks(k_cache, v_cache, table, k_len):
+    """The first `k_len` tokens of the blocks in `table` [n, W]: K and V, [n, k_len, Hkv, D] each,
+    fp32. When K and V are the two halves of one block-major cache (the relay CPU backend's
+    [blocks, block_size, Hkv, 2 * D]), whole blocks are copied at once."""
+    nb, bs, Hkv, D = k_cache.shape
+    n, w = table.shape
+    elem = k_cache.element_size()
+    if (k_cache.stride() == v_cache.stride() and k_cache.stride()[2:] == (2 * D, 1)
+            and k_cache.stride(1) == Hkv * 2 * D and k_cache.stride(0) == bs * Hkv * 2 * D
+            and v_cache.data_ptr() == k_cache.data_ptr() + D * elem):
+        kv = k_cache.as_strided((nb, bs, Hkv, 2 * D), k_cache.stride())
+        kv = kv.index_select(0, table.flatten()).view(n, w * bs, Hkv, 2 * D)[:, :k_len].float()
+        return kv[..., :D], kv[..., D:]
+    k = k_cache.index_select(0, table.flatten()).view(n, w * bs, Hkv, D)[:, :k_len].float()
+    v = v_cache.index_select(0, table.flatten()).view(n, w * bs, Hkv, D)[:, :k_len].float()
+    return k, v
+
+
+def _decode_batch(q, k_cache, v_cache, reqs, cu, k_lens, block_table, scale, out, lse) -> None:
+    """Requests `reqs`, one query each (it sees all of its keys), as batched matmuls over their KV
+    gathered padded to the longest of a chunk (the padding masked): a few torch calls per chunk
+    instead of a few per request. Chunks hold requests of similar lengths, within the limits."""
+    block_size, Hkv, D = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
+    Hq = q.shape[1]
+    by_len = sorted(reqs, key=lambda b: k_lens[b])
+    i = 0
+    while i < len(by_len):
+        j = i + 1  # grow the chunk while its longest request keeps it within the limits
+        while j < len(by_len):
+            n, k_max = j - i + 1, k_lens[by_len[j]]
+            if n * Hq * k_max > _MAX_SCORE_ELEMS or n * k_max * Hkv * D > _MAX_KV_ELEMS:
+                break
+            j += 1
+        chunk, k_max = by_len[i:j], k_lens[by_len[j - 1]]
+        n = len(chunk)
+        rows = torch.tensor([cu[b] for b in chunk], device=q.device)
+        used = torch.tensor([k_lens[b] for b in chunk], device=q.device)
+        n_blocks = (k_max + block_size - 1) // block_size
+        table = block_table[torch.tensor(chunk, device=q.device), :n_blocks]
+        table = table.long().clamp(min=0)  # entries past a request's blocks: any block, masked below
+        k, v = _gather_blocks(k_cache, v_cache, table, k_max)  # [n, K, Hkv, D] each
+        qc = q[rows].float().reshape(n, Hkv, Hq // Hkv, D)
+        # Per KV head: batched matmuls over strided views of the gathered blocks (no permuted copy).
+        s = torch.stack([torch.bmm(qc[:, h], k[:, :, h].transpose(1, 2)) for h in range(Hkv)], 1) * scale
+        pad = torch.arange(k_max, device=q.device)[None, :] >= used[:, None]
+        s = s.masked_fill(pad[:, None, None, :], float("-inf"))  # [n, Hkv, g, K]
+        row_lse = torch.logsumexp(s, dim=-1)  # [n, Hkv, g]: every row sees at least one key
+        p = torch.exp(s - row_lse[..., None])
+        o = torch.stack([torch.bmm(p[:, h], v[:, :, h]) for h in range(Hkv)], 1)  # [n, Hkv, g, D]
+        out[rows] = o.reshape(n, Hq, D).to(out.dtype)
+        lse[:, rows] = row_lse.reshape(n, Hq).T
+        i = j
 
 
 _IGNORED_NONE = ("alibi_slopes", "cu_seqlens_k", "q_v", "q_descale", "k_descale", "v_descale",
