@@ -53,8 +53,10 @@ def run_one(config: str, args) -> dict:
         from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackendImpl as Impl
     else:
         engine["attention_backend"] = "relay"
+        relay = {"shared_path": args.shared_path}
         if config == "relay":
-            engine["additional_config"] = {"relay": {"system_prompts": {"s": system}}}
+            relay["system_prompts"] = {"s": system}
+        engine["additional_config"] = {"relay": relay}
         from vllm_relay.attention.cpu_backend import RelayCPUImpl as Impl
     spent = [0.0]
 
@@ -87,6 +89,8 @@ def main() -> None:
     p.add_argument("--own", type=int, default=32)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--shared-path", default="auto", choices=("auto", "always", "never"),
+                   help="relay's shared_path setting (auto: the planner's measured rule)")
     p.add_argument("--one", choices=CONFIGS, help=argparse.SUPPRESS)  # a child process's configuration
     p.add_argument("--out", help="a folder for cpu_attention.json and cpu_attention.md")
     args = p.parse_args()
@@ -96,7 +100,8 @@ def main() -> None:
     for _ in range(args.repeats):
         for config in CONFIGS:
             cmd = [sys.executable, __file__, "--one", config] + [
-                f"--{k}={getattr(args, k.replace('-', '_'))}" for k in ("requests", "system", "own", "max-tokens")]
+                f"--{k}={getattr(args, k.replace('-', '_'))}"
+                for k in ("requests", "system", "own", "max-tokens", "shared-path")]
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
             line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
             if proc.returncode != 0 or line is None:

@@ -173,7 +173,7 @@ KERNELS = {  # the levels: fused launch (its torch twin, or the Triton kernel in
 def test_plan_is_exact_on_random_mixed_batches(kernel, shared_path, seed, monkeypatch):
     for name, value in KERNELS[kernel].items():
         monkeypatch.setenv(name, value)
-    monkeypatch.setitem(planner_module.MIN_SAVED_TOKENS, True, 64)  # small batches do share
+    monkeypatch.setitem(planner_module.MIN_SAVED_TOKENS, ("cpu", True), 64)  # small batches do share
     rng = np.random.default_rng(seed)
     world = World(random_batch(rng, int(rng.integers(1, 14))), torch.float32, "cpu", seed)
     world.record_fills()
@@ -258,7 +258,7 @@ def test_graph_steps_run_levels_only_in_the_levels_graph(monkeypatch):
     """With levels, vLLM replays the levels' twin (the dispatcher records it) and the plan fills it;
     had vLLM replayed its own graph, the same step reads everything in its context (the prefix
     path for the system prompt): exact either way."""
-    monkeypatch.setitem(planner_module.MIN_SAVED_TOKENS, True, 1)
+    monkeypatch.setitem(planner_module.MIN_SAVED_TOKENS, ("cpu", True), 1)
     batch = [(0, 30, 1, -1, 0), (1, 7, 1, -1, 0), (-1, 100, 1, -1, 0), (0, 3, 1, -1, 0), (-1, 90, 1, 2, 5)]
     world = World(batch, torch.float32, "cpu", 1)
     world.record_fills()

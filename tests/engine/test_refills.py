@@ -166,3 +166,5 @@ def test_deleting_a_refilling_prompt_aborts_its_refill(core):
     assert fill_request_id(prompt) not in sched.requests and not relay.refills.stale
     run_until_idle(core)
     assert relay.pages.num_blocks() == 0 and used_blocks(core) == 0 and relay.counters.refills == 0
+    stats = core.relay_stats()
+    assert stats["pinned_blocks"] == 0 and stats["free_blocks"] == sched.kv_cache_manager.block_pool.num_gpu_blocks - 1

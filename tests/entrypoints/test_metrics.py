@@ -21,6 +21,8 @@ def reading(requests=0, reused=0, prompts=(), **extra):
         "level_groups": 0,
         "kv_bytes_saved": 0,
         "held_requests": 0,
+        "pinned_blocks": 0,
+        "free_blocks": 0,
         "prompts": list(prompts),
         **extra,
     }
@@ -95,13 +97,15 @@ def test_engines_are_labelled_separately():
     )
 
 
-def test_level_counters_follow_the_engine_totals():
+def test_level_and_block_series_follow_the_engine():
     registry = CollectorRegistry()
     m = RelayMetrics("m", [0], max_prompts=1, registry=registry)
     m.update(0, reading(level_tokens=7, level_groups=2, kv_bytes_saved=4096, refills=1))
-    m.update(0, reading(level_tokens=19, level_groups=5, kv_bytes_saved=8192, refills=3))
+    m.update(0, reading(level_tokens=19, level_groups=5, kv_bytes_saved=8192, refills=3, pinned_blocks=6,
+                        free_blocks=90))
     s = scrape(registry)
     assert value(s, "vllm_relay_level_tokens_total") == 19
     assert value(s, "vllm_relay_levels_total") == 5
     assert value(s, "vllm_relay_kv_bytes_saved_total") == 8192
     assert value(s, "vllm_relay_refills_total") == 3
+    assert value(s, "vllm_relay_pinned_kv_blocks") == 6 and value(s, "vllm_relay_free_kv_blocks") == 90

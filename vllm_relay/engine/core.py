@@ -145,7 +145,11 @@ class RelayEngine:
         return [describe(p) for p in self.registry.prompts()] + failed
 
     def stats(self) -> dict:
+        """Counters, levels, held requests, prompts, and the paged KV cache's blocks: pinned as
+        the prompts' pages, and free (what vLLM's scheduler can allocate)."""
+        pool = self.core.scheduler.kv_cache_manager.block_pool
         return {**asdict(self.counters), **self.level_stats(), "held_requests": len(self._held),
+                "pinned_blocks": self.pages.num_blocks(), "free_blocks": pool.get_num_free_blocks(),
                 "prompts": self.system_prompts()}
 
     def level_stats(self) -> dict:

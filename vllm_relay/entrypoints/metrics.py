@@ -57,6 +57,11 @@ COUNTERS = {
         "start with it (see the engine log for why).",
     ),
 }
+# Engine-wide gauges of the paged KV cache: key of relay_serving_stats -> (series name, documentation).
+BLOCK_GAUGES = {
+    "pinned_blocks": ("vllm_relay_pinned_kv_blocks", "KV-cache blocks held as the system prompts' pages."),
+    "free_blocks": ("vllm_relay_free_kv_blocks", "Free KV-cache blocks of the engine (vLLM's block pool)."),
+}
 # Per-prompt series: name (without _total) -> (key of a listing entry, documentation).
 PROMPT_COUNTERS = {
     "vllm_relay_system_prompt_requests": ("requests_served", "Requests served by this system prompt."),
@@ -95,6 +100,10 @@ class RelayMetrics:
             registry=registry,
             multiprocess_mode="mostrecent",
         )
+        self.blocks = {
+            key: Gauge(name, doc, labels, registry=registry, multiprocess_mode="mostrecent")
+            for key, (name, doc) in BLOCK_GAUGES.items()
+        }
         self.prompts = Gauge(
             "vllm_relay_system_prompts",
             "System prompts by state.",
@@ -133,6 +142,8 @@ class RelayMetrics:
         for result, key in FILL_RESULTS.items():
             self._advance(self.fills.labels(*labels, result), (engine, "fills", result), stats[key])
         self.held.labels(*labels).set(stats["held_requests"])
+        for key, gauge in self.blocks.items():
+            gauge.labels(*labels).set(stats[key])
         prompts = stats["prompts"]
         for state in STATES:
             self.prompts.labels(*labels, state).set(sum(p["state"] == state for p in prompts))

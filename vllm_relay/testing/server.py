@@ -30,7 +30,8 @@ def free_port() -> int:
 
 
 class RelayServer:
-    """An OpenAI server with `--attention-backend relay` and the relay endpoint plugin."""
+    """An OpenAI server with `--attention-backend relay` and the relay endpoint plugin (another
+    `backend`, e.g. vLLM's own CPU_ATTN, for a reference server)."""
 
     def __init__(
         self,
@@ -41,6 +42,7 @@ class RelayServer:
         api_key: str | None = None,
         api_server_count: int = 1,
         env: dict | None = None,
+        backend: str = "relay",
     ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -56,7 +58,7 @@ class RelayServer:
             "--served-model-name",
             served_name,
             "--attention-backend",
-            "relay",
+            backend,
             "--host",
             "127.0.0.1",
             "--port",
