@@ -3,7 +3,8 @@
 Used by the e2e tests: each engine runs in a fresh process, as vLLM's CPU build spawns its engine
 core and workers and two engines in one test process would share global state.
 Usage: python run_offline.py SPEC_JSON OUT_JSON, where SPEC_JSON holds
-  {"engine": {LLM kwargs}, "prompts": [[token ids] or {"ids": [...], "cache_salt": s}, ...],
+  {"engine": {LLM kwargs}, "prompts": [[token ids] or {"ids": [...], "cache_salt": s} or
+   {"ids": [...], "lora": [name, int id, adapter folder]}, ...],
    "max_tokens": int or [int per prompt], "samples": [{"prompt": [ids], "n": k, "seed": s,
    "max_tokens": m}, ...] (optional: seeded sampling, every sample with its top-5 logprobs),
    "first": {"prompts": [...], "max_tokens": int} (optional: a greedy batch run before the rest,
@@ -40,7 +41,8 @@ def main() -> None:
     result = {}
     if first := spec.get("first"):
         sp = SamplingParams(temperature=0.0, max_tokens=first["max_tokens"], logprobs=5, ignore_eos=True)
-        outs = llm.generate([tokens_prompt(p) for p in first["prompts"]], sp, use_tqdm=False)
+        outs = llm.generate([tokens_prompt(p) for p in first["prompts"]], sp, use_tqdm=False,
+                            lora_request=lora_requests(first["prompts"]))
         result["first"] = {"outputs": [greedy(out) for out in outs]}
         if relay:
             from vllm_relay.attention.planner import worker_stats
@@ -54,7 +56,8 @@ def main() -> None:
             llm.wake_up(tags=["kv_cache"])
         else:
             llm.wake_up()
-    outs = llm.generate([tokens_prompt(p) for p in spec["prompts"]], params, use_tqdm=False)
+    outs = llm.generate([tokens_prompt(p) for p in spec["prompts"]], params, use_tqdm=False,
+                        lora_request=lora_requests(spec["prompts"]))
     result["outputs"] = [greedy(out) for out in outs]
     if spec.get("samples"):  # all at once: the samples of every prompt decode in the same steps
         groups = spec["samples"]
@@ -85,9 +88,17 @@ def main() -> None:
 def tokens_prompt(p):
     from vllm.inputs import TokensPrompt
 
-    if isinstance(p, dict):
+    if isinstance(p, dict) and "cache_salt" in p:
         return TokensPrompt(prompt_token_ids=p["ids"], cache_salt=p["cache_salt"])
-    return TokensPrompt(prompt_token_ids=p)
+    return TokensPrompt(prompt_token_ids=p["ids"] if isinstance(p, dict) else p)
+
+
+def lora_requests(prompts: list):
+    """The LoRA adapter of each prompt ({"lora": [name, id, folder]}), or None when none has one."""
+    from vllm.lora.request import LoRARequest
+
+    loras = [LoRARequest(*p["lora"]) if isinstance(p, dict) and p.get("lora") else None for p in prompts]
+    return loras if any(loras) else None
 
 
 def greedy(out) -> dict:

@@ -16,6 +16,9 @@ run by a relay engine and by a reference engine (vLLM's CPU backend, the same fu
 
 Greedy tokens must be identical and top-5 logprobs within 1e-4 (fp32); seeded samples must be the
 same samples with the same logprobs; and tokens must have read levels of every depth the workload has.
+Two more cases: a request aborted mid-decode while the others over its document read it as a level
+(tests/e2e/run_abort.py, stepped in-process), and the same prompt under two LoRA adapters, which
+must never share a level.
 """
 
 import json
@@ -95,3 +98,87 @@ def test_shared_prefixes_are_read_once_and_exact(case, tmp_path):
     else:
         for got, want in zip(relay["samples"], reference["samples"], strict=True):
             assert_same_outputs(got, want)  # the same samples, logprobs within 1e-4
+
+
+def test_a_request_aborted_while_its_siblings_share_its_prefix(tmp_path):
+    """Six requests over one 150-token document (levels: its pages read once for all); one is
+    aborted mid-decode. It leaves the engine (no answer), and the others, still reading the document as a
+    level in the steps after, answer as vLLM's own backend does."""
+    import subprocess
+    import sys
+
+    model = get_model("tiny-llama-gqa")
+    vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
+    rng = random.Random(9)
+    doc = [1] + [rng.randrange(8, vocab) for _ in range(149)]
+    prompts = [doc + [rng.randrange(8, vocab) for _ in range(n)] for n in (3, 9, 17, 4, 25, 11)]
+    base = {"model": model, "dtype": "float32", "enforce_eager": True, "seed": 0, "block_size": 16,
+            "max_model_len": 512, "max_num_batched_tokens": 1024}
+    spec = {"prompts": prompts, "max_tokens": 14, "abort": 2, "steps_before_abort": 5}
+    runner = Path(__file__).with_name("run_abort.py")
+    outs = {}
+    for name, engine in (("relay", {**base, "attention_backend": "relay",
+                                    "additional_config": {"relay": {"shared_path": "always"}}}),
+                         ("reference", base)):
+        spec_file, out_file = tmp_path / f"{name}.json", tmp_path / f"{name}.out.json"
+        spec_file.write_text(json.dumps({**spec, "engine": engine}))
+        proc = subprocess.run([sys.executable, str(runner), str(spec_file), str(out_file)],
+                              capture_output=True, text=True, timeout=1200)
+        assert proc.returncode == 0, proc.stderr[-6000:]
+        outs[name] = json.loads(out_file.read_text())
+    relay, reference = outs["relay"], outs["reference"]
+    kept = [str(i) for i in range(len(prompts)) if i != 2]
+    assert sorted(relay["answers"]) == sorted(reference["answers"]) == kept
+    assert (relay["unfinished_at_abort"], relay["unfinished_after_abort"]) == (6, 5)
+    assert_same_outputs([relay["answers"][i] for i in kept], [reference["answers"][i] for i in kept])
+    before, after = relay["stats_at_abort"]["tokens_under_1_levels"], relay["stats"]["tokens_under_1_levels"]
+    assert 0 < before < after, (before, after)  # levels before the abort and after it
+
+
+def tiny_lora(model: str, path: Path, seed: int) -> str:
+    """A rank-4 LoRA adapter (PEFT layout) on q_proj and v_proj of the tiny model, random weights."""
+    import torch
+    from safetensors.torch import save_file
+
+    config = json.loads((Path(model) / "config.json").read_text())
+    hidden, layers = config["hidden_size"], config["num_hidden_layers"]
+    head = hidden // config["num_attention_heads"]
+    outs = {"q_proj": config["num_attention_heads"] * head, "v_proj": config["num_key_value_heads"] * head}
+    gen = torch.Generator().manual_seed(seed)
+    weights = {}
+    for i in range(layers):
+        for proj, out in outs.items():
+            key = f"base_model.model.model.layers.{i}.self_attn.{proj}"
+            weights[f"{key}.lora_A.weight"] = torch.randn(4, hidden, generator=gen) * 0.2
+            weights[f"{key}.lora_B.weight"] = torch.randn(out, 4, generator=gen) * 0.2
+    path.mkdir(parents=True)
+    save_file(weights, str(path / "adapter_model.safetensors"))
+    (path / "adapter_config.json").write_text(json.dumps({
+        "peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": list(outs), "bias": "none",
+        "base_model_name_or_path": model, "task_type": "CAUSAL_LM", "lora_dropout": 0.0}))
+    return str(path)
+
+
+def test_requests_under_different_lora_adapters_never_share_a_level(tmp_path):
+    """The same prompt four times under adapter A and four times under adapter B: vLLM's prefix
+    cache keeps the two apart (the adapter is part of a block's hash), so a level holds 4 rows at
+    most, never 8; every answer equals vLLM's own backend's with the same adapter."""
+    model = get_model("tiny-llama-gqa")
+    vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
+    rng = random.Random(12)
+    prompt = [1] + [rng.randrange(8, vocab) for _ in range(100)]
+    a, b = tiny_lora(model, tmp_path / "a", 1), tiny_lora(model, tmp_path / "b", 2)
+    first = [{"ids": prompt, "lora": ["a", 1, a]}] * 4 + [{"ids": prompt, "lora": ["b", 2, b]}] * 4
+    engine = {"model": model, "max_num_seqs": 16, "max_model_len": 512, "enable_lora": True, "max_loras": 2,
+              "max_lora_rank": 8}
+    run = {"prompts": [prompt], "max_tokens": 4, "first": {"prompts": first, "max_tokens": 8}}
+    relay, _ = run_engine({"engine": {**engine, "attention_backend": "relay",
+                                      "additional_config": {"relay": {"shared_path": "always"}}}, **run},
+                          tmp_path, "relay")
+    reference, _ = run_engine({"engine": engine, **run}, tmp_path, "reference")
+
+    assert_same_outputs(relay["first"]["outputs"], reference["first"]["outputs"])
+    outputs = relay["first"]["outputs"]
+    assert outputs[0]["tokens"] != outputs[4]["tokens"]  # the adapters answer differently
+    stats = relay["first"]["worker_stats"]
+    assert 2 <= stats["max_level_rows"] <= 4, stats  # each adapter's four requests, never all eight
