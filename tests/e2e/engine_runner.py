@@ -17,6 +17,16 @@ def run_engine(spec: dict, tmp_path: Path, name: str):
     return json.loads(out_file.read_text()), proc.stderr + proc.stdout
 
 
+def run_module(module: str, spec: dict, tmp_path: Path, name: str) -> dict:
+    """`python -m module SPEC_JSON OUT_JSON` from the repository root; its JSON output."""
+    spec_file, out_file = tmp_path / f"{name}.spec.json", tmp_path / f"{name}.out.json"
+    spec_file.write_text(json.dumps(spec))
+    proc = subprocess.run([sys.executable, "-m", module, str(spec_file), str(out_file)],
+                          capture_output=True, text=True, timeout=1200, cwd=Path(__file__).parents[2])
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    return json.loads(out_file.read_text())
+
+
 def assert_same_outputs(got: list, want: list, tol: float = 1e-4) -> float:
     """Identical greedy tokens, same top-5 sets, logprobs within `tol`; returns the worst diff."""
     worst = 0.0

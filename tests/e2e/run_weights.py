@@ -12,47 +12,27 @@ and a req is {"id": str, "ids": [token ids], "max_tokens": int}. In order:
    reset with the running requests (what RL loops do: they are recomputed under the new weights);
    they run to completion;
 3. "after" runs under the new weights.
+The engine is stepped one engine-core step at a time (tests/e2e/stepping.py).
 """
 
 import json
-import os
 import sys
+
+from tests.e2e.stepping import Answers, stepped_llm
 
 
 def main() -> None:
     spec_path, out_path = sys.argv[1:3]
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    # In-process and without async scheduling, one engine.step() is one engine-core step, so the
-    # update comes after exactly k steps in both engines (a spawned engine core steps on its own).
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
-
     spec = json.load(open(spec_path))
-    llm = LLM(**spec["engine"], async_scheduling=False)
-    engine = llm.llm_engine
+    llm = stepped_llm(spec["engine"])
     relay = spec["engine"].get("attention_backend") == "relay"
-    answers: dict[str, dict] = {}
+    answers = Answers(llm)
     result: dict = {"answers": answers}
-
-    def add(req: dict) -> None:
-        params = SamplingParams(temperature=0.0, max_tokens=req["max_tokens"], logprobs=5, ignore_eos=True)
-        engine.add_request(req["id"], TokensPrompt(prompt_token_ids=req["ids"]), params)
-
-    def step() -> None:
-        for out in engine.step():
-            if out.finished:
-                assert out.request_id not in answers, f"{out.request_id} answered twice"
-                c = out.outputs[0]
-                answers[out.request_id] = {
-                    "tokens": list(c.token_ids), "finish_reason": c.finish_reason,
-                    "logprobs": [{str(t): lp.logprob for t, lp in s.items()} for s in (c.logprobs or [])]}
 
     def run(reqs: list[dict]) -> None:
         for req in reqs:
-            add(req)
-        while engine.has_unfinished_requests():
-            step()
+            answers.add(req["id"], req["ids"], req["max_tokens"])
+        answers.drain()
 
     def stats() -> dict:
         from vllm_relay.stats import relay_stats
@@ -64,14 +44,13 @@ def main() -> None:
     result["idle_reset"] = llm.reset_prefix_cache()
     run(spec["reset"])
     for req in spec["inflight"]:
-        add(req)
+        answers.add(req["id"], req["ids"], req["max_tokens"])
     for _ in range(spec["steps_before_update"]):
-        step()
-    result["unfinished_at_update"] = engine.get_num_unfinished_requests()
+        answers.step()
+    result["unfinished_at_update"] = llm.llm_engine.get_num_unfinished_requests()
     llm.collective_rpc("reload_weights", kwargs={"weights_path": spec["new_weights"]})
     result["running_reset"] = llm.reset_prefix_cache(reset_running_requests=True)
-    while engine.has_unfinished_requests():
-        step()
+    answers.drain()
     run(spec["after"])
     result["stats"] = stats()
     json.dump(result, open(out_path, "w"))

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.engine_runner import assert_same_outputs, run_engine
+from tests.e2e.engine_runner import assert_same_outputs, run_engine, run_module
 from vllm_relay.testing.models import get_model
 
 pytestmark = pytest.mark.engine
@@ -104,9 +104,6 @@ def test_a_request_aborted_while_its_siblings_share_its_prefix(tmp_path):
     """Six requests over one 150-token document (levels: its pages read once for all); one is
     aborted mid-decode. It leaves the engine (no answer), and the others, still reading the document as a
     level in the steps after, answer as vLLM's own backend does."""
-    import subprocess
-    import sys
-
     model = get_model("tiny-llama-gqa")
     vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
     rng = random.Random(9)
@@ -115,18 +112,10 @@ def test_a_request_aborted_while_its_siblings_share_its_prefix(tmp_path):
     base = {"model": model, "dtype": "float32", "enforce_eager": True, "seed": 0, "block_size": 16,
             "max_model_len": 512, "max_num_batched_tokens": 1024}
     spec = {"prompts": prompts, "max_tokens": 14, "abort": 2, "steps_before_abort": 5}
-    runner = Path(__file__).with_name("run_abort.py")
-    outs = {}
-    for name, engine in (("relay", {**base, "attention_backend": "relay",
-                                    "additional_config": {"relay": {"shared_path": "always"}}}),
-                         ("reference", base)):
-        spec_file, out_file = tmp_path / f"{name}.json", tmp_path / f"{name}.out.json"
-        spec_file.write_text(json.dumps({**spec, "engine": engine}))
-        proc = subprocess.run([sys.executable, str(runner), str(spec_file), str(out_file)],
-                              capture_output=True, text=True, timeout=1200)
-        assert proc.returncode == 0, proc.stderr[-6000:]
-        outs[name] = json.loads(out_file.read_text())
-    relay, reference = outs["relay"], outs["reference"]
+    relay = run_module("tests.e2e.run_abort", {**spec, "engine": {
+        **base, "attention_backend": "relay", "additional_config": {"relay": {"shared_path": "always"}}}},
+        tmp_path, "relay")
+    reference = run_module("tests.e2e.run_abort", {**spec, "engine": base}, tmp_path, "reference")
     kept = [str(i) for i in range(len(prompts)) if i != 2]
     assert sorted(relay["answers"]) == sorted(reference["answers"]) == kept
     assert (relay["unfinished_at_abort"], relay["unfinished_after_abort"]) == (6, 5)

@@ -16,12 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.engine_runner import assert_same_outputs
+from tests.e2e.engine_runner import assert_same_outputs, run_module
 from vllm_relay.testing.models import get_model
 
 pytestmark = pytest.mark.engine
-
-RUNNER = Path(__file__).with_name("run_weights.py")
 
 
 def second_checkpoint(model: str, path: Path) -> Path:
@@ -36,18 +34,6 @@ def second_checkpoint(model: str, path: Path) -> Path:
                if t.numel() > 1 and t.float().std() > 0 else t for k, t in weights.items()}
     save_file(redrawn, str(path / "model.safetensors"), metadata={"format": "pt"})
     return path
-
-
-def run(spec: dict, tmp_path: Path, name: str) -> dict:
-    import subprocess
-    import sys
-
-    spec_file, out_file = tmp_path / f"{name}.spec.json", tmp_path / f"{name}.out.json"
-    spec_file.write_text(json.dumps(spec))
-    proc = subprocess.run([sys.executable, str(RUNNER), str(spec_file), str(out_file)],
-                          capture_output=True, text=True, timeout=1200)
-    assert proc.returncode == 0, proc.stderr[-6000:]
-    return json.loads(out_file.read_text())
 
 
 def test_weight_update_and_prefix_resets_refill_the_system_prompt(tmp_path):
@@ -70,10 +56,10 @@ def test_weight_update_and_prefix_resets_refill_the_system_prompt(tmp_path):
             "after": batch("after", 12)}
     engine = {"model": model, "dtype": "float32", "enforce_eager": True, "seed": 0, "block_size": 16,
               "max_model_len": 512, "max_num_batched_tokens": 1024}  # every prompt of a batch in one step
-    relay = run({**spec, "engine": {**engine, "attention_backend": "relay",
+    relay = run_module("tests.e2e.run_weights", {**spec, "engine": {**engine, "attention_backend": "relay",
                                      "additional_config": {"relay": {"system_prompts": {"s": system}}}}},
                 tmp_path, "relay")
-    reference = run({**spec, "engine": engine}, tmp_path, "reference")
+    reference = run_module("tests.e2e.run_weights", {**spec, "engine": engine}, tmp_path, "reference")
 
     order = [r["id"] for phase in ("before", "reset", "inflight", "after") for r in spec[phase]]
     assert sorted(relay["answers"]) == sorted(order) == sorted(reference["answers"])
