@@ -43,10 +43,11 @@ def merge_worker_stats(workers: list[dict]) -> dict:
     return {**workers[0], "saved_kv_bytes": sum(w.get("saved_kv_bytes", 0) for w in workers)}
 
 
-def sum_engine_stats(engines: list[dict]) -> dict:
-    """Planner stats of several engines (data-parallel ranks) added up; `max_*` keys take the max."""
+def sum_stats(parts: list[dict]) -> dict:
+    """Planner stats added up (the planners of one worker, or several engines: data-parallel
+    ranks); `max_*` keys take the max."""
     total: dict = {}
-    for stats in engines:
+    for stats in parts:
         for key, value in stats.items():
             total[key] = (max if key.startswith("max_") else int.__add__)(total.get(key, 0), value)
     return total
@@ -172,4 +173,4 @@ async def async_relay_stats(engine) -> dict:
 async def async_planner_stats(engine) -> dict:
     """`planner_stats` for an `AsyncLLM`: summed over every engine core (data-parallel rank) and,
     within each, merged over its workers (`merge_worker_stats`)."""
-    return sum_engine_stats(await _on_each_engine(engine, "relay_planner_stats"))
+    return sum_stats(await _on_each_engine(engine, "relay_planner_stats"))

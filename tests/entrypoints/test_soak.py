@@ -27,7 +27,7 @@ import time
 
 import pytest
 
-from tests.entrypoints.server import PROMPTS, WAIT_S
+from tests.entrypoints.server import PROMPTS, WAIT_S, Server, wait_for
 from vllm_relay.testing.models import get_model
 from vllm_relay.testing.server import RelayServer
 
@@ -166,23 +166,6 @@ def rss_mb(pid: int) -> float:
     return sum(p.memory_info().rss for p in procs if p.is_running()) / 2**20
 
 
-def metric(url: str, name: str) -> float:
-    import requests
-
-    for line in requests.get(f"{url}/metrics", timeout=30).text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"{name} not in /metrics")
-
-
-def wait_for(check, what: str):
-    deadline = time.monotonic() + WAIT_S
-    while not (value := check()):
-        assert time.monotonic() < deadline, f"not within {WAIT_S} s: {what}"
-        time.sleep(0.5)
-    return value
-
-
 def test_churn_soak_answers_every_request_once_and_exactly_and_gives_every_block_back():
     import requests
 
@@ -191,7 +174,9 @@ def test_churn_soak_answers_every_request_once_and_exactly_and_gives_every_block
     env = {"VLLM_SERVER_DEV_MODE": "1"}  # vLLM's /reset_prefix_cache route
     with RelayServer(model, "soak", relay=RELAY, args=ARGS, env=env) as server:
         url = server.url
-        free_start = wait_for(lambda: metric(url, "vllm_relay_free_kv_blocks"), "the first metrics reading")
+        client = Server(url, api_key=None, model="soak", log=server.log_text)
+        free_start = wait_for(lambda: client.relay_metric("vllm_relay_free_kv_blocks"),
+                              what="the first metrics reading")
         memory: dict[str, float] = {}
         churned: dict[str, int] = {}
 
@@ -212,16 +197,14 @@ def test_churn_soak_answers_every_request_once_and_exactly_and_gives_every_block
         results = asyncio.run(soak())
         elapsed = time.monotonic() - started
         memory["end"] = rss_mb(server.proc.pid)
-        relay_requests = metric(url, "vllm_relay_requests_total")
-        refills = metric(url, "vllm_relay_refills_total")
+        relay_requests = client.steady_metric("vllm_relay_requests_total")
+        refills = client.steady_metric("vllm_relay_refills_total")
         for name in NAMES:  # every prompt deleted; running requests drain it
             requests.delete(f"{url}{PROMPTS}/{name}", timeout=30)
-        wait_for(lambda: not requests.get(f"{url}{PROMPTS}", timeout=30).json()["data"]
-                 or all(p["state"] == "failed" for p in requests.get(f"{url}{PROMPTS}", timeout=30).json()["data"]),
-                 "every prompt deleted and drained")
-        time.sleep(1)  # a metrics refresh after the last drain
-        pinned_end = metric(url, "vllm_relay_pinned_kv_blocks")
-        free_end = metric(url, "vllm_relay_free_kv_blocks")
+        wait_for(lambda: all(p["state"] == "failed" for p in client.call("GET", PROMPTS)[1]["data"]),
+                 what="every prompt deleted and drained")
+        pinned_end = client.steady_metric("vllm_relay_pinned_kv_blocks")  # read once /metrics caught up
+        free_end = client.steady_metric("vllm_relay_free_kv_blocks")
         log = server.log_text()
 
     with RelayServer(model, "soak", args=ARGS, backend="CPU_ATTN") as reference:

@@ -29,6 +29,7 @@ from vllm_relay.ops import SharedLevel, prefix_block_table
 from vllm_relay.ops.level_attention import max_tiles, plan_tiles, tile_tokens, workspace
 from vllm_relay.ops.level_tree import LevelRule, LevelTree, find_levels, level_rows
 from vllm_relay.ops.relay_fusion import warm_up_fuse_in_place
+from vllm_relay.stats import sum_stats
 
 # The measured rule: a step runs levels when they save at least MIN_SAVED_TOKENS of KV reads (tokens
 # of one layer's K and V), the cost of their launches; else every request reads all its pages in
@@ -72,12 +73,7 @@ def worker_stats(_worker=None) -> dict:
     and bytes not read again thanks to them, tokens by how many levels they read, and the most rows
     one level had (a maximum, not a sum). Callable through `LLM.collective_rpc(worker_stats)` (the
     worker argument is ignored)."""
-    total = dict.fromkeys(STATS, 0)
-    for planner in _planners:
-        for key in total:
-            merge = max if key.startswith("max_") else int.__add__
-            total[key] = merge(total[key], planner.stats[key])
-    return total
+    return sum_stats([dict.fromkeys(STATS, 0), *(planner.stats for planner in _planners)])
 
 
 def find_step_levels(step: relay_step.RelayStep) -> None:
