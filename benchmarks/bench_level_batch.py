@@ -4,7 +4,9 @@ A full CUDA graph fixes the levels' call at the capture's group capacity (thousa
 of them empty in any step). FlashAttention-3 sizes its split-K from an ahead-of-time schedule; this
 times one level (n rows over S shared keys, one layer) in graphs:
   one      a batch of exactly one group, the schedule's split cap 16 (what an unpadded call gets)
-  padded   the same group first in a batch of --capacity groups, the others empty (the twin graph)
+  padded   the same group first in a batch of C groups, the others empty (the twin graph), for each
+           capacity C of --capacities (2050: one capacity for every graph; 514 and 130: what the
+           graphs of 256 and 64 decode rows need, 2 slots + rows x 4 levels / 2)
   chunksK  the group's keys cut into K groups of S/K keys in the padded batch, the queries repeated
            (split-K done by the plan; the fusion merges the K rows of each token)
 Times are medians of graph replays (triton.testing.do_bench); TFLOP/s counts 4 n S Hq D.
@@ -58,29 +60,32 @@ def level_ms(fa, hq, hkv, n, S, groups, chunks, capacity):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out")
-    p.add_argument("--capacity", type=int, default=2050)
+    p.add_argument("--capacities", default="2050,514,130")
+    p.add_argument("--ns", default="16,64,256")
     args = p.parse_args()
     fa, rows = FA(), []
-    variants = [("one", "one", 1), ("padded", "padded", 1)] + [(f"chunks{k}", "padded", k) for k in (2, 4, 8)]
+    variants = [("one", "one", 1, 1)]
+    for cap in map(int, args.capacities.split(",")):
+        variants += [(f"padded@{cap}", "padded", 1, cap)] + [(f"chunks{k}@{cap}", "padded", k, cap) for k in (2, 4)]
     for model in ("llama2-7b", "llama3-8b"):
         hq, hkv = MODELS[model]
         for S in (2048, 16000):
-            for n in (16, 64, 256):
+            for n in map(int, args.ns.split(",")):
                 row = dict(model=model, S=S, n=n)
-                for name, groups, chunks in variants:
-                    ms = level_ms(fa, hq, hkv, n, S, groups, chunks, args.capacity)
+                for name, groups, chunks, capacity in variants:
+                    ms = level_ms(fa, hq, hkv, n, S, groups, chunks, capacity)
                     row[f"{name}_us"] = ms * 1e3
                     row[f"{name}_tflops"] = 4 * n * S * hq * D / ms / 1e9
                 rows.append(row)
                 print(f"{model} S={S:5d} n={n:3d}: " + " ".join(
                     f"{k[:-3]} {v:.0f} us" for k, v in row.items() if k.endswith("_us")), flush=True)
-    md = ["| model | S | n | " + " | ".join(v for v, _, _ in variants) + " |",
+    md = ["| model | S | n | " + " | ".join(v for v, *_ in variants) + " |",
           "|---|---|---|" + "---|" * len(variants)]
     md += [f"| {r['model']} | {r['S']} | {r['n']} | " + " | ".join(
-        f"{r[v + '_us']:.0f} us ({r[v + '_tflops']:.0f} TF/s)" for v, _, _ in variants) + " |" for r in rows]
+        f"{r[v + '_us']:.0f} us ({r[v + '_tflops']:.0f} TF/s)" for v, *_ in variants) + " |" for r in rows]
     print("\n".join(md))
     if args.out:
-        write_results(args.out, "level_batch", {"capacity": args.capacity, "rows": rows}, "\n".join(md) + "\n")
+        write_results(args.out, "level_batch", {"capacities": args.capacities, "rows": rows}, "\n".join(md) + "\n")
 
 
 if __name__ == "__main__":

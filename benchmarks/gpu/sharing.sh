@@ -10,6 +10,9 @@
 #   plain3      nothing shared: 1000 requests (128 in / 256 out), vLLM's default and the relay backend,
 #               each run twice on its engine (bench_throughput.py noprefix, noprefix-relay)
 #   single3     the registered single-prompt workload (P=2048, 1000 requests): default, relay, no prompt
+#   spy2        where the engine's host time goes on one samples point ($PS, $NS; each of $CONFIGS in
+#               turn, vLLM's per-step log on): py-spy over every process, idle stacks included, raw
+#               into $OUT/spy_CONFIG.txt (PYSPY: the py-spy binary)
 # CONFIGS (default ceiling,relay,default,cascade), PS, NS, CS tune the size.
 set -uo pipefail
 export PYTHONPATH=/tmp/site VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
@@ -31,6 +34,12 @@ for step in "$@"; do
                 --max-model-len 8192 --out "$out/sharing_tree_llama2.json" ;;
     plain3) $bt --model "$m3" --prefix-len 2048 --num-prompts 1000 --max-model-len 4096 --repeat 2 \
                 --configs noprefix,noprefix-relay --out "$out/sharing_plain_llama3.json" ;;
+    spy2) for c in ${CONFIGS//,/ }; do
+            timeout 300 "${PYSPY:-py-spy}" record -r 50 --idle --threads --subprocesses -f raw -o "$out/spy_$c.txt" -- \
+              $sb --model "$m2" --workloads samples --prefix-lens "$PS" --ns "$NS" --worker "$c" --iteration-details \
+              >"$out/spy_$c.log" 2>&1
+            grep -E "tok/s|Error" "$out/spy_$c.log" | cut -c1-200
+          done ;;
     single3) $bt --model "$m3" --prefix-len 2048 --num-prompts 1000 --max-model-len 4096 \
                 --configs default,relay,noprefix --out "$out/sharing_single_llama3.json" ;;
   esac

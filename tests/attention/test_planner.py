@@ -240,7 +240,13 @@ def test_padded_graph_step_with_no_relay_request_still_writes_a_valid_plan():
         captured = planner.plan(cm, None, capture=True)
     assert captured.graph and captured.run_level
     assert captured.level.row_index.shape == (planner.max_depth, 8)  # fixed by the padded size
-    assert captured.level.perm.shape[0] == planner.max_rows and captured.level.call["max_seqlen_q"] == 8
+    assert captured.level.call["max_seqlen_q"] == 8
+    # Sized for 8 decode tokens (each in up to max_depth levels of 2 rows or more, plus the slots'),
+    # not for the largest graph: FlashAttention-3 runs a batch padded with empty groups slower.
+    rows, groups = planner.graph_capacity(8)
+    assert (rows, groups) == (8 * planner.max_depth, planner.num_slots + 8 * planner.max_depth // 2)
+    assert groups < planner.max_groups and rows < planner.max_rows
+    assert captured.level.perm.shape[0] == rows and captured.level.call["cu_seqlens_q"].shape[0] == groups + 1
     step = world.step()
     planner.levels_for(step)
     assert step.tree is None  # nothing shared: vLLM runs its own graph
@@ -252,6 +258,26 @@ def test_padded_graph_step_with_no_relay_request_still_writes_a_valid_plan():
     assert (captured.level.row_index == -1).all() and int(captured.level.call["cu_seqlens_q"][-1]) == 0
     run_and_check(world, plan, cm, padded(world.q, cm))
     run_and_check(world, captured, cm, padded(world.q, cm))  # the levels' graph, replayed empty
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_every_tree_fits_the_capacity_of_its_graph(seed):
+    """A graph of T decode tokens holds fewer levels than the largest graph: every tree its rows can
+    form fits (random sharing at several depths, and rows by twos, with the planner's own rule)."""
+    from tests.ops.test_level_tree import random_tables
+    from vllm_relay.ops.level_tree import find_levels, level_rows
+
+    rng = np.random.default_rng(seed)
+    planner = make_planner(shared_path="always", full_graphs=True)
+    for T in (1, 2, 5, 8, 16):
+        table, n_own, shareable, root, root_pages = random_tables(rng, T, num_slots=planner.num_slots)
+        rows, groups = planner.graph_capacity(T)
+        pairs = np.repeat(np.arange(1, (T + 1) // 2 + 1, dtype=np.int32), 2)[:T]  # rows by twos, a level each
+        worst = np.stack([pairs * 10 + k for k in range(4)], axis=1)
+        for tbl, share in ((table, shareable), (worst, np.full(T, 4))):
+            tree = find_levels(tbl, share, np.where(tbl is table, root, -1), root_pages, planner.rule())
+            perm, _, _ = level_rows(tree, np.arange(T), T)
+            assert tree.num_groups <= groups and perm.shape[0] <= rows
 
 
 def test_graph_steps_run_levels_only_in_the_levels_graph(monkeypatch):

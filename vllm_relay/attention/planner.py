@@ -166,6 +166,14 @@ class RelayPlanner:
         self.stats = dict.fromkeys(STATS, 0)
         _planners.append(self)
 
+    def graph_capacity(self, num_tokens: int) -> tuple[int, int]:
+        """(level rows, levels) a full graph of `num_tokens` decode tokens holds: each token in at
+        most max_depth levels, each level with 2 rows or more except a slot's (1 with shared_path
+        "always"). Sized per graph, not for the largest: FlashAttention-3 schedules a batch padded
+        with empty groups slower, the more of them there are."""
+        return (min(self.max_rows, num_tokens * self.max_depth),
+                min(self.max_groups, self.num_slots + num_tokens * self.max_depth // 2))
+
     def is_graph_step(self, cm) -> bool:
         """A uniform decode batch that vLLM runs as a full CUDA graph (FULL_AND_PIECEWISE)."""
         return self.full_graphs and cm.max_query_len <= 1 and cm.num_actual_tokens <= self.max_graph_tokens
@@ -246,8 +254,9 @@ class RelayPlanner:
             perm, cu, row_index = np.zeros(0, np.int32), np.zeros(1, np.int32), np.full((1, T), -1, np.int32)
         G = tree.num_groups if tree is not None else 0
         depth = self.max_depth if graph else row_index.shape[0]
-        rows = self.max_rows if graph else perm.shape[0]
-        groups = self.max_groups if graph else G
+        rows, groups = self.graph_capacity(T) if graph else (perm.shape[0], G)
+        if G > groups or perm.shape[0] > rows:
+            raise RuntimeError(f"vllm-relay: {G} levels / {perm.shape[0]} rows exceed the graph's {groups} / {rows}")
         own = np.zeros(0, np.int32) if tree is None else ((tree.start + tree.pages) * self.page_size).astype(np.int32)
         lens = np.zeros(groups, dtype=np.int32)
         if tree is not None:
