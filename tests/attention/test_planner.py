@@ -207,6 +207,25 @@ def test_levels_of_every_depth_with_nothing_registered():
     assert s["saved_kv_bytes"] == s["saved_kv_tokens"] * 2 * H_KV * D * 4
 
 
+def test_prompt_chunks_over_a_cached_prefix_read_it_as_a_level():
+    """The step in which n samples of a prompt start (vLLM recomputes each one's last page of the
+    prompt over its cached pages), and requests over a cached document starting: every token of
+    their chunks reads the shared pages as one level, exact."""
+    batch = [(-1, 177, 1, -1, 0)] + [(-1, 176, 16, 0, 10) for _ in range(6)]  # 10 cached pages each
+    batch += [(-1, 90, 7, 0, 5), (1, 60, 20, -1, 0), (1, 70, 9, 8, 2)]  # a document; slot 1's chunks
+    world = World(batch, torch.float32, "cpu", 6)
+    world.record_fills()
+    planner = make_planner(shared_path="always")
+    cm = world.cm()
+    plan = planner.plan(cm, world.step())
+    run_and_check(world, plan, cm)
+    levels = (plan.level.row_index >= 0).sum(dim=0)
+    first = np.cumsum([0] + [q for _, _, q, _, _ in batch])
+    assert (levels[first[1]: first[7]] == 2).all()  # the 6 samples: the prompt, then their own part
+    assert (levels[first[7]: first[8]] == 1).all() and (levels[first[8]: first[10]] >= 1).all()
+    assert planner.stats["shared_tokens"] == int((plan.level.row_index >= 0).sum())
+
+
 def test_auto_levels_off_reads_only_registered_prompts_as_levels():
     batch = [(0, 50, 1, -1, 0), (0, 60, 1, 0, 2), (-1, 70, 1, -1, 0), (-1, 80, 1, 2, 4)]
     world = World(batch, torch.float32, "cpu", 4)
@@ -314,7 +333,7 @@ def test_plan_tensors_are_aligned_views_of_exact_length(kernel, monkeypatch):
     monkeypatch.setenv("VLLM_RELAY_LEVEL_KERNEL", kernel)
     planner = make_planner(full_graphs=True)
     G = planner.max_groups
-    views = {"ctx_front": None, "ctx_slot": None, "ctx_skip": None, "perm": planner.max_rows, "cu": G + 1,
+    views = {"ctx_front": None, "ctx_slot": None, "ctx_skip": None, "perm": planner.max_level_rows, "cu": G + 1,
              "lens": G, "group_row": G, "group_start": G, "group_own": G, "group_front": G, "group_slot": G,
              "tiles": planner.tile_cap, "_row_index": planner.max_depth * planner.max_tokens}
     for name, length in views.items():

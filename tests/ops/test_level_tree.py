@@ -28,7 +28,7 @@ def random_tables(rng, B, num_slots=2, width=40):
         table[r, k:n] = [next(next_id) for _ in range(n - k)]
         table[r, n:] = rng.integers(0, 10**6, width - n)  # past the row's pages: garbage
         n_own[r] = n
-    shareable = np.where(rng.random(B) < 0.85, n_own, 0)  # the others: prefill chunks
+    shareable = np.where(rng.random(B) < 0.85, n_own, 0)  # the others: first chunks, nothing cached
     root_pages = rng.integers(1, 6, num_slots)
     return table, n_own, shareable, root, root_pages
 
@@ -127,17 +127,29 @@ def test_a_short_shared_run_joins_its_children_levels():
     assert tree.row_skip.tolist() == [4, 4, 4, 4]
 
 
-def test_level_rows_against_a_naive_loop():
+@pytest.mark.parametrize("multi", [False, True], ids=["decode", "chunks"])
+def test_level_rows_against_a_naive_loop(multi):
+    """Every query token of a member row (one for a decode row, a chunk's for a prompt chunk whose
+    shared part is cached) has one level row in each of its row's levels, grouped by level."""
     rng = np.random.default_rng(5)
     table, n_own, shareable, root, root_pages = random_tables(rng, 50)
     tree = find_levels(table, shareable, root, root_pages, PERMISSIVE)
-    tokens = np.sort(rng.choice(200, 50, replace=False))
-    perm, cu, row_index = level_rows(tree, tokens, 200)
+    lens = rng.integers(1, 5, 50) if multi else np.ones(50, dtype=np.int64)
+    starts = np.cumsum(lens) - lens + np.arange(50)  # a gap after each row: tokens of no row
+    T = int(starts[-1] + lens[-1]) + 3
+    perm, cu, row_index = level_rows(tree, starts, T, lens if multi else None)
+    own_tokens = [list(range(starts[r], starts[r] + lens[r])) for r in range(50)]
     for g in range(tree.num_groups):
         members = [r for r in range(50) if g in tree.row_groups[r]]
-        assert perm[cu[g]: cu[g + 1]].tolist() == tokens[members].tolist()
+        assert perm[cu[g]: cu[g + 1]].tolist() == [t for r in members for t in own_tokens[r]]
     for r in range(50):
         for k, g in enumerate(tree.row_groups[r]):
-            want = -1 if g < 0 else cu[g] + [m for m in range(50) if g in tree.row_groups[m]].index(r)
-            assert row_index[k, tokens[r]] == want
-    assert (np.delete(row_index, tokens, axis=1) == -1).all()
+            for i, t in enumerate(own_tokens[r]):
+                if g < 0:
+                    assert row_index[k, t] == -1
+                else:
+                    members = [m for m in range(50) if g in tree.row_groups[m]]
+                    before = sum(lens[m] for m in members[: members.index(r)])
+                    assert row_index[k, t] == cu[g] + before + i
+    listed = [t for r in range(50) for t in own_tokens[r]]
+    assert (np.delete(row_index, listed, axis=1) == -1).all()

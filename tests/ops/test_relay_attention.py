@@ -31,6 +31,8 @@ MIXED_BATCH = [
     (1, 170, 1, 8, 9),     # the same document
     (1, 200, 1, 8, 10),    # the same document and one more page of row 8 (a sibling sample)
     (-1, 64, 1, -1, 0),    # plain decode
+    (1, 180, 12, 1, 9),    # relay prompt chunk over the document of row 1 (cached), 12 new tokens
+    (-1, 70, 20, 11, 3),   # plain prompt chunk over the 3 pages of row 11 (a prefix-cache hit)
     (-1, 70, 1, 11, 3),    # plain decodes sharing row 11's first pages
     (-1, 99, 1, 11, 3),
 ]
@@ -91,25 +93,25 @@ def build(batch, sys_pages, h_kv, group, d, block_size, dtype, device="cpu"):
 
 
 def make_plan(batch, own, slot_pages, sys_pages, block_size, rule, device="cpu"):
-    """The plan a relay planner makes: the levels `rule` finds in the decode rows' tables, each
-    read by one grouped call; every request's context is its pages past its levels, with its
-    slot's pages in front when no level read them (the prefix path)."""
+    """The plan a relay planner makes: the levels `rule` finds in the rows' tables (the whole pages
+    before each row's first query token), each read by one grouped call for all the query tokens
+    of its rows; every request's context is its pages past its levels, with its slot's pages in
+    front when no level read them (the prefix path)."""
     table, lens = own
     root = np.array([row[0] for row in batch], dtype=np.int32)
     q_lens = np.array([row[2] for row in batch])
     own_lens = lens.cpu().numpy()
     root_pages = np.array(sys_pages, dtype=np.int32)
-    decode = q_lens == 1
     front = np.where(root >= 0, root_pages[np.maximum(root, 0)], 0).astype(np.int32)
     skip = np.zeros(len(batch), dtype=np.int32)
     shared = []
     if rule is not None:
-        shareable = np.where(decode, (own_lens - 1) // block_size, 0)
-        tree = find_levels(table.cpu().numpy(), shareable, np.where(decode, root, -1), root_pages, rule)
-        front = np.where(decode, tree.row_front, front).astype(np.int32)
+        shareable = (own_lens - q_lens) // block_size
+        tree = find_levels(table.cpu().numpy(), shareable, root, root_pages, rule)
+        front = tree.row_front.astype(np.int32)
         skip = tree.row_skip
         if tree.num_groups:
-            perm, cu, row_index = level_rows(tree, cu_seqlens(list(q_lens))[:-1].numpy(), int(q_lens.sum()))
+            perm, cu, row_index = level_rows(tree, cu_seqlens(list(q_lens))[:-1].numpy(), int(q_lens.sum()), q_lens)
             G = tree.num_groups
             level_table = torch.zeros(G, table.shape[1], dtype=torch.int32, device=device)
             t = lambda x: torch.from_numpy(np.ascontiguousarray(x, dtype=np.int32)).to(device)  # noqa: E731
@@ -139,7 +141,11 @@ def test_relay_equals_attention_over_concatenated_kv(rule, sys_pages, group, blo
                                                                block_size, dtype)
     plan = make_plan(MIXED_BATCH, own, slot_pages, sys_pages, block_size, RULES[rule])
     if rule == "permissive" and block_size == 16:  # slot 1 -> document -> sample: three levels
-        assert (plan.shared[0].row_index >= 0).sum(dim=0).max() == 3
+        levels = (plan.shared[0].row_index >= 0).sum(dim=0)
+        assert levels.max() == 3
+        # The prompt chunks read their cached shared pages as levels too, every one of their tokens.
+        first = cu_seqlens([row[2] for row in MIXED_BATCH])
+        assert (levels[first[12]: first[13]] == 2).all() and (levels[first[13]: first[14]] == 1).all()
     out = torch.full_like(q, float("nan"))
     got = relay_attention(q, k_cache, v_cache, plan, out, scale, varlen_attention_torch)
     assert got is out

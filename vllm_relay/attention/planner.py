@@ -129,13 +129,14 @@ class RelayPlanner:
         # Every level has 2 rows or more (a system prompt's, 1 with shared_path "always"), and a
         # token is in at most max_depth levels.
         self.max_groups = self.num_slots + max_reqs * self.max_depth // 2
-        self.max_rows = max_reqs * self.max_depth
+        self.max_rows = max_reqs * self.max_depth  # level rows a graph holds (decodes: a token each)
+        self.max_level_rows = max_tokens * self.max_depth  # any step's (prompt chunks: all their tokens)
         G = self.max_groups
         self.tile_cap = max_tiles(max_reqs, G, self.gqa) if self.level_kernel != "flash" else 0
         # One int32 staging buffer and its device twin: [ctx_front | ctx_slot | ctx_skip | perm | cu |
         # lens | group row | group start | group own tokens | group front | group slot | tiles |
         # row_index (max_depth x tokens)].
-        sizes = [max_reqs, max_reqs, max_reqs, self.max_rows, G + 1, G, G, G, G, G, G, 3 * self.tile_cap,
+        sizes = [max_reqs, max_reqs, max_reqs, self.max_level_rows, G + 1, G, G, G, G, G, G, 3 * self.tile_cap,
                  self.max_depth * max_tokens]
         # Each view starts 128-byte aligned: Triton specializes kernels on their pointers' alignment,
         # and a view at an odd offset would make the kernels compiled at start-up miss.
@@ -194,10 +195,10 @@ class RelayPlanner:
         rule = self.rule()
         if rule is None:
             return
-        decode = step.q_lens == 1
-        root = np.where(decode, step.req_slot, -1)
+        can = self._can_share(step)
+        root = np.where(can, step.req_slot, -1)
         if self.auto_levels and step.block_table is not None:
-            shareable = np.where(decode, (step.seq_lens - 1) // self.page_size, 0)
+            shareable = np.where(can, (step.seq_lens - step.q_lens) // self.page_size, 0)
             table = step.block_table
         else:
             shareable, table = np.zeros(step.num_reqs, dtype=np.int32), np.zeros((step.num_reqs, 1), np.int32)
@@ -210,6 +211,12 @@ class RelayPlanner:
         if self.shared_path == "auto" and tree.saved_pages() * self.page_size < rule:
             return  # too little to pay the levels' launches: every request reads its own pages
         step.tree = tree
+
+    def _can_share(self, step) -> np.ndarray:
+        """Rows that may read levels: any row, as a level's pages all precede its first query token
+        (a decode token, or a prompt chunk whose shared part is cached: the n samples of a prompt,
+        requests over one document); with the fused Triton level (a token per row), decodes only."""
+        return step.q_lens > 0 if self.level_kernel == "flash" else step.q_lens == 1
 
     def _root_pages(self, step) -> np.ndarray:
         root_pages = np.zeros(self.num_slots, dtype=np.int32)
@@ -244,10 +251,9 @@ class RelayPlanner:
         query_start = cm.query_start_loc_cpu.numpy()
         if tree is not None:
             n = step.num_reqs
-            decode = step.q_lens == 1
-            ctx_front[:n] = np.where(decode, tree.row_front, ctx_front[:n])
+            ctx_front[:n] = np.where(self._can_share(step), tree.row_front, ctx_front[:n])
             ctx_skip[:n] = tree.row_skip
-            perm, cu, row_index = level_rows(tree, query_start[:n], T)
+            perm, cu, row_index = level_rows(tree, query_start[:n], T, step.q_lens)
             if not graph:  # the fusion loops over the depth this step has (a graph: over max_depth)
                 row_index = row_index[: max(1, int((row_index >= 0).any(axis=1).sum()))]
         else:
@@ -296,10 +302,12 @@ class RelayPlanner:
                     max_seqlen_k=self.level_table.shape[1] * self.page_size if graph else int(lens.max(initial=0)),
                     block_table=self.level_table[:groups])
         row_index_view = self._row_index[: depth * T].view(depth, T)
-        if self.level_kernel == "flash":
+        if self.level_kernel == "flash" and rows <= self.max_rows:  # persistent buffers (graphs need them)
             level = SharedLevel(perm=self.perm[:rows], row_index=row_index_view, call=call,
                                 q_buf=self.q_buf[:rows], out_buf=self.out_buf[:rows],
                                 num_rows=self.cu[groups: groups + 1] if self.device.type == "cuda" else None)
+        elif self.level_kernel == "flash":  # an eager step with long prompt chunks: buffers of its own
+            level = SharedLevel(perm=self.perm[:rows], row_index=row_index_view, call=call)
         else:
             fused = dict(perm=self.perm[:rows], tiles=self.tiles[:n_tiles], group_pages=self.level_table[:groups],
                          group_lens=self.lens[:groups], ws=self.ws, num_splits=splits)

@@ -14,8 +14,8 @@ a node that is not one hands its run down to its children, so that each row's le
 contiguous span of its pages: `[front pages ; own pages 0 .. skip)`. The rest of its own pages
 (and the front pages, when no level took them: the prefix path) is its context, read per request.
 
-Rows that cannot share (prefill chunks, padding) and rows whose node is too small keep everything
-in their context. Every decision only moves pages between a level and the context: exact either way.
+Rows that cannot share (padding, a first prompt chunk with nothing cached) and rows whose node is
+too small keep everything in their context. Every decision only moves pages between a level and the context: exact either way.
 """
 
 from __future__ import annotations
@@ -94,9 +94,9 @@ def find_levels(block_table: np.ndarray, shareable: np.ndarray, root: np.ndarray
 
     Args:
         block_table: int32 [>= B, W], each row's own pages (vLLM's host block table).
-        shareable: int32 [B], leading own pages each row may read through a level: whole pages
-            before its query tokens for a decode row, 0 for a row that cannot share (a prefill
-            chunk, padding).
+        shareable: int32 [B], leading own pages each row may read through a level: the whole
+            pages before its first query token (a decode token or a prompt chunk), 0 for a row that
+            cannot share (padding).
         root: int32 [B], each row's registered system prompt (slot), -1 for none.
         root_pages: int32 [num_slots], each slot's pages.
         rule: when a node becomes a level.
@@ -210,13 +210,18 @@ def _agreement(block_table, rows, rep, c0, lim) -> np.ndarray:
     return agree
 
 
-def level_rows(tree: LevelTree, row_token: np.ndarray, num_tokens: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The levels' query rows: each member row's (one) token, grouped by level.
+def level_rows(tree: LevelTree, row_token: np.ndarray, num_tokens: int,
+               row_len: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The levels' query rows: every query token of each member row, grouped by level.
+
+    A level's pages all precede each member row's first query token (a decode token, or a chunk of
+    a prompt whose shared part is already in the cache), so all of the row's tokens read it whole.
 
     Args:
-        tree: the step's `LevelTree` (its members are decode rows: one token each).
-        row_token: int [B], each row's token (its query start).
+        tree: the step's `LevelTree`.
+        row_token: int [B], each row's first query token.
         num_tokens: T, the step's tokens.
+        row_len: int [B], each row's query tokens (None: one each, a decode batch).
 
     Returns:
         (perm int32 [N], cu int32 [G + 1], row_index int32 [max_depth, T]): `perm[i]` is the token
@@ -229,13 +234,20 @@ def level_rows(tree: LevelTree, row_token: np.ndarray, num_tokens: int) -> tuple
         >>> perm, cu, idx = level_rows(t, np.array([0, 1, 2]), 3)
         >>> perm.tolist(), cu.tolist(), idx.tolist()
         ([0, 1, 2, 0, 1], [0, 3, 5], [[0, 1, 2], [3, 4, -1]])
+        >>> perm, cu, idx = level_rows(t, np.array([0, 1, 3]), 4, np.array([1, 2, 1]))  # row 1: 2 tokens
+        >>> perm.tolist(), cu.tolist()
+        ([0, 1, 2, 3, 0, 1, 2], [0, 4, 7])
     """
     rows, depth = np.nonzero(tree.row_groups >= 0)
     g = tree.row_groups[rows, depth]
     order = np.argsort(g, kind="stable")
-    tokens = np.asarray(row_token)[rows[order]].astype(np.int32)
+    rows, depth, g = rows[order], depth[order], g[order]
+    lens = np.ones(rows.shape[0], dtype=np.int64) if row_len is None else np.asarray(row_len, dtype=np.int64)[rows]
+    total = int(lens.sum())
+    first = np.cumsum(lens) - lens  # each (row, level) entry's first level row
+    tokens = (np.repeat(np.asarray(row_token, dtype=np.int64)[rows] - first, lens) + np.arange(total)).astype(np.int32)
     cu = np.zeros(tree.num_groups + 1, dtype=np.int32)
-    np.cumsum(np.bincount(g, minlength=tree.num_groups), out=cu[1:])
+    np.cumsum(np.bincount(g, weights=lens, minlength=tree.num_groups).astype(np.int64), out=cu[1:])
     row_index = np.full((tree.row_groups.shape[1], num_tokens), -1, dtype=np.int32)
-    row_index[depth[order], tokens] = np.arange(tokens.shape[0], dtype=np.int32)
+    row_index[np.repeat(depth, lens), tokens] = np.arange(total, dtype=np.int32)
     return tokens, cu, row_index
