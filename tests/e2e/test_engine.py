@@ -28,6 +28,6 @@ def test_relay_matches_vllm_cpu_backend(name, tmp_path):
                                    "prompts": prompts}, tmp_path, "relay")
     default, default_log = run_engine({"engine": {"model": model}, "prompts": prompts}, tmp_path, "default")
 
-    assert "vllm-relay: relay attention backend active, implementation: cpu-torch" in relay_log
+    assert "vllm-relay: relay attention backend active, implementation: cpu (vLLM's CPU attention kernel" in relay_log
     assert "relay attention backend active" not in default_log  # only when asked for
     assert_same_outputs(relay["outputs"], default["outputs"])

@@ -1,20 +1,25 @@
-"""The relay backend on vLLM's CPU platform: pure torch, over a paged KV cache it owns.
+"""The relay backend on vLLM's CPU platform: vLLM's CPU attention, extended.
 
-It keeps FlashAttention's cache layout (logical [blocks, kv_heads, block_size, 2 * head_size],
-physically block-major), so that the CPU and CUDA backends share one plan (the same planner) and
-one attention path: `relay_attention` with `varlen_attention_torch` standing in for FlashAttention.
+Subclassing vLLM's CPU backend keeps its KV-cache layout ([blocks, kv_heads, block_size, 2 * head
+size], K then V in each block), its cache writes and its attention kernel. Each step the planner
+(the same as on CUDA) writes the context tables, each request's pages past its levels, with its
+slot's pages in front on the prefix path:
+
+* no level: vLLM's CPU kernel (`cpu_attention_with_kv_cache`) over the context tables, one call;
+* otherwise `ops.relay_attention` in torch (`varlen_attention_torch`, which returns the LSE that
+  vLLM's kernel does not), the levels and the fusion.
 """
 
-from dataclasses import dataclass
+import functools
 from typing import ClassVar
 
 import torch
-from vllm.v1.attention.backend import (
-    AttentionBackend,
-    AttentionImpl,
-    AttentionMetadataBuilder,
-    AttentionType,
-    CommonAttentionMetadata,
+from vllm import _custom_ops as ops
+from vllm.v1.attention.backend import AttentionType
+from vllm.v1.attention.backends.cpu_attn import (
+    CPUAttentionBackend,
+    CPUAttentionBackendImpl,
+    CPUAttentionMetadataBuilder,
 )
 
 from vllm_relay.attention import step as relay_step
@@ -23,10 +28,31 @@ from vllm_relay.attention.planner import RelayPlanner
 from vllm_relay.ops import RelayPlan, relay_attention, varlen_attention_torch
 
 
-class RelayCPUBackend(AttentionBackend):
-    supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float32, torch.bfloat16, torch.float16]
+def torch_views(key_cache: torch.Tensor, value_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """FlashAttention-layout views [blocks, block_size, kv_heads, D] of the halves of vLLM's CPU cache
+    (each [blocks, kv_heads, block_size, D] in memory), for the torch levels: its cache writes store
+    V plainly and K transposed, [D, block_size] per block and head (what its kernel reads). No copy."""
+    nb, h, bs, d = key_cache.shape
+    k = key_cache.as_strided((nb, bs, h, d), (key_cache.stride(0), 1, key_cache.stride(1), bs))
+    return k, value_cache.transpose(1, 2)
+
+
+@functools.lru_cache(maxsize=None)
+def torch_views_match(isa: str, dtype: torch.dtype, block_size: int, head_size: int) -> bool:
+    """Whether `torch_views` reads back what vLLM's cache writes store for this ISA (probed once)."""
+    kv = torch.zeros(2, 2, block_size, 2 * head_size, dtype=dtype)
+    key_cache, value_cache = kv.view(2, 2, 2 * block_size, head_size).chunk(2, dim=2)
+    n = 2 * block_size
+    key = (torch.arange(n * 2 * head_size) % 251).reshape(n, 2, head_size).to(dtype)  # exact in 16 bits
+    value = key.flip(0)
+    ops.cpu_attn_reshape_and_cache(key, value, key_cache, value_cache, torch.arange(n), isa,
+                                   k_scale=1.0, v_scale=1.0, kv_cache_dtype="auto")
+    k, v = torch_views(key_cache, value_cache)
+    return torch.equal(k.flatten(0, 1), key) and torch.equal(v.flatten(0, 1), value)
+
+
+class RelayCPUBackend(CPUAttentionBackend):
     supported_kv_cache_dtypes: ClassVar[list[str]] = ["auto", "float32", "float16", "bfloat16"]
-    forward_includes_kv_cache_update = False
 
     @staticmethod
     def get_name() -> str:
@@ -40,36 +66,16 @@ class RelayCPUBackend(AttentionBackend):
     def get_builder_cls() -> type["RelayCPUMetadataBuilder"]:
         return RelayCPUMetadataBuilder
 
-    @staticmethod
-    def get_kv_cache_shape(num_blocks, block_size, num_kv_heads, head_size, cache_dtype_str="auto"):
-        return (num_blocks, num_kv_heads, block_size, 2 * head_size)
-
-    @staticmethod
-    def get_kv_cache_stride_order(include_num_layers_dimension: bool = False) -> tuple[int, ...]:
-        # Physically [blocks, block_size, kv_heads, 2 * head_size], as FlashAttention's NHD.
-        return (1, 0, 3, 2, 4) if include_num_layers_dimension else (0, 2, 1, 3)
-
-    @classmethod
-    def get_supported_head_sizes(cls) -> list[int]:
-        return []  # any head size: torch has no tile constraints
-
-    @classmethod
-    def supports_compute_capability(cls, capability) -> bool:
-        return True
-
     @classmethod
     def supports_attn_type(cls, attn_type: str) -> bool:
         return attn_type == AttentionType.DECODER
 
-
-@dataclass
-class RelayCPUMetadata:
-    num_actual_tokens: int
-    slot_mapping: torch.Tensor
-    plan: RelayPlan
+    @staticmethod
+    def use_cascade_attention(*args, **kwargs) -> bool:
+        return False
 
 
-class RelayCPUMetadataBuilder(AttentionMetadataBuilder[RelayCPUMetadata]):
+class RelayCPUMetadataBuilder(CPUAttentionMetadataBuilder):
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         from vllm_relay.hooks.runner import apply_worker
@@ -77,43 +83,28 @@ class RelayCPUMetadataBuilder(AttentionMetadataBuilder[RelayCPUMetadata]):
         apply_worker()
         self.planner = RelayPlanner(vllm_config, kv_cache_spec, device, num_layers=len(layer_names))
 
-    def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
-              fast_build: bool = False) -> RelayCPUMetadata:
+    def build(self, common_prefix_len, common_attn_metadata, fast_build: bool = False):
         cm = common_attn_metadata
         plan = self.planner.plan(cm, relay_step.current(cm.num_reqs, cm.num_actual_tokens))
         ctx = cm if plan is None else plan.context
+        meta = super().build(0, ctx, fast_build)  # vLLM's kernel schedule over the context tables
         context = dict(cu_seqlens_q=ctx.query_start_loc, seqused_k=ctx.seq_lens, max_seqlen_q=ctx.max_query_len,
                        max_seqlen_k=ctx.max_seq_len, block_table=ctx.block_table_tensor)
-        shared = [plan.level] if plan is not None and plan.run_level else []
-        return RelayCPUMetadata(cm.num_actual_tokens, cm.slot_mapping, RelayPlan(context, shared))
+        meta.relay = RelayPlan(context, [plan.level] if plan is not None and plan.run_level else [])
+        return meta
 
 
-class RelayCPUImpl(AttentionImpl):
+class RelayCPUImpl(CPUAttentionBackendImpl):
     def __init__(self, num_heads, head_size, scale, num_kv_heads, alibi_slopes, sliding_window,
                  kv_cache_dtype, logits_soft_cap=None, attn_type=AttentionType.DECODER,
                  kv_sharing_target_layer_name=None, sinks=None) -> None:
         check_layer("CPU", alibi_slopes=alibi_slopes, sliding_window=sliding_window,
                     logits_soft_cap=logits_soft_cap, attn_type=attn_type, sinks=sinks,
                     kv_sharing_target_layer_name=kv_sharing_target_layer_name)
-        self.num_heads = num_heads
-        self.head_size = head_size
-        self.scale = float(scale)
-        self.num_kv_heads = num_kv_heads
         check_engine()
-        log_active("cpu-torch (paged varlen attention in torch)")
-
-    def _split(self, kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # (blocks, kv_heads, block_size, 2D) -> two (blocks, block_size, kv_heads, D) views
-        return kv_cache.transpose(1, 2).split(self.head_size, dim=-1)
-
-    def do_kv_cache_update(self, layer, key, value, kv_cache, slot_mapping) -> None:
-        key_cache, value_cache = self._split(kv_cache)
-        n = slot_mapping.shape[0]  # key/value may be padded past the scheduled tokens
-        keep = slot_mapping >= 0
-        slots = slot_mapping[keep].long()
-        # .view (never a copy): the writes must land in the cache itself.
-        key_cache.view(-1, *key_cache.shape[2:])[slots] = key[:n][keep].to(key_cache.dtype)
-        value_cache.view(-1, *value_cache.shape[2:])[slots] = value[:n][keep].to(value_cache.dtype)
+        super().__init__(num_heads, head_size, scale, num_kv_heads, alibi_slopes, sliding_window,
+                         kv_cache_dtype, logits_soft_cap, attn_type, kv_sharing_target_layer_name, sinks)
+        log_active(f"cpu (vLLM's CPU attention kernel, isa {self.isa}; the shared levels in torch)")
 
     def forward(self, layer, query, key, value, kv_cache, attn_metadata, output,
                 output_scale=None, output_block_scale=None) -> torch.Tensor:
@@ -122,7 +113,20 @@ class RelayCPUImpl(AttentionImpl):
         if attn_metadata is None:  # profiling run
             return output
         n = attn_metadata.num_actual_tokens
-        key_cache, value_cache = self._split(kv_cache)
-        relay_attention(query[:n], key_cache, value_cache, attn_metadata.plan, output[:n], self.scale,
-                        attn_fn=varlen_attention_torch)
+        num_blocks, num_kv_heads, block_size, _ = kv_cache.shape
+        key_cache, value_cache = kv_cache.view(num_blocks, num_kv_heads, 2 * block_size, -1).chunk(2, dim=2)
+        plan = attn_metadata.relay
+        if not plan.shared:  # vLLM's own kernel over the context tables (the cache was written already)
+            ops.cpu_attention_with_kv_cache(
+                query=query[:n], key_cache=key_cache, value_cache=value_cache, output=output[:n],
+                query_start_loc=attn_metadata.query_start_loc, seq_lens=attn_metadata.seq_lens, scale=self.scale,
+                causal=True, alibi_slopes=None, sliding_window=-1, block_table=attn_metadata.block_table,
+                softcap=0, scheduler_metadata=attn_metadata.scheduler_metadata, s_aux=None,
+                kv_cache_dtype=self.kv_cache_dtype)
+            return output
+        if not torch_views_match(self.isa, kv_cache.dtype, block_size, self.head_size):
+            raise RuntimeError(f"vllm-relay: the shared levels cannot read vLLM's CPU KV cache with ISA {self.isa!r} "
+                               "(an unknown block layout); use shared_path 'auto' or 'never' on this machine")
+        k, v = torch_views(key_cache, value_cache)
+        relay_attention(query[:n], k, v, plan, output[:n], self.scale, attn_fn=varlen_attention_torch)
         return output

@@ -39,12 +39,13 @@ from vllm_relay.stats import sum_stats
 # the shared path won from 16 (MHA) / 64 (GQA) requests when its launches were paid eagerly, i.e.
 # from about 15 and 63 times 2048 tokens not read again; to be measured again for the level kinds
 # of benchmarks/bench_layer.py (--only levels).
-# On the CPU (torch attention, benchmarks/bench_cpu_attention.py) the context call copies every KV
-# block it reads, so a level pays for itself much sooner: 64 requests over a 512-token prompt ran
-# their attention in 0.71 s with levels against 5.07 s without (tiny GQA model, 2 cores).
-# Keyed by (device type, GQA: query heads per KV head > 1).
+# On the CPU the context call is vLLM's CPU attention kernel, and the levels run in torch (the
+# kernel gives no LSE): there the levels never paid for themselves (benchmarks/bench_cpu_attention.py,
+# tiny GQA model, 2 cores: attention 4.9x vLLM's CPU backend with levels against 1.02x on the prefix
+# path at 64 requests over a 512-token prompt, 9.3x against 0.94x at 128 over 900), so "auto" plans
+# none; "always" still runs them (the CPU exactness tests). Keyed by (device type, GQA > 1).
 MIN_SAVED_TOKENS = {("cuda", False): 15 * 2048, ("cuda", True): 63 * 2048,
-                    ("cpu", False): 2048, ("cpu", True): 2048}
+                    ("cpu", False): float("inf"), ("cpu", True): float("inf")}
 # Levels per token at most (a fixed count for CUDA graphs: few-shot -> problem -> samples, under a
 # system prompt); deeper sharing is read in the context.
 MAX_LEVELS = 4
@@ -193,7 +194,8 @@ class RelayPlanner:
         this as soon as the step's inputs are prepared: vLLM then picks the CUDA graph by it."""
         step.tree, step.levels_planned = None, True
         rule = self.rule()
-        if rule is None:
+        least = MIN_SAVED_TOKENS["cuda" if self.device.type == "cuda" else "cpu", self.gqa > 1]
+        if rule is None or (self.shared_path == "auto" and least == float("inf")):
             return
         can = self._can_share(step)
         root = np.where(can, step.req_slot, -1)
@@ -207,8 +209,7 @@ class RelayPlanner:
         tree = find_levels(table, shareable, root, self._root_pages(step), rule)
         if tree.num_groups == 0:
             return
-        rule = MIN_SAVED_TOKENS["cuda" if self.device.type == "cuda" else "cpu", self.gqa > 1]
-        if self.shared_path == "auto" and tree.saved_pages() * self.page_size < rule:
+        if self.shared_path == "auto" and tree.saved_pages() * self.page_size < least:
             return  # too little to pay the levels' launches: every request reads its own pages
         step.tree = tree
 
