@@ -3,7 +3,7 @@
 Subclassing keeps FlashAttention's KV-cache layout, cache writes (`reshape_and_cache_flash`),
 AOT scheduling, CUDA-graph support and validation consistent with the vLLM release we pin.
 System prompts live in pages of the same paged cache. Each step the builder plans (once) the
-levels, runs of pages that several decode requests read (a system prompt, what the prefix cache
+levels, runs of pages that several requests read (decodes, and prompt chunks over what is cached) (a system prompt, what the prefix cache
 shares below it), each read once for all of them, and the context tables, each request's pages
 past its levels (with its slot's pages in front on the prefix path):
 
