@@ -4,8 +4,8 @@ Subclassing keeps FlashAttention's KV-cache layout, cache writes (`reshape_and_c
 AOT scheduling, CUDA-graph support and validation consistent with the vLLM release we pin.
 System prompts live in pages of the same paged cache. Each step the builder plans (once) the
 levels, runs of pages that several requests read, decode tokens and prompt chunks alike (a system
-prompt, what the prefix cache shares below it), each read once for all of them, and the context tables, each request's pages
-past its levels (with its slot's pages in front on the prefix path):
+prompt, what the prefix cache shares below it), each read once for all of them, and the context
+tables, each request's pages past its levels (with its slot's pages in front on the prefix path):
 
 * no level: FlashAttention's own forward over the context tables, one call;
 * otherwise `ops.relay_attention`: the context call with LSE, one grouped call over every level,

@@ -8,8 +8,8 @@ without levels are all just values (zero-length groups, row index -1, no front p
 
 Each step gives:
 * the levels: the runs of pages that several requests read, decode tokens and prompt chunks
-  alike (a registered system prompt, and below it whatever the prefix cache shares: a document, the prompt of n samples), each read once
-  by one grouped call for all the tokens under it (`ops.find_levels`);
+  alike (a registered system prompt, and below it whatever the prefix cache shares: a document,
+  the prompt of n samples), each read once by one grouped call for all the tokens under it (`ops.find_levels`);
 * the context tables: each request's own pages past its levels, with its slot's pages in front for a
   relay request whose system prompt is no level (the prefix path; `ops.prefix_block_table`).
 """

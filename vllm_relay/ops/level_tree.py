@@ -15,7 +15,8 @@ contiguous span of its pages: `[front pages ; own pages 0 .. skip)`. The rest of
 (and the front pages, when no level took them: the prefix path) is its context, read per request.
 
 Rows that cannot share (padding, a first prompt chunk with nothing cached) and rows whose node is
-too small keep everything in their context. Every decision only moves pages between a level and the context: exact either way.
+too small keep everything in their context. Every decision only moves pages between a level and
+the context: exact either way.
 """
 
 from __future__ import annotations
