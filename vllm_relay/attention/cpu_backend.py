@@ -70,6 +70,14 @@ class RelayCPUBackend(CPUAttentionBackend):
     def supports_attn_type(cls, attn_type: str) -> bool:
         return attn_type == AttentionType.DECODER
 
+    @classmethod
+    def supports_sliding_window(cls) -> bool:
+        return False  # relay's levels and prefix path read every shared page
+
+    @classmethod
+    def supports_non_causal(cls) -> bool:
+        return False
+
     @staticmethod
     def use_cascade_attention(*args, **kwargs) -> bool:
         return False
