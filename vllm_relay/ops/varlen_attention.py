@@ -103,18 +103,9 @@ def varlen_attention_torch(q, k_cache=None, v_cache=None, cu_seqlens_q=None, seq
 
 
 def _gather_blocks(k_cache, v_cache, table, k_len):
-    """The first `k_len` tokens of the blocks in `table` [n, W]: K and V, [n, k_len, Hkv, D] each,
-    fp32. When K and V are the two halves of one block-major cache (the relay CPU backend's
-    [blocks, block_size, Hkv, 2 * D]), whole blocks are copied at once."""
-    nb, bs, Hkv, D = k_cache.shape
+    """The first `k_len` tokens of the blocks in `table` [n, W]: K and V, [n, k_len, Hkv, D] each, fp32."""
     n, w = table.shape
-    elem = k_cache.element_size()
-    if (k_cache.stride() == v_cache.stride() and k_cache.stride()[2:] == (2 * D, 1)
-            and k_cache.stride(1) == Hkv * 2 * D and k_cache.stride(0) == bs * Hkv * 2 * D
-            and v_cache.data_ptr() == k_cache.data_ptr() + D * elem):
-        kv = k_cache.as_strided((nb, bs, Hkv, 2 * D), k_cache.stride())
-        kv = kv.index_select(0, table.flatten()).view(n, w * bs, Hkv, 2 * D)[:, :k_len].float()
-        return kv[..., :D], kv[..., D:]
+    bs, Hkv, D = k_cache.shape[1:]
     k = k_cache.index_select(0, table.flatten()).view(n, w * bs, Hkv, D)[:, :k_len].float()
     v = v_cache.index_select(0, table.flatten()).view(n, w * bs, Hkv, D)[:, :k_len].float()
     return k, v
