@@ -4,7 +4,13 @@ per block ([D, block_size]) and V plainly; `torch_views` must read back exactly 
 import pytest
 import torch
 
-pytest.importorskip("vllm._C")
+from vllm.platforms import current_platform  # noqa: E402
+
+# The CPU kernels as vLLM itself loads them: the build for this machine's ISA (`vllm._C` is the
+# AVX-512 BF16 build; importing it directly on an AVX2-only CPU kills the process).
+current_platform.import_kernels()
+if not hasattr(torch.ops._C, "cpu_attn_reshape_and_cache"):
+    pytest.skip("vLLM's CPU kernels are not built for this machine", allow_module_level=True)
 from vllm import _custom_ops as ops  # noqa: E402
 from vllm.v1.attention.backends.cpu_attn import _get_attn_isa  # noqa: E402
 
