@@ -9,6 +9,9 @@
 #               with the registered prompt only, default, cascade, ceiling
 #   plain3      nothing shared: 1000 requests (128 in / 256 out), vLLM's default and the relay backend,
 #               each run twice on its engine (bench_throughput.py noprefix, noprefix-relay)
+#   plainx      nothing shared, settled: vLLM's default and the relay backend on warm engines side by
+#               side (0.45 of the GPU each), $ROUNDS interleaved rounds of the plain3 requests
+#               (bench_interleaved.py)
 #   single3     the registered single-prompt workload (P=2048, 1000 requests): default, relay, no prompt
 #   spy2        where the engine's host time goes on one samples point ($PS, $NS; each of $CONFIGS in
 #               turn, vLLM's per-step log on): py-spy over every process, idle stacks included, raw
@@ -34,6 +37,8 @@ for step in "$@"; do
                 --max-model-len 8192 --out "$out/sharing_tree_llama2.json" ;;
     plain3) $bt --model "$m3" --prefix-len 2048 --num-prompts 1000 --max-model-len 4096 --repeat 2 \
                 --configs noprefix,noprefix-relay --out "$out/sharing_plain_llama3.json" ;;
+    plainx) python3 benchmarks/bench_interleaved.py --model "$m3" --configs noprefix,noprefix-relay \
+                --rounds "${ROUNDS:-3}" --gpu-memory-utilization 0.45 --out "$out/plain_interleaved_llama3.json" ;;
     spy2) for c in ${CONFIGS//,/ }; do
             timeout 300 "${PYSPY:-py-spy}" record -r 50 --idle --threads --subprocesses -f raw -o "$out/spy_$c.txt" -- \
               $sb --model "$m2" --workloads samples --prefix-lens "$PS" --ns "$NS" --worker "$c" --iteration-details \

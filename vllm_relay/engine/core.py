@@ -28,6 +28,7 @@ from typing import Any
 from vllm_relay.config import RelayConfig, check_prompt_name, check_prompt_spec
 from vllm_relay.engine.admin import RelayAdmin
 from vllm_relay.engine.fills import Fills
+from vllm_relay.engine.hashes import PromptHashMemo
 from vllm_relay.engine.pages import PromptPages
 from vllm_relay.engine.refills import Refills
 from vllm_relay.engine.requests import (
@@ -107,6 +108,8 @@ class RelayEngine:
         relay = cls(core, RelayConfig.from_vllm(core.vllm_config.additional_config))
         setattr(core, ENGINE_ATTR, relay)
         setattr(core.scheduler, ENGINE_ATTR, relay)
+        if core.request_block_hasher is not None:  # n samples of one prompt: its blocks hashed once
+            core.request_block_hasher = PromptHashMemo(core.request_block_hasher)
         # Utility calls (`call_utility("relay_stats")`) look methods up on the EngineCore object.
         core.relay_register_system_prompt = relay.register_system_prompt
         core.relay_unregister_system_prompt = relay.unregister_system_prompt
