@@ -8,6 +8,7 @@ configuration keeps its engine alive in its own process, all on the one GPU at o
 and the driver runs the same workload on each in turn, `--rounds` times: whatever drifts (clocks,
 the host, warm-up) falls on every configuration alike. Reported: every run, the median and the
 spread per configuration, the ratio of medians and each round's ratio against the first config.
+Each engine first serves 32 of the requests for 4 tokens (its one-off start-up costs), untimed.
 
 Configurations and workloads are bench_throughput.py's (`noprefix`, `noprefix-relay`, `default`,
 `relay`, ...; `single`, `multi`). Usage (GPU host):
@@ -40,6 +41,8 @@ def worker(args):
     llm = LLM(**kw)
     params = [SamplingParams(temperature=1.0, top_p=1.0, ignore_eos=True, max_tokens=n) for n in out_lens]
     inputs = [TokensPrompt(prompt_token_ids=p) for p in prompts]
+    # First requests of an engine pay one-off costs (allocator growth, lazy compilations): out of the rounds
+    llm.generate(inputs[:32], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
     print("READY", flush=True)
     for line in sys.stdin:
         if line.strip() != "run":
