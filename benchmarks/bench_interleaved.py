@@ -30,6 +30,8 @@ from bench_throughput import engine_kwargs, strip_system, workload  # noqa: E402
 
 def worker(args):
     """One configuration's engine; answers each `run` line on stdin with one RUN line."""
+    if args.worker in ("v1", "noprefix-v1"):  # vLLM's default backend on the V1 runner (relay's)
+        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
