@@ -8,7 +8,9 @@ configuration keeps its engine alive in its own process, all on the one GPU at o
 and the driver runs the same workload on each in turn, `--rounds` times: whatever drifts (clocks,
 the host, warm-up) falls on every configuration alike. Reported: every run, the median and the
 spread per configuration, the ratio of medians and each round's ratio against the first config.
-Each engine first serves 32 of the requests for 4 tokens (its one-off start-up costs), untimed.
+Each engine first serves 32 of the requests for 4 tokens (its one-off start-up costs), untimed, and
+its prefix cache is reset before every round: each round sends the same requests to a cold cache, as
+the first did (without the reset, later rounds find their prompts cached).
 
 Configurations and workloads are bench_throughput.py's (`noprefix`, `noprefix-relay`, `default`,
 `relay`, ...; `single`, `multi`). Usage (GPU host):
@@ -49,6 +51,7 @@ def worker(args):
     for line in sys.stdin:
         if line.strip() != "run":
             break
+        llm.reset_prefix_cache()  # every round the same cold-cache workload (a registered prompt refills)
         t0 = time.perf_counter()
         outs = llm.generate(inputs, params, use_tqdm=False)
         elapsed = time.perf_counter() - t0
