@@ -135,11 +135,12 @@ def main():
     p.add_argument("--max-model-len", type=int, default=4096)
     p.add_argument("--multi-system-lens", default="512,1024,2048,4096")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--iteration-details", action="store_true", help="vLLM's per-step log, in <out>.<config>.log")
     p.add_argument("--out")
     p.add_argument("--worker")
     args = p.parse_args()
     # bench_throughput's engine_kwargs reads these; they stay at its defaults here
-    args.tensor_parallel_size, args.iteration_details, args.shared_path, args.profile = 1, False, None, None
+    args.tensor_parallel_size, args.shared_path, args.profile = 1, None, None
     if args.worker:
         return worker(args)
     engines = []
