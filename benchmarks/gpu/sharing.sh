@@ -12,6 +12,10 @@
 #   plainx      nothing shared, settled: vLLM's default and the relay backend on warm engines side by
 #               side (0.45 of the GPU each), $ROUNDS interleaved rounds of the plain3 requests
 #               (bench_interleaved.py)
+#   prof1024    where relay's time goes at n=1024 (P=$PPROF, default 4096), relay against the cascade: vLLM's
+#               torch profiler over 6 decode steps after 40 and the per-step log (<out>/prof1024.*)
+#   plainx5     plainx with 5 rounds, vLLM's backend on the V1 runner alongside (0.3 of the GPU each)
+#               and vLLM's per-step log of every round (<out>/plain_runners_llama3.*.log)
 #   single3     the registered single-prompt workload (P=2048, 1000 requests): default, relay, no prompt
 #   spy2        where the engine's host time goes on one samples point ($PS, $NS; each of $CONFIGS in
 #               turn, vLLM's per-step log on): py-spy over every process, idle stacks included, raw
@@ -39,6 +43,10 @@ for step in "$@"; do
                 --configs noprefix,noprefix-relay --out "$out/sharing_plain_llama3.json" ;;
     plainx) python3 benchmarks/bench_interleaved.py --model "$m3" --configs noprefix,noprefix-relay \
                 --rounds "${ROUNDS:-3}" --gpu-memory-utilization 0.45 --out "$out/plain_interleaved_llama3.json" ;;
+    prof1024) $sb --model "$m2" --workloads samples --prefix-lens "${PPROF:-4096}" --ns 1024 --configs relay,cascade \
+                --iteration-details --profile 40,6 --out "$out/prof1024.json" ;;
+    plainx5) python3 benchmarks/bench_interleaved.py --model "$m3" --configs noprefix,noprefix-v1,noprefix-relay \
+                --rounds 5 --gpu-memory-utilization 0.3 --iteration-details --out "$out/plain_runners_llama3.json" ;;
     spy2) for c in ${CONFIGS//,/ }; do
             timeout 300 "${PYSPY:-py-spy}" record -r 50 --idle --threads --subprocesses -f raw -o "$out/spy_$c.txt" -- \
               $sb --model "$m2" --workloads samples --prefix-lens "$PS" --ns "$NS" --worker "$c" --iteration-details \
