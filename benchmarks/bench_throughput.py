@@ -120,8 +120,14 @@ def profile_dir(args, config) -> str:
 
 
 def drop_traces(args, config) -> None:
-    """Keep vLLM's kernel table (profiler_out_0.txt), not the traces (large)."""
-    for trace in glob.glob(os.path.join(profile_dir(args, config), "*.pt.trace.json*")):
+    """Keep vLLM's kernel table (profiler_out_0.txt) and each trace's steps (trace_steps.py: cycle,
+    GPU busy and idle time, busy time by kernel family), not the traces (large)."""
+    from trace_steps import load, steps, summary
+
+    for i, trace in enumerate(sorted(glob.glob(os.path.join(profile_dir(args, config), "*.pt.trace.json*")))):
+        rows = steps(load(trace))
+        with open(os.path.join(profile_dir(args, config), f"steps_{i}.json"), "w") as f:
+            json.dump({"trace": os.path.basename(trace), "summary": summary(rows), "steps": rows}, f, indent=1)
         os.remove(trace)
 
 

@@ -1,0 +1,111 @@
+"""Engine steps in a torch-profiler trace: each step's cycle time, GPU busy time by kernel family, idle.
+
+vLLM's torch profiler (`--profile DELAY,STEPS` of bench_throughput.py / bench_sharing.py) writes a
+Chrome trace per worker. Its GPU-side annotations `execute_context_<R>(<T>)_generation_<R>(<T>)`
+mark each step; its kernels carry their GPU start and duration. For each step (from one annotation
+to the next) this reports:
+  cycle   the time from the step's start to the next step's start (what the engine pays per step)
+  busy    the union of the kernels' intervals in that span (the GPU at work)
+  idle    cycle - busy (the GPU waiting on the host: scheduling, inputs, sampling, output)
+  and busy time per kernel family (attention, relay's own kernels, GEMMs, the rest).
+The last annotated step has no next start and is left out. Without GPU-side annotations in the
+trace, the host's (`user_annotation`, launch times) mark the steps instead. Traces are large: run this on the GPU
+host and keep its JSON (bench_throughput.py does when it drops the traces).
+Usage: python3 benchmarks/trace_steps.py TRACE.json[.gz] [--out steps.json]
+"""
+
+import argparse
+import gzip
+import json
+import re
+import statistics
+
+STEP = re.compile(r"execute_context_(\d+)\((\d+)\)_generation_(\d+)\((\d+)\)")
+FAMILIES = [  # first match wins
+    ("relay", re.compile(r"_fuse_in_place_kernel|_relay_fusion_kernel|_gather_rows_kernel|"
+                         r"_prefix_block_table_kernel|_level_kernel")),
+    ("attention", re.compile(r"flash|FlashAttn|attention|paged", re.I)),
+    ("gemm", re.compile(r"nvjet|gemm|xmma|cutlass.*(Kernel|kernel)|sm90_", re.I)),
+]
+
+
+def family(name: str) -> str:
+    for fam, pat in FAMILIES:
+        if pat.search(name):
+            return fam
+    return "other"
+
+
+def load(path: str) -> list[dict]:
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as f:
+        data = json.load(f)
+    return data["traceEvents"] if isinstance(data, dict) else data
+
+
+def union_length(intervals: list[tuple[float, float]]) -> float:
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        if b <= end:
+            continue
+        total += b - max(a, end)
+        end = b
+    return total
+
+
+def step_marks(events: list[dict], cat: str) -> list[dict]:
+    return sorted((e for e in events if e.get("ph") == "X" and e.get("cat") == cat
+                   and STEP.fullmatch(e.get("name", ""))), key=lambda e: e["ts"])
+
+
+def steps(events: list[dict]) -> list[dict]:
+    """One row per annotated step that has a next step (times in us)."""
+    marks = step_marks(events, "gpu_user_annotation") or step_marks(events, "user_annotation")
+    kernels = sorted((e for e in events if e.get("ph") == "X" and e.get("cat") == "kernel"), key=lambda e: e["ts"])
+    rows, k = [], 0
+    for mark, nxt in zip(marks, marks[1:]):
+        t0, t1 = float(mark["ts"]), float(nxt["ts"])
+        while k < len(kernels) and kernels[k]["ts"] < t0:
+            k += 1
+        spans, fams = [], {}
+        j = k
+        while j < len(kernels) and kernels[j]["ts"] < t1:
+            a = float(kernels[j]["ts"])
+            b = min(a + float(kernels[j]["dur"]), t1)
+            spans.append((a, b))
+            f = family(kernels[j]["name"])
+            fams[f] = fams.get(f, 0.0) + (b - a)
+            j += 1
+        ctx_reqs, ctx_tokens, gen_reqs, gen_tokens = map(int, STEP.fullmatch(mark["name"]).groups())
+        busy = union_length(spans)
+        rows.append({"ctx_reqs": ctx_reqs, "ctx_tokens": ctx_tokens, "gen_reqs": gen_reqs, "gen_tokens": gen_tokens,
+                     "cycle_us": t1 - t0, "busy_us": busy, "idle_us": t1 - t0 - busy, "families_us": fams})
+    return rows
+
+
+def summary(rows: list[dict]) -> dict:
+    """Medians over the steps, and totals (us)."""
+    if not rows:
+        return {"steps": 0}
+    fams = sorted({f for r in rows for f in r["families_us"]})
+    med = lambda key: statistics.median(r[key] for r in rows)  # noqa: E731
+    return {"steps": len(rows), "cycle_us_median": med("cycle_us"), "busy_us_median": med("busy_us"),
+            "idle_us_median": med("idle_us"),
+            "families_us_median": {f: statistics.median(r["families_us"].get(f, 0.0) for r in rows) for f in fams},
+            "cycle_us_total": sum(r["cycle_us"] for r in rows), "busy_us_total": sum(r["busy_us"] for r in rows)}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("trace")
+    p.add_argument("--out")
+    args = p.parse_args()
+    rows = steps(load(args.trace))
+    result = {"trace": args.trace, "summary": summary(rows), "steps": rows}
+    print(json.dumps(result["summary"], indent=1))
+    if args.out:
+        json.dump(result, open(args.out, "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,81 @@
+"""benchmarks/trace_steps.py: steps, GPU busy time (overlaps counted once), idle and kernel
+families from a torch-profiler trace, against a hand-built trace."""
+
+import gzip
+import importlib.util
+import json
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+spec = importlib.util.spec_from_file_location("trace_steps", BENCH / "trace_steps.py")
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+
+
+def mark(ts, name):
+    return {"ph": "X", "cat": "gpu_user_annotation", "name": name, "ts": ts, "dur": 1}
+
+
+def kernel(ts, dur, name):
+    return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur}
+
+
+EVENTS = [
+    mark(100, "execute_context_0(0)_generation_4(4)"),
+    kernel(110, 30, "nvjet_sm90_tst_128x64_64x8_1x2_h_bz_TNT"),
+    kernel(130, 20, "void cutlass::device_kernel<flash::enable_sm90_or_later<flash::FlashAttnFwdSm90<...>>>"),
+    kernel(160, 10, "_fuse_in_place_kernel"),
+    kernel(175, 5, "triton_red_fused_fused_add_rms_norm_2"),
+    mark(200, "execute_context_1(16)_generation_3(3)"),
+    kernel(205, 90, "_gather_rows_kernel"),
+    kernel(290, 30, "nvjet_sm90_tst_168x128_64x5_1x2_h_bz_TNN"),  # runs past the next step's start
+    mark(300, "execute_context_0(0)_generation_4(4)"),
+    kernel(310, 5, "nvjet_x"),  # after the last mark: no next start, not counted
+    {"ph": "X", "cat": "user_annotation", "name": "execute_context_0(0)_generation_4(4)", "ts": 90, "dur": 5},
+]
+
+
+def test_steps_split_busy_idle_and_families():
+    rows = bench.steps(EVENTS)
+    assert len(rows) == 2
+    a, b = rows
+    assert (a["ctx_reqs"], a["ctx_tokens"], a["gen_reqs"], a["gen_tokens"]) == (0, 0, 4, 4)
+    assert a["cycle_us"] == 100 and a["busy_us"] == 55 and a["idle_us"] == 45  # 110-150 (overlap once), 160-170, 175-180
+    assert a["families_us"] == {"gemm": 30, "attention": 20, "relay": 10, "other": 5}
+    assert (b["ctx_reqs"], b["ctx_tokens"]) == (1, 16)
+    assert b["busy_us"] == 95 and b["families_us"] == {"relay": 90, "gemm": 10}  # clipped at the next start
+    s = bench.summary(rows)
+    assert s["steps"] == 2 and s["cycle_us_total"] == 200 and s["busy_us_total"] == 150
+    assert s["idle_us_median"] == (45 + 5) / 2 and s["families_us_median"]["relay"] == 50
+
+
+def test_load_reads_plain_and_gzipped_traces(tmp_path):
+    plain, zipped = tmp_path / "t.pt.trace.json", tmp_path / "t.pt.trace.json.gz"
+    plain.write_text(json.dumps({"traceEvents": EVENTS}))
+    with gzip.open(zipped, "wt") as f:
+        json.dump({"traceEvents": EVENTS}, f)
+    assert bench.load(str(plain)) == EVENTS == bench.load(str(zipped))
+    assert bench.summary([]) == {"steps": 0}
+
+
+def test_bench_throughput_keeps_each_traces_steps_and_drops_the_trace(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    monkeypatch.syspath_prepend(str(BENCH))
+    spec = importlib.util.spec_from_file_location("bench_throughput", BENCH / "bench_throughput.py")
+    bt = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bt)
+    args = SimpleNamespace(out=str(tmp_path / "run.json"))
+    folder = Path(bt.profile_dir(args, "relay"))
+    folder.mkdir()
+    (folder / "rank0.pt.trace.json").write_text(json.dumps({"traceEvents": EVENTS}))
+    (folder / "profiler_out_0.txt").write_text("table")
+    bt.drop_traces(args, "relay")
+    assert sorted(p.name for p in folder.iterdir()) == ["profiler_out_0.txt", "steps_0.json"]
+    kept = json.loads((folder / "steps_0.json").read_text())
+    assert kept["trace"] == "rank0.pt.trace.json" and kept["summary"]["steps"] == 2 and len(kept["steps"]) == 2
+
+
+def test_host_annotations_mark_the_steps_when_the_trace_has_no_gpu_ones():
+    host = [dict(e, cat="user_annotation") if e.get("cat") == "gpu_user_annotation" else e for e in EVENTS]
+    assert [r["cycle_us"] for r in bench.steps(host)] == [10, 100, 100]  # the host mark at 90 is one more step
