@@ -27,13 +27,12 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_throughput import engine_kwargs, strip_system, workload  # noqa: E402
+from bench_throughput import engine_kwargs, sampling_params, select_runner, strip_system, workload  # noqa: E402
 
 
 def worker(args):
     """One configuration's engine; answers each `run` line on stdin with one RUN line."""
-    if args.worker in ("v1", "noprefix-v1"):  # vLLM's default backend on the V1 runner (relay's)
-        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+    select_runner(args.worker)
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -43,7 +42,7 @@ def worker(args):
     kw = engine_kwargs(args, args.worker, systems)
     kw["gpu_memory_utilization"] = args.gpu_memory_utilization
     llm = LLM(**kw)
-    params = [SamplingParams(temperature=1.0, top_p=1.0, ignore_eos=True, max_tokens=n) for n in out_lens]
+    params = sampling_params(out_lens)
     inputs = [TokensPrompt(prompt_token_ids=p) for p in prompts]
     # First requests of an engine pay one-off costs (allocator growth, lazy compilations): out of the rounds
     llm.generate(inputs[:32], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)

@@ -124,9 +124,10 @@ def drop_traces(args, config) -> None:
     GPU busy and idle time, busy time by kernel family), not the traces (large)."""
     from trace_steps import load, steps, summary
 
-    for i, trace in enumerate(sorted(glob.glob(os.path.join(profile_dir(args, config), "*.pt.trace.json*")))):
+    folder = profile_dir(args, config)
+    for i, trace in enumerate(sorted(glob.glob(os.path.join(folder, "*.pt.trace.json*")))):
         rows = steps(load(trace))
-        with open(os.path.join(profile_dir(args, config), f"steps_{i}.json"), "w") as f:
+        with open(os.path.join(folder, f"steps_{i}.json"), "w") as f:
             json.dump({"trace": os.path.basename(trace), "summary": summary(rows), "steps": rows}, f, indent=1)
         os.remove(trace)
 
@@ -170,10 +171,22 @@ def compiled_during(t0: float, t1: float) -> list[str]:
     return sorted(names)
 
 
+def select_runner(config: str) -> None:
+    """Before vLLM is imported: the v1 configurations run vLLM's backend on the V1 model runner (relay's)."""
+    if config in ("v1", "noprefix-v1"):
+        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+
+
+def sampling_params(out_lens: list[int]) -> list:
+    """The throughput workloads' sampling: random tokens, each request exactly its output length."""
+    from vllm import SamplingParams
+
+    return [SamplingParams(temperature=1.0, top_p=1.0, ignore_eos=True, max_tokens=n) for n in out_lens]
+
+
 def worker(args):
     """One configuration in this process; prints one JSON line."""
-    if args.worker in ("v1", "noprefix-v1"):
-        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+    select_runner(args.worker)
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -193,7 +206,7 @@ def worker(args):
         if accuracy:
             params = SamplingParams(temperature=0.0, max_tokens=8, logprobs=5, ignore_eos=True)
         else:
-            params = [SamplingParams(temperature=1.0, top_p=1.0, ignore_eos=True, max_tokens=n) for n in out_lens]
+            params = sampling_params(out_lens)
         runs = []  # the first run is what `vllm bench throughput` measures; repeats show the warm engine
         for i in range(1 if accuracy else args.repeat):
             profiling = args.profile and i == 0 and name == names[0]
