@@ -13,7 +13,8 @@
 #   l2_8192          throughput, P = 8192, default / relay / no system prompt (Llama-2-7B shape)
 #   serve2 serve3    serving through the OpenAI server at Poisson rates, default vs relay
 #   tp2048 tp8192 ref2048 noprefix   the earlier single-workload runs (see benchmarks/README.md)
-# N (requests per throughput workload, default 500) and RATES (default 1,4,8,16,32) tune the size.
+# N (requests per throughput workload, default 500) and RATES (default 1,4,8,16,32) tune the size;
+# l2_8192 also takes CONFIGS (default default,relay,noprefix) and REPEAT (runs per engine, default 1).
 set -uo pipefail
 export PYTHONPATH=/tmp/site VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
 out=${OUT:-/tmp/out}; mkdir -p "$out"
@@ -40,8 +41,8 @@ for step in "$@"; do
           --configs relay,noprefix --out "$out/prof_llama2.json" ;;
     prof_l3) $bt --model "$m3" --prefix-len 2048 --num-prompts 1000 --max-model-len 4096 --profile 100,8 \
           --configs relay,noprefix --out "$out/prof_llama3.json" ;;
-    l2_8192) $bt --model "$m2" --prefix-len 8192 --num-prompts "$N" --max-model-len 9000 \
-          --configs default,relay,noprefix --out "$out/e2e_llama2_8192.json" ;;
+    l2_8192) $bt --model "$m2" --prefix-len 8192 --num-prompts "$N" --max-model-len 9000 --repeat "${REPEAT:-1}" \
+          --configs "${CONFIGS:-default,relay,noprefix}" --out "$out/e2e_llama2_8192.json" ;;
     serve2) $bs --model "$m2" --rates "$RATES" --duration "$DUR" --out "$out/serving_llama2.json" ;;
     serve3) $bs --model "$m3" --rates "$RATES" --duration "$DUR" --out "$out/serving_llama3.json" ;;
     tp2048) $bt --model "$m2" --prefix-len 2048 --num-prompts 1000 --max-model-len 4096 \

@@ -10,11 +10,14 @@
 #   tp2-13b-relay     the same with relay                                                     h200-x2; ~4
 #   tp4-70b-default   throughput, Llama-2-70B shape, TP=4, P=2048, vLLM's default             h200-x4; ~6
 #   tp4-70b-relay     the same with relay                                                     h200-x4; ~5
+#   tp4-70b           issue 18's three in one engine run each, twice per engine: no system prompt (the
+#                     ceiling), vLLM's default and relay, 400 requests, ratios printed          h100-x4; ~8
 #   ratio             relay / default for whichever pairs above have run (reads $OUT)        any;      <1
 #   streams           `vllm serve --attention-backend relay` (Llama-2-7B shape, a 2k-token chat system
 #                     prompt) and 1024 concurrent streams, each checked; relay's counters     h200;     ~5
 set -uo pipefail
 export PYTHONPATH=/tmp/site VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # the hosts' rule
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 model() { python3 -m vllm_relay.testing build "$1" | tail -1 | cut -f2; }
 bt="python3 benchmarks/bench_throughput.py --prefix-len 2048 --input-len 128 --output-len 256 --max-model-len 4096"
@@ -33,6 +36,9 @@ for step in "$@"; do
     tp4-70b-default|tp4-70b-relay)
       timeout 520 $bt --model "$(model llama-2-70b-shape)" --tensor-parallel-size 4 --num-prompts 200 \
         --configs "${step##*-}" --out "$out/${step//-/_}.json" 2>&1 | tee "$out/${step//-/_}.txt" | tail -3 ;;
+    tp4-70b)
+      timeout 560 $bt --model "$(model llama-2-70b-shape)" --tensor-parallel-size 4 --num-prompts 400 --repeat 2 \
+        --configs noprefix,default,relay --out "$out/tp4_70b.json" 2>&1 | tee "$out/tp4_70b.txt" | tail -4 ;;
     ratio)
       python3 - "$out" <<'EOF'
 import json, sys
