@@ -126,9 +126,14 @@ def drop_traces(args, config) -> None:
 
     folder = profile_dir(args, config)
     for i, trace in enumerate(sorted(glob.glob(os.path.join(folder, "*.pt.trace.json*")))):
-        rows = steps(load(trace))
+        try:
+            rows = steps(load(trace))
+            kept = {"trace": os.path.basename(trace), "summary": summary(rows), "steps": rows}
+        except Exception as e:  # the run's figures stand without it: say so, keep going
+            print(f"trace_steps failed on {trace}: {e!r}", file=sys.stderr, flush=True)
+            kept = {"trace": os.path.basename(trace), "error": repr(e)}
         with open(os.path.join(folder, f"steps_{i}.json"), "w") as f:
-            json.dump({"trace": os.path.basename(trace), "summary": summary(rows), "steps": rows}, f, indent=1)
+            json.dump(kept, f, indent=1)
         os.remove(trace)
 
 
