@@ -19,8 +19,9 @@ for B in 1..256. Each configuration runs in its own process (a fresh engine, its
   noprefix-v1  the no-prompt requests on the V1 model runner
   bench     `vllm bench throughput` itself, for the default configuration (cross-check of this driver)
 
-`--repeat K` runs each workload K times on the same engine (the first run stays the headline
-figure); `--triton-cache DIR` gives each configuration a fresh Triton cache and lists the kernels
+`--repeat K` runs each workload K times on the same engine, the prefix cache reset before each
+repeat (the same prompts again would hit it; relay then fills its prompts again), the first run
+staying the headline figure; `--triton-cache DIR` gives each configuration a fresh Triton cache and lists the kernels
 compiled inside each timed run.
 `--accuracy` instead compares relay with FLASH_ATTN on the same full prompts (greedy, top-5
 logprobs over the first 8 generated tokens). `--tensor-parallel-size N` runs every configuration
@@ -92,6 +93,8 @@ def engine_kwargs(args, config, systems):
     kw = dict(model=args.model, load_format="dummy", max_model_len=args.max_model_len, seed=args.seed,
               disable_log_stats=False, tensor_parallel_size=args.tensor_parallel_size,
               enable_logging_iteration_details=args.iteration_details)
+    if args.gpu_memory_utilization:
+        kw["gpu_memory_utilization"] = args.gpu_memory_utilization
     if config == "noprefix-relay":
         kw["attention_backend"] = "relay"
     elif config in ("relay", "accuracy-relay"):
@@ -214,6 +217,8 @@ def worker(args):
             params = sampling_params(out_lens)
         runs = []  # the first run is what `vllm bench throughput` measures; repeats show the warm engine
         for i in range(1 if accuracy else args.repeat):
+            if i and not llm.reset_prefix_cache():  # a repeat sends the same prompts: none may be cached
+                raise RuntimeError("reset_prefix_cache() failed before a repeat run")
             profiling = args.profile and i == 0 and name == names[0]
             if profiling:  # (outside the timed span; the profiler itself slows the steps it records)
                 llm.start_profile()
@@ -335,6 +340,8 @@ def main():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tensor-parallel-size", type=int, default=1)
     p.add_argument("--configs", default="default,relay")
+    p.add_argument("--gpu-memory-utilization", type=float, help="vLLM's (default: its own; on the CPU the "
+                   "fraction of host memory for the KV cache)")
     p.add_argument("--workloads", default="single", help="single and/or multi, comma-separated")
     p.add_argument("--multi-system-lens", default="512,1024,2048,4096", help="the multi workload's prompts")
     p.add_argument("--latency", action="store_true", help="also the decode-latency sweep (B = 1..256)")
