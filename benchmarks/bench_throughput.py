@@ -95,6 +95,8 @@ def engine_kwargs(args, config, systems):
               enable_logging_iteration_details=args.iteration_details)
     if args.gpu_memory_utilization:
         kw["gpu_memory_utilization"] = args.gpu_memory_utilization
+    if args.max_cudagraph_capture_size:
+        kw["compilation_config"] = {"max_cudagraph_capture_size": args.max_cudagraph_capture_size}
     if config == "noprefix-relay":
         kw["attention_backend"] = "relay"
     elif config in ("relay", "accuracy-relay"):
@@ -340,6 +342,8 @@ def main():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tensor-parallel-size", type=int, default=1)
     p.add_argument("--configs", default="default,relay")
+    p.add_argument("--max-cudagraph-capture-size", type=int, help="vLLM's largest CUDA graph, for every config "
+                   "(default: its own, min(2 x max_num_seqs, 512): larger decode batches run eagerly)")
     p.add_argument("--gpu-memory-utilization", type=float, help="vLLM's (default: its own; on the CPU the "
                    "fraction of host memory for the KV cache)")
     p.add_argument("--workloads", default="single", help="single and/or multi, comma-separated")

@@ -10,6 +10,13 @@
 #                    default), the V1 runner relay selects, the relay backend (about 7 min)
 #   prof_l2 prof_l3  1000 requests, relay and no prompt, with vLLM's torch profiler over 8 decode steps
 #                    after 100: each kernel's GPU time (<out>/prof_llama{2,3}.<config>.profile/), about 6 min
+#   acct_l2 acct_l3  issue 16's accounting: 1000 requests (P=2048), relay and no prompt, each engine's whole first
+#                    run under vLLM's torch profiler, its second run without; benchmarks/account.py splits the gap
+#                    into rows (<out>/acct_llama{2,3}.md), about 8 min each
+#   acct_plain3      the same for plain traffic (Llama-3-8B, no prompt anywhere): the relay backend and vLLM's
+#                    backend on the V1 runner, each against vLLM's default (<out>/acct_plain3_{relay,v1}.md)
+#   graphs_l3        Llama-3-8B, P=2048, 1000 requests: vLLM's default and relay with vLLM's largest CUDA graph
+#                    (512: decode batches above it run eagerly) and with graphs up to 1024 (<out>/graphs_l3_*.json)
 #   l2_8192          throughput, P = 8192, default / relay / no system prompt (Llama-2-7B shape)
 #   serve2 serve3    serving through the OpenAI server at Poisson rates, default vs relay
 #   tp2048 tp8192 ref2048 noprefix   the earlier single-workload runs (see benchmarks/README.md)
@@ -41,6 +48,22 @@ for step in "$@"; do
           --configs relay,noprefix --out "$out/prof_llama2.json" ;;
     prof_l3) $bt --model "$m3" --prefix-len 2048 --num-prompts 1000 --max-model-len 4096 --profile 100,8 \
           --configs relay,noprefix --out "$out/prof_llama3.json" ;;
+    acct_l2|acct_l3)
+      m=$m2; len=5120; [ $step = acct_l3 ] && m=$m3 && len=4096
+      f="$out/acct_llama${step#acct_l}"
+      $bt --model "$m" --prefix-len 2048 --num-prompts 1000 --max-model-len $len --profile 0,0 --repeat 2 \
+          --configs relay,noprefix --out "$f.json" && python3 benchmarks/account.py "$f.json" --out "$f.md" ;;
+    acct_plain3)
+      $bt --model "$m3" --prefix-len 2048 --num-prompts 1000 --max-model-len 4096 --profile 0,0 --repeat 2 \
+          --configs noprefix-relay,noprefix-v1,noprefix --out "$out/acct_plain3.json" &&
+      for a in noprefix-relay noprefix-v1; do
+        python3 benchmarks/account.py "$out/acct_plain3.json" --a $a --b noprefix --out "$out/acct_plain3_${a#noprefix-}.md"
+      done ;;
+    graphs_l3)
+      for g in 512 1024; do
+        $bt --model "$m3" --prefix-len 2048 --num-prompts 1000 --max-model-len 4096 --max-cudagraph-capture-size $g \
+            --configs default,relay --out "$out/graphs_l3_$g.json"
+      done ;;
     l2_8192) $bt --model "$m2" --prefix-len 8192 --num-prompts "$N" --max-model-len 9000 --repeat "${REPEAT:-1}" \
           --configs "${CONFIGS:-default,relay,noprefix}" --out "$out/e2e_llama2_8192.json" ;;
     serve2) $bs --model "$m2" --rates "$RATES" --duration "$DUR" --out "$out/serving_llama2.json" ;;

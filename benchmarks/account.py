@@ -1,0 +1,114 @@
+"""Account for every millisecond between two configurations' runs of one workload (issue 16 point 1).
+
+`bench_throughput.py --profile 0,0 --repeat 2` profiles each configuration's whole first run (the
+second run, unprofiled, gives the gap without the profiler's cost) and keeps, per engine step, its
+cycle time, GPU busy time by kernel family and idle time (`trace_steps.py`, `steps_0.json` of rank 0).
+This splits the difference of the two profiled runs' times into rows that add up to it exactly:
+
+  steps            how many engine steps each ran (a count, no time)
+  <kind> <part>    for steps with prompt tokens ("prefill": prompt chunks, with or without decodes)
+                   and decode-only steps: the GPU's busy time per kernel family (attention, relay's
+                   own kernels, GEMMs, other kernels), less what kernels on other streams overlap,
+                   and its idle time (waiting on the host)
+  outside steps    the run's time outside the profiled steps: before the first step starts, the last
+                   step (which has no next start), and the host's work after it
+
+Usage: python3 benchmarks/account.py RESULT.json [--a relay --b noprefix] [--workload single] [--out F]
+(RESULT.json is bench_throughput.py's --out; the profiles lie beside it, as it leaves them.)
+"""
+
+import argparse
+import json
+import os
+
+FAMILIES = ("attention", "relay", "gemm", "other")
+KINDS = ("prefill", "decode")
+PARTS = (*FAMILIES, "overlap", "idle")
+NAMES = {"idle": "GPU idle", "overlap": "kernel overlap"}
+
+
+def totals(rows: list[dict]) -> dict:
+    """Seconds per (kind, part) and step counts per kind, from trace_steps rows (us)."""
+    out = {(k, p): 0.0 for k in KINDS for p in PARTS}
+    count = dict.fromkeys(KINDS, 0)
+    for r in rows:
+        kind = "prefill" if r["ctx_tokens"] else "decode"
+        count[kind] += 1
+        for fam, us in r["families_us"].items():
+            out[kind, fam if fam in FAMILIES else "other"] += us / 1e6
+        out[kind, "idle"] += r["idle_us"] / 1e6
+        # busy is the union of the kernels' intervals, the families sum their durations: kernels
+        # that overlap (other streams) count twice there, and this row takes it back (<= 0).
+        out[kind, "overlap"] += (r["busy_us"] - sum(r["families_us"].values())) / 1e6
+    return {"seconds": out, "steps": count, "in_steps": sum(r["cycle_us"] for r in rows) / 1e6}
+
+
+def account(rows_a: list[dict], elapsed_a: float, rows_b: list[dict], elapsed_b: float) -> list[dict]:
+    """Rows (name, a, b, a - b) whose differences add up to elapsed_a - elapsed_b."""
+    ta, tb = totals(rows_a), totals(rows_b)
+    table = [{"row": f"{k} steps", "a": ta["steps"][k], "b": tb["steps"][k], "diff": None} for k in KINDS]
+    for k in KINDS:
+        for p in PARTS:
+            a, b = ta["seconds"][k, p], tb["seconds"][k, p]
+            table.append({"row": f"{k}: {NAMES.get(p, p)}", "a": a, "b": b, "diff": a - b})
+    a, b = elapsed_a - ta["in_steps"], elapsed_b - tb["in_steps"]
+    table.append({"row": "outside steps", "a": a, "b": b, "diff": a - b})
+    table.append({"row": "run time", "a": elapsed_a, "b": elapsed_b, "diff": elapsed_a - elapsed_b})
+    return table
+
+
+def markdown(table: list[dict], names: tuple[str, str], unprofiled: tuple[float, float] | None) -> str:
+    a, b = names
+    gap = table[-1]["diff"]
+    lines = [f"| row | {a} | {b} | {a} - {b} | share of the gap |", "|---|---|---|---|---|"]
+    for r in table:
+        if r["diff"] is None:
+            lines.append(f"| {r['row']} | {r['a']} | {r['b']} | | |")
+            continue
+        share = f"{r['diff'] / gap:.0%}" if gap else ""
+        lines.append(f"| {r['row']} | {r['a']:.3f} s | {r['b']:.3f} s | {r['diff'] * 1e3:+.0f} ms | {share} |")
+    parts = sum(r["diff"] for r in table[:-1] if r["diff"] is not None)
+    lines.append("")
+    lines.append(f"The rows add up to {parts * 1e3:+.0f} ms; the profiled runs' gap is {gap * 1e3:+.0f} ms.")
+    if unprofiled:
+        ua, ub = unprofiled
+        lines.append(f"Without the profiler (each engine's second run): {a} {ua:.3f} s, {b} {ub:.3f} s, "
+                     f"gap {(ua - ub) * 1e3:+.0f} ms ({ua / ub:.3f}x the time).")
+    return "\n".join(lines) + "\n"
+
+
+def load(result_path: str, config: str, workload: str) -> tuple[list[dict], float, float | None]:
+    """(step rows of the profiled run, its seconds, the second run's seconds or None)."""
+    result = json.load(open(result_path))
+    run = result[config][workload]
+    folder = f"{os.path.splitext(result_path)[0]}.{config}.profile"
+    steps = json.load(open(os.path.join(folder, "steps_0.json")))
+    if "steps" not in steps:
+        raise SystemExit(f"{folder}/steps_0.json holds no steps: {steps.get('error', steps)}")
+    runs = run.get("runs_requests_per_s", [])
+    second = run["requests"] / runs[1] if len(runs) > 1 else None
+    return steps["steps"], run["elapsed_s"], second
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("result")
+    p.add_argument("--a", default="relay")
+    p.add_argument("--b", default="noprefix")
+    p.add_argument("--workload", default="single")
+    p.add_argument("--out", help="markdown here, and the rows as JSON beside it")
+    args = p.parse_args()
+    rows_a, ea, ua = load(args.result, args.a, args.workload)
+    rows_b, eb, ub = load(args.result, args.b, args.workload)
+    table = account(rows_a, ea, rows_b, eb)
+    md = markdown(table, (args.a, args.b), (ua, ub) if ua and ub else None)
+    print(md)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(md)
+        with open(os.path.splitext(args.out)[0] + ".json", "w") as f:
+            json.dump({"a": args.a, "b": args.b, "rows": table, "unprofiled_s": [ua, ub]}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

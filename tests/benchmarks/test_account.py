@@ -1,0 +1,61 @@
+"""benchmarks/account.py: the accounting rows of two profiled runs add up to their gap, by kind of
+step and kernel family, against hand-computed step tables."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+spec = importlib.util.spec_from_file_location("account", BENCH / "account.py")
+account = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(account)
+
+
+def step(ctx_tokens, cycle, fams, busy=None):
+    busy = sum(fams.values()) if busy is None else busy
+    return {"ctx_reqs": int(ctx_tokens > 0), "ctx_tokens": ctx_tokens, "gen_reqs": 4, "gen_tokens": 4,
+            "cycle_us": cycle, "busy_us": busy, "idle_us": cycle - busy, "families_us": fams}
+
+
+A = [step(512, 9000, {"gemm": 5000, "attention": 2000, "relay": 500}),
+     step(0, 3000, {"gemm": 1500, "attention": 700, "relay": 100, "triton_x": 200}),
+     step(0, 3200, {"gemm": 1500, "attention": 800, "relay": 100}, busy=2300)]  # 100 us of overlap
+B = [step(512, 8000, {"gemm": 5000, "attention": 1500}),
+     step(0, 2500, {"gemm": 1500, "attention": 600})]
+
+
+def test_rows_add_up_to_the_gap_by_kind_and_family():
+    table = account.account(A, 0.020, B, 0.012)
+    rows = {r["row"]: r for r in table}
+    assert (rows["prefill steps"]["a"], rows["decode steps"]["a"], rows["decode steps"]["b"]) == (1, 2, 1)
+    assert rows["decode: attention"]["diff"] == pytest.approx((700 + 800 - 600) / 1e6)
+    assert rows["decode: relay"]["a"] == pytest.approx(200 / 1e6)
+    assert rows["decode: other"]["a"] == pytest.approx(200 / 1e6)  # an unknown family counts as other
+    assert rows["decode: kernel overlap"]["a"] == pytest.approx(-100 / 1e6)
+    assert rows["decode: GPU idle"]["a"] == pytest.approx((3000 - 2500 + 3200 - 2300) / 1e6)
+    assert rows["prefill: GPU idle"]["diff"] == pytest.approx((1500 - 1500) / 1e6)
+    assert rows["outside steps"]["a"] == pytest.approx(0.020 - 0.0152)
+    assert rows["run time"]["diff"] == pytest.approx(0.008)
+    parts = sum(r["diff"] for r in table[:-1] if r["diff"] is not None)
+    assert parts == pytest.approx(0.008, abs=1e-12)
+
+
+def test_load_reads_the_profiles_beside_the_result_and_the_unprofiled_run(tmp_path):
+    result = {"relay": {"single": {"requests": 100, "elapsed_s": 2.0, "runs_requests_per_s": [50.0, 40.0]}}}
+    (tmp_path / "r.json").write_text(json.dumps(result))
+    (tmp_path / "r.relay.profile").mkdir()
+    (tmp_path / "r.relay.profile" / "steps_0.json").write_text(json.dumps({"steps": A}))
+    rows, elapsed, second = account.load(str(tmp_path / "r.json"), "relay", "single")
+    assert rows == A and elapsed == 2.0 and second == pytest.approx(2.5)
+    (tmp_path / "r.relay.profile" / "steps_0.json").write_text(json.dumps({"error": "KeyError('ts')"}))
+    with pytest.raises(SystemExit, match="holds no steps"):
+        account.load(str(tmp_path / "r.json"), "relay", "single")
+
+
+def test_markdown_states_the_sum_and_the_unprofiled_gap():
+    md = account.markdown(account.account(A, 0.020, B, 0.012), ("relay", "noprefix"), (1.10, 1.00))
+    assert "| decode: attention | 0.002 s | 0.001 s | +1 ms |" in md
+    assert "The rows add up to +8 ms; the profiled runs' gap is +8 ms." in md
+    assert "gap +100 ms (1.100x the time)" in md
