@@ -80,6 +80,8 @@ def markdown(table: list[dict], names: tuple[str, str], unprofiled: tuple[float,
 def load(result_path: str, config: str, workload: str) -> tuple[list[dict], float, float | None]:
     """(step rows of the profiled run, its seconds, the second run's seconds or None)."""
     result = json.load(open(result_path))
+    if config not in result:
+        raise SystemExit(f"{result_path} has no run of {config} (configs: {', '.join(k for k in result if k != 'args')})")
     run = result[config][workload]
     folder = f"{os.path.splitext(result_path)[0]}.{config}.profile"
     steps = json.load(open(os.path.join(folder, "steps_0.json")))

@@ -55,7 +55,7 @@ for step in "$@"; do
           --configs relay,noprefix --out "$f.json" && python3 benchmarks/account.py "$f.json" --out "$f.md" ;;
     acct_plain3)
       $bt --model "$m3" --prefix-len 2048 --num-prompts 1000 --max-model-len 4096 --profile 0,0 --repeat 2 \
-          --configs noprefix-relay,noprefix-v1,noprefix --out "$out/acct_plain3.json" &&
+          --configs noprefix,noprefix-relay,noprefix-v1 --out "$out/acct_plain3.json"  # each kept as it ends
       for a in noprefix-relay noprefix-v1; do
         python3 benchmarks/account.py "$out/acct_plain3.json" --a $a --b noprefix --out "$out/acct_plain3_${a#noprefix-}.md"
       done ;;

@@ -52,6 +52,8 @@ def test_load_reads_the_profiles_beside_the_result_and_the_unprofiled_run(tmp_pa
     (tmp_path / "r.relay.profile" / "steps_0.json").write_text(json.dumps({"error": "KeyError('ts')"}))
     with pytest.raises(SystemExit, match="holds no steps"):
         account.load(str(tmp_path / "r.json"), "relay", "single")
+    with pytest.raises(SystemExit, match="has no run of noprefix"):
+        account.load(str(tmp_path / "r.json"), "noprefix", "single")
 
 
 def test_markdown_states_the_sum_and_the_unprofiled_gap():
