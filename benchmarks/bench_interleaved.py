@@ -39,9 +39,7 @@ def worker(args):
     systems, prompts, out_lens = workload(args, args.workload)
     if args.worker.startswith("noprefix"):
         prompts = strip_system(prompts, systems)
-    kw = engine_kwargs(args, args.worker, systems)
-    kw["gpu_memory_utilization"] = args.gpu_memory_utilization
-    llm = LLM(**kw)
+    llm = LLM(**engine_kwargs(args, args.worker, systems))
     params = sampling_params(out_lens)
     inputs = [TokensPrompt(prompt_token_ids=p) for p in prompts]
     # First requests of an engine pay one-off costs (allocator growth, lazy compilations): out of the rounds
@@ -120,7 +118,7 @@ def markdown(s: dict, args) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main():
+def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", required=True)
     p.add_argument("--configs", default="noprefix,noprefix-relay")
@@ -137,9 +135,14 @@ def main():
     p.add_argument("--iteration-details", action="store_true", help="vLLM's per-step log, in <out>.<config>.log")
     p.add_argument("--out")
     p.add_argument("--worker")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     # bench_throughput's engine_kwargs reads these; they stay at its defaults here
-    args.tensor_parallel_size, args.shared_path, args.profile = 1, None, None
+    args.tensor_parallel_size, args.shared_path, args.profile, args.max_cudagraph_capture_size = 1, None, None, None
+    return args
+
+
+def main():
+    args = parse_args()
     if args.worker:
         return worker(args)
     engines = []

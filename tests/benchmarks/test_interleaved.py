@@ -29,3 +29,11 @@ def test_markdown_has_a_row_per_config_with_every_round():
     rows = [line for line in md.splitlines() if line.startswith("| a |") or line.startswith("| b |")]
     assert rows == ["| a | 1.00 | 2.00 | 1.50 | 1.00-2.00 |  |", "| b | 3.00 | 4.00 | 3.50 | 3.00-4.00 | **2.333** |"]
     assert "Per round, b / a: 3.000, 2.000" in md
+
+
+def test_engine_arguments_come_from_bench_throughputs_engine_kwargs():
+    """Every argument bench_throughput's engine_kwargs reads is set, with this benchmark's memory share."""
+    args = bench.parse_args(["--model", "m", "--gpu-memory-utilization", "0.3"])
+    kw = bench.engine_kwargs(args, "noprefix-relay", [])
+    assert kw["gpu_memory_utilization"] == 0.3 and kw["attention_backend"] == "relay"
+    assert kw["tensor_parallel_size"] == 1 and "compilation_config" not in kw and "profiler_config" not in kw
