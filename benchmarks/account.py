@@ -20,6 +20,11 @@ Usage: python3 benchmarks/account.py RESULT.json [--a relay --b noprefix] [--wor
 import argparse
 import json
 import os
+import sys
+from types import SimpleNamespace
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_throughput import profile_dir  # noqa: E402
 
 FAMILIES = ("attention", "relay", "gemm", "other")
 KINDS = ("prefill", "decode")
@@ -83,7 +88,7 @@ def load(result_path: str, config: str, workload: str) -> tuple[list[dict], floa
     if config not in result:
         raise SystemExit(f"{result_path} has no run of {config} (configs: {', '.join(k for k in result if k != 'args')})")
     run = result[config][workload]
-    folder = f"{os.path.splitext(result_path)[0]}.{config}.profile"
+    folder = profile_dir(SimpleNamespace(out=result_path), config)
     steps = json.load(open(os.path.join(folder, "steps_0.json")))
     if "steps" not in steps:
         raise SystemExit(f"{folder}/steps_0.json holds no steps: {steps.get('error', steps)}")

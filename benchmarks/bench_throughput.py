@@ -21,8 +21,8 @@ for B in 1..256. Each configuration runs in its own process (a fresh engine, its
 
 `--repeat K` runs each workload K times on the same engine, the prefix cache reset before each
 repeat (the same prompts again would hit it; relay then fills its prompts again), the first run
-staying the headline figure; `--triton-cache DIR` gives each configuration a fresh Triton cache and lists the kernels
-compiled inside each timed run.
+staying the headline figure; `--triton-cache DIR` gives each configuration a fresh Triton cache
+and lists the kernels compiled inside each timed run.
 `--accuracy` instead compares relay with FLASH_ATTN on the same full prompts (greedy, top-5
 logprobs over the first 8 generated tokens). `--tensor-parallel-size N` runs every configuration
 over N GPUs (data parallelism is a serving feature: vllm.LLM refuses it). Usage (GPU host):
