@@ -6,6 +6,8 @@
 # Job i runs `bash benchmarks/gpu/SCRIPT STEP...` with CUDA_VISIBLE_DEVICES=i, OUT=$OUT/gpu<i> and its own
 # vLLM cache folder (no two engines compile into one), its output in $OUT/gpu<i>/job.log, for at most
 # JOB_TIMEOUT seconds (default 560). Ratios count within a job only: each job's configurations share a GPU.
+# PACK=1 then packs all of $OUT into $OUT/results.tgz (the device tool brings back at most 8 files),
+# leaving out files over 15 MB (profiler traces).
 set -uo pipefail
 out=${OUT:-/tmp/out}; limit=${JOB_TIMEOUT:-560}
 gpus=$(nvidia-smi -L | wc -l)
@@ -22,3 +24,8 @@ for job in "$@"; do
   i=$((i + 1))
 done
 wait
+if [ "${PACK:-0}" = 1 ]; then
+  tar -czf /tmp/results.tgz -C "$out" --exclude=results.tgz \
+    $(cd "$out" && find . -type f -size -15M | sed 's|^\./||') && rm -rf "${out:?}"/* && mv /tmp/results.tgz "$out/"
+  ls -l "$out"
+fi
