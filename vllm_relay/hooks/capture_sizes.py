@@ -7,10 +7,11 @@ up to 512, 42.5 up to 1024), but an eager relay step launches its per-layer cont
 call and fusion from Python and waits on the host (`benchmarks/results/acct_h200/`): 52.4 requests/s
 with graphs up to 512, 73.2 up to 1024, in the same call.
 
-So with relay on, and neither `max_cudagraph_capture_size` nor `cudagraph_capture_sizes` set by the
-user, the largest decode graph becomes `max_num_seqs` decode tokens (with speculative tokens), at
-most `MAX_GRAPH_TOKENS`, never below vLLM's own choice; vLLM still clamps it to
-`max_num_batched_tokens` and builds the size list as always. The user's own setting always wins.
+So with relay on, full CUDA graphs in use (without them relay's attention always runs eagerly),
+and neither `max_cudagraph_capture_size` nor `cudagraph_capture_sizes` set by the user, the largest
+decode graph becomes `max_num_seqs` decode tokens (with speculative tokens), at most
+`MAX_GRAPH_TOKENS`, never below vLLM's own choice; vLLM still clamps it to `max_num_batched_tokens`
+and builds the size list as always. The user's own setting always wins.
 """
 
 from vllm_relay.hooks._patch import original, patch
@@ -36,8 +37,9 @@ def relay_capture_size(max_num_seqs: int, decode_query_len: int) -> int:
 
 def _set_cudagraph_sizes(self):
     comp = self.compilation_config
-    if (relay_enabled(self) and comp.max_cudagraph_capture_size is None
-            and comp.cudagraph_capture_sizes is None):
+    mode = comp.cudagraph_mode
+    if (relay_enabled(self) and mode is not None and mode.has_full_cudagraphs()
+            and comp.max_cudagraph_capture_size is None and comp.cudagraph_capture_sizes is None):
         comp.max_cudagraph_capture_size = relay_capture_size(
             self.scheduler_config.max_num_seqs, 1 + self.num_speculative_tokens)
     return original(_VllmConfig, "_set_cudagraph_sizes")(self)
