@@ -40,8 +40,10 @@ def _set_cudagraph_sizes(self):
     mode = comp.cudagraph_mode
     if (relay_enabled(self) and mode is not None and mode.has_full_cudagraphs()
             and comp.max_cudagraph_capture_size is None and comp.cudagraph_capture_sizes is None):
-        comp.max_cudagraph_capture_size = relay_capture_size(
-            self.scheduler_config.max_num_seqs, 1 + self.num_speculative_tokens)
+        sched = self.scheduler_config
+        # Clamped here as vLLM would, so that vLLM does not warn of truncating a size nobody gave it.
+        comp.max_cudagraph_capture_size = min(sched.max_num_batched_tokens, relay_capture_size(
+            sched.max_num_seqs, 1 + self.num_speculative_tokens))
     return original(_VllmConfig, "_set_cudagraph_sizes")(self)
 
 
