@@ -15,9 +15,10 @@ Configs (`--configs`, each in its own process: a fresh engine runs every point o
   relay-sysonly  relay with auto_levels off (tree: the registered system prompt is the only level)
   cascade        vLLM's opt-in cascade attention (VLLM_USE_V2_MODEL_RUNNER=0, disable_cascade_attn=False)
   ceiling        the same completions with the shared part cut from every prompt (BOS only)
-The bound of a point: the ceiling's time plus, per decode step, one read of the shared KV at the
-card's measured copy bandwidth or its attention FLOPs at the measured bf16 matmul rate, whichever is
-larger (decode steps: output_len x ceil(completions / max_num_seqs)).
+The bound of a point: the ceiling's time plus, per decode step, one read of every shared level's KV
+(a tree: its system prompt, every document and every question) at the card's measured copy
+bandwidth or the attention FLOPs of the rows over their shared paths at the measured bf16 matmul
+rate, whichever is larger (decode steps: output_len x ceil(completions / max_num_seqs)).
 Usage (GPU host): python3 benchmarks/bench_sharing.py --model DIR --out results/sharing.json
 """
 
@@ -158,12 +159,15 @@ def run_config(args, config) -> dict:
 
 
 def bound_s(point, ceiling_s, card, sh, args) -> float:
-    """The ceiling's time plus one read (or the attention FLOPs) of the shared KV per decode step."""
-    shared = point.get("P") or point.get("C") or point["S"] + point["doc"] + point["q"]
+    """The ceiling's time plus one read of every level's KV (or the attention FLOPs over each row's
+    shared path) per decode step. A tree's levels are its system prompt, D documents and D x Q
+    questions: each read once, while each row attends to one path (system, document, question)."""
+    path = point.get("P") or point.get("C") or point["S"] + point["doc"] + point["q"]
+    levels = point.get("P") or point.get("C") or point["S"] + point["D"] * (point["doc"] + point["Q"] * point["q"])
     completions = point["n"] * point.get("D", 1) * point.get("Q", 1)
     steps = args.output_len * math.ceil(completions / args.max_num_seqs)
-    kv_bytes = 2 * shared * sh["layers"] * sh["hkv"] * sh["head_dim"] * 2  # K and V, bf16
-    flops = 4 * min(completions, args.max_num_seqs) * shared * sh["layers"] * sh["hq"] * sh["head_dim"]
+    kv_bytes = 2 * levels * sh["layers"] * sh["hkv"] * sh["head_dim"] * 2  # K and V, bf16
+    flops = 4 * min(completions, args.max_num_seqs) * path * sh["layers"] * sh["hq"] * sh["head_dim"]
     return ceiling_s + steps * max(kv_bytes / card["copy_bytes_per_s"], flops / card["bf16_flop_per_s"])
 
 

@@ -1,5 +1,5 @@
 """benchmarks/bench_sharing.py: the points of each workload, the requests each config sends, and the
-bound (the ceiling plus one read of the shared KV per decode step), against hand-computed values."""
+bound (the ceiling plus one read of every shared level's KV per decode step), against hand-computed values."""
 
 import importlib.util
 import random
@@ -40,6 +40,16 @@ def test_bound_is_the_ceiling_plus_one_read_of_the_shared_kv_per_step():
     flops = 4 * 256 * 1024 * 32 * 32 * 128
     want = 2 + 2 * 128 * max(2 * 1024 * 32 * 32 * 128 * 2 / 4e12, flops / 8e14)
     assert abs(bench.bound_s(point, 2.0, card, SHAPE, ARGS) - want) < 1e-9
+
+
+def test_tree_bound_reads_every_level_once_and_each_row_attends_its_path():
+    card = {"copy_bytes_per_s": 4e12, "bf16_flop_per_s": 8e14}
+    point = {"workload": "tree", "D": 8, "Q": 4, "n": 8, "doc": 2048, "q": 128, "S": 2048}
+    levels = 2048 + 8 * 2048 + 8 * 4 * 128  # system prompt, 8 documents, 32 questions: 22528 tokens
+    kv = 2 * levels * 32 * 32 * 128 * 2
+    flops = 4 * 256 * (2048 + 2048 + 128) * 32 * 32 * 128  # 256 rows, each over its own path
+    assert kv / 4e12 > flops / 8e14  # this tree's reads dominate
+    assert abs(bench.bound_s(point, 3.0, card, SHAPE, ARGS) - (3.0 + 128 * kv / 4e12)) < 1e-9
 
 
 def test_markdown_table_has_a_row_per_point_with_the_ratios():
