@@ -19,6 +19,9 @@
 #                    (512: decode batches above it run eagerly) and with graphs up to 1024 (<out>/graphs_l3_*.json)
 #   single2          issue 16's first target: Llama-2-7B shape, P=2048, 1000 requests, relay and no system prompt,
 #                    each engine run twice (about 4 min)
+#   single2r         single2 with the relay backend on the same requests without the prompt (noprefix-relay)
+#                    beside: how much of relay's gap to no-prompt is the runner and backend relay selects rather
+#                    than relay's work (about 8 min)
 #   multi2 multi3    the multi-prompt workload (four system prompts, 20% plain requests), 1000 requests, each
 #                    engine run twice: relay, no system prompt, vLLM's default (Llama-2-7B / Llama-3-8B shapes)
 #   l2_8192          throughput, P = 8192, default / relay / no system prompt (Llama-2-7B shape)
@@ -70,6 +73,8 @@ for step in "$@"; do
       done ;;
     single2) $bt --model "$m2" --prefix-len 2048 --num-prompts 1000 --max-model-len 5120 --repeat 2 \
           --configs relay,noprefix --out "$out/single_llama2.json" ;;
+    single2r) $bt --model "$m2" --prefix-len 2048 --num-prompts 1000 --max-model-len 5120 --repeat 2 \
+          --configs relay,noprefix,noprefix-relay --out "$out/single_llama2_runners.json" ;;
     multi2|multi3)
       m=$m2; [ $step = multi3 ] && m=$m3
       $bt --model "$m" --prefix-len 2048 --num-prompts 1000 --max-model-len 5120 --workloads multi --repeat 2 \
