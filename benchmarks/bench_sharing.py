@@ -162,8 +162,9 @@ def bound_s(point, ceiling_s, card, sh, args) -> float:
     """The ceiling's time plus one read of every level's KV (or the attention FLOPs over each row's
     shared path) per decode step. A tree's levels are its system prompt, D documents and D x Q
     questions: each read once, while each row attends to one path (system, document, question)."""
-    path = point.get("P") or point.get("C") or point["S"] + point["doc"] + point["q"]
-    levels = point.get("P") or point.get("C") or point["S"] + point["D"] * (point["doc"] + point["Q"] * point["q"])
+    shared = point.get("P") or point.get("C")  # one level: the prompt (samples) or the context (latency)
+    path = shared or point["S"] + point["doc"] + point["q"]
+    levels = shared or point["S"] + point["D"] * (point["doc"] + point["Q"] * point["q"])
     completions = point["n"] * point.get("D", 1) * point.get("Q", 1)
     steps = args.output_len * math.ceil(completions / args.max_num_seqs)
     kv_bytes = 2 * levels * sh["layers"] * sh["hkv"] * sh["head_dim"] * 2  # K and V, bf16
