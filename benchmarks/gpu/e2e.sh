@@ -71,10 +71,10 @@ for step in "$@"; do
         $bt --model "$m3" --prefix-len 2048 --num-prompts 1000 --max-model-len 4096 --max-cudagraph-capture-size $g \
             --configs default,relay --out "$out/graphs_l3_$g.json"
       done ;;
-    single2) $bt --model "$m2" --prefix-len 2048 --num-prompts 1000 --max-model-len 5120 --repeat 2 \
-          --configs relay,noprefix --out "$out/single_llama2.json" ;;
-    single2r) $bt --model "$m2" --prefix-len 2048 --num-prompts 1000 --max-model-len 5120 --repeat 2 \
-          --configs relay,noprefix,noprefix-relay --out "$out/single_llama2_runners.json" ;;
+    single2|single2r)
+      c=relay,noprefix; f=single_llama2; [ $step = single2r ] && c=$c,noprefix-relay && f=${f}_runners
+      $bt --model "$m2" --prefix-len 2048 --num-prompts 1000 --max-model-len 5120 --repeat 2 \
+          --configs $c --out "$out/$f.json" ;;
     multi2|multi3)
       m=$m2; [ $step = multi3 ] && m=$m3
       $bt --model "$m" --prefix-len 2048 --num-prompts 1000 --max-model-len 5120 --workloads multi --repeat 2 \
