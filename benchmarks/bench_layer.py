@@ -117,7 +117,7 @@ class Layer:
         p = planner.plan(self.cm, step)
         run_level = p.run_level or levels  # plain: the levels' graph replayed with no rows
         ctx = p.context
-        splits = 16 if graph else 0  # vLLM's cap for CUDA graphs (flash_attn_max_num_splits_for_cuda_graph)
+        splits = 32 if graph else 0  # vLLM 0.26's graph cap (flash_attn_max_num_splits_for_cuda_graph)
         context = dict(cu_seqlens_q=ctx.query_start_loc, seqused_k=ctx.seq_lens, max_seqlen_q=1,
                        max_seqlen_k=ctx.max_seq_len, block_table=ctx.block_table_tensor, num_splits=splits,
                        scheduler_metadata=self.fa.schedule(self.n, ctx.query_start_loc, 1, ctx.seq_lens,
@@ -206,12 +206,18 @@ def bench_splits():
     dynamic split (AOT schedule, the count an upper bound) and static splits (no AOT schedule)."""
     os.environ["VLLM_RELAY_LEVEL_KERNEL"] = "flash"
     fa, rows = FA(), []
-    for name, (hq, hkv) in MODELS.items():
-        for S, n in ((2048, 16), (2048, 64), (2048, 256), (8192, 64), (8192, 256)):
+    models = ARGS.models.split(",") if ARGS.models else list(MODELS)
+    points = ((2048, 16), (2048, 64), (2048, 256), (8192, 64), (8192, 256))
+    if ARGS.ns or ARGS.system_lens:  # the grid's options, when given, choose the points
+        points = [(S, n) for S in map(int, (ARGS.system_lens or "2048").split(","))
+                  for n in map(int, (ARGS.ns or "256").split(","))]
+    for name in models:
+        hq, hkv = MODELS[name]
+        for S, n in points:
             layer = Layer(fa, hq, hkv, n, S, 128)
             row = dict(model=name, S=S, c=128, n=n)
             row["noprompt_us"] = graph_ms(layer.call(layer.plan("never", True, plain=True)[0])) * 1e3
-            row["dynamic16_us"] = graph_ms(layer.call(layer.plan("always", True, level_splits=16)[0])) * 1e3
+            row["dynamic32_us"] = graph_ms(layer.call(layer.plan("always", True)[0])) * 1e3
             for splits in (1, 2, 4, 8, 16, 32):
                 row[f"static_{splits}_us"] = graph_ms(
                     layer.call(layer.plan("always", True, level_splits=splits, static=True)[0])) * 1e3

@@ -246,6 +246,10 @@ def worker(args):
     if args.latency and not accuracy:
         system_ids = [] if args.worker.startswith("noprefix") else loads[names[0]][0][0]
         result["latency"] = decode_latency(llm, system_ids, args)
+    if args.worker in ("relay", "accuracy-relay", "noprefix-relay"):
+        from vllm_relay.stats import planner_stats
+
+        result["planner_stats"] = planner_stats(llm)  # steps planned, graph steps, levels, rows
     if args.worker in ("relay", "accuracy-relay"):
         from vllm_relay.stats import relay_stats
 

@@ -15,6 +15,7 @@ Usage: python3 benchmarks/layer_kernels.py [--models llama3-8b,llama2-7b] [--ns 
 
 import argparse
 import os
+import re
 import sys
 from collections import defaultdict
 
@@ -32,7 +33,11 @@ CALLS = 20
 
 
 def short(name: str) -> str:
-    """A kernel's name without template arguments, at most 60 characters."""
+    """A kernel's name without template arguments, at most 60 characters; FlashAttention-3's
+    kernels (all `cutlass::device_kernel<...>`) by their class: the forward and the split combine."""
+    fa = re.search(r"flash::(FlashAttn\w+)", name)
+    if fa:
+        return f"flash::{fa.group(1)}"
     return name.split("<", 1)[0].split("(", 1)[0].strip()[:60]
 
 
