@@ -13,6 +13,8 @@
 #   acct_l2 acct_l3  issue 16's accounting: 1000 requests (P=2048), relay and no prompt, each engine's whole first
 #                    run under vLLM's torch profiler, its second run without; benchmarks/account.py splits the gap
 #                    into rows (<out>/acct_llama{2,3}.md), about 8 min each
+#   acct_l2r         acct_l2 against the relay backend with no prompt (noprefix-relay: the same V1 runner as relay,
+#                    so the profiler costs both sides alike; vLLM's default runner slowed 1.33 s under it, relay 0.18 s)
 #   acct_plain3      the same for plain traffic (Llama-3-8B, no prompt anywhere): the relay backend and vLLM's
 #                    backend on the V1 runner, each against vLLM's default (<out>/acct_plain3_{relay,v1}.md)
 #   graphs_l3        Llama-3-8B, P=2048, 1000 requests: vLLM's default and relay with vLLM's largest CUDA graph
@@ -60,6 +62,10 @@ for step in "$@"; do
       f="$out/acct_llama${step#acct_l}"
       $bt --model "$m" --prefix-len 2048 --num-prompts 1000 --max-model-len $len --profile 0,0 --repeat 2 \
           --configs relay,noprefix --out "$f.json" && python3 benchmarks/account.py "$f.json" --out "$f.md" ;;
+    acct_l2r)
+      f="$out/acct_llama2_r"
+      $bt --model "$m2" --prefix-len 2048 --num-prompts 1000 --max-model-len 5120 --profile 0,0 --repeat 2 \
+          --configs relay,noprefix-relay --out "$f.json" && python3 benchmarks/account.py "$f.json" --b noprefix-relay --out "$f.md" ;;
     acct_plain3)
       $bt --model "$m3" --prefix-len 2048 --num-prompts 1000 --max-model-len 4096 --profile 0,0 --repeat 2 \
           --configs noprefix,noprefix-relay,noprefix-v1 --out "$out/acct_plain3.json"  # each kept as it ends
