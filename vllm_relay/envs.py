@@ -46,9 +46,8 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # (its entries win on a name clash). Long prompts do not fit comfortably in a CLI flag.
     "VLLM_RELAY_SYSTEM_PROMPTS_FILE": lambda: _str("VLLM_RELAY_SYSTEM_PROMPTS_FILE"),
     # Tuning knob for benchmarks: the system level's FlashAttention-3 call with exactly this many
-    # KV splits and no ahead-of-time schedule (0 or unset: one split in full graphs of
-    # planner.ONE_SPLIT_GRAPH_TOKENS or more, else FA3's own dynamic split, bounded by vLLM's
-    # CUDA-graph cap). Results are the same either way; only the speed changes.
+    # KV splits and no ahead-of-time schedule (0 or unset: FA3's own dynamic split, bounded by
+    # vLLM's CUDA-graph cap). Results are the same either way; only the speed changes.
     "VLLM_RELAY_LEVEL_SPLITS": lambda: _int("VLLM_RELAY_LEVEL_SPLITS"),
     # Which kernel runs the system level: "flash" (a gather, FlashAttention-3, the relay fusion;
     # the default) or "triton" (one fused launch: gather, split-K attention over the slot's pages,

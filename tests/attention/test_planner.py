@@ -247,23 +247,6 @@ def test_eager_steps_with_little_sharing_plan_no_levels():
     run_and_check(world, plan, cm)
 
 
-@pytest.mark.parametrize("graph_tokens", [None, 1, planner_module.ONE_SPLIT_GRAPH_TOKENS - 8,
-                                          planner_module.ONE_SPLIT_GRAPH_TOKENS, 1024])
-@pytest.mark.parametrize("fixed", [0, 3])
-def test_levels_flash_call_splits_unsplit_in_large_graphs_only(graph_tokens, fixed):
-    """The levels' FlashAttention call: a fixed split count (VLLM_RELAY_LEVEL_SPLITS) always wins,
-    with no schedule; a full graph of ONE_SPLIT_GRAPH_TOKENS or more runs it unsplit, with no
-    schedule; smaller graphs and eager steps keep FA3's scheduled dynamic split up to vLLM's cap."""
-    cap = 32 if graph_tokens else 0
-    splits, schedule = planner_module.level_flash_splits(graph_tokens, fixed, cap)
-    if fixed:
-        assert (splits, schedule) == (fixed, False)
-    elif graph_tokens is not None and graph_tokens >= planner_module.ONE_SPLIT_GRAPH_TOKENS:
-        assert (splits, schedule) == (1, False)
-    else:
-        assert (splits, schedule) == (cap, True)
-
-
 def test_padded_graph_step_with_no_relay_request_still_writes_a_valid_plan():
     """A full-graph decode step of plain requests (relay on, nothing shared) replays vLLM's own graph,
     which reads the context tables the plan writes: they equal vLLM's. The levels' graph captured
@@ -383,8 +366,8 @@ def test_graph_replay_equals_eager_on_cuda(group, kernel, level_splits, monkeypa
     """Capture relay attention once (as vLLM captures a decode graph: plan with no relay request),
     then for random decode batches (up to three levels per token with the FlashAttention levels)
     write each plan into the same buffers and replay: bit-identical to running the same plan
-    eagerly, and close to the fp32 reference. The levels' FlashAttention call split as small graphs
-    split it (FA3's dynamic split up to 8) and unsplit, as graphs of ONE_SPLIT_GRAPH_TOKENS or more run it."""
+    eagerly, and close to the fp32 reference. The levels' FlashAttention call split (up to 8) and
+    unsplit (VLLM_RELAY_LEVEL_SPLITS=1: no split combine over the graph's padded level)."""
     pytest.importorskip("vllm")
     from vllm.vllm_flash_attn import flash_attn_varlen_func
 

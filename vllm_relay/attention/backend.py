@@ -29,7 +29,7 @@ from vllm.v1.attention.backends.flash_attn import (
 from vllm_relay import envs
 from vllm_relay.attention import step as relay_step
 from vllm_relay.attention.common import check_engine, check_layer, log_active
-from vllm_relay.attention.planner import RelayPlanner, level_flash_splits
+from vllm_relay.attention.planner import RelayPlanner
 from vllm_relay.ops import RelayPlan, relay_attention
 
 
@@ -104,14 +104,14 @@ class RelayMetadataBuilder(FlashAttentionMetadataBuilder):
         meta = super().build(0, plan.context, fast_build)  # FlashAttention over the context tables
         level = plan.level
         if level.fused is None:  # the FlashAttention levels (a fused level is one Triton launch)
-            # A full graph is captured and replayed for the padded batch: num_actual_tokens is its size.
-            splits, schedule = level_flash_splits(cm.num_actual_tokens if plan.graph else None,
-                                                  self.level_splits, meta.max_num_splits)
-            level.call["num_splits"] = splits
-            if schedule and (plan.run_level or plan.graph):
-                sched = self._schedule_level(level.call, splits, fast_build)
-                if sched is not None:
-                    level.call["scheduler_metadata"] = sched
+            if self.level_splits:  # a fixed split count, no ahead-of-time schedule (see envs)
+                level.call["num_splits"] = self.level_splits
+            else:
+                level.call["num_splits"] = meta.max_num_splits
+                if plan.run_level or plan.graph:
+                    sched = self._schedule_level(level.call, meta.max_num_splits, fast_build)
+                    if sched is not None:
+                        level.call["scheduler_metadata"] = sched
         context = dict(cu_seqlens_q=meta.query_start_loc, seqused_k=meta.seq_lens,
                        max_seqlen_q=meta.max_query_len, max_seqlen_k=meta.max_seq_len,
                        block_table=meta.block_table, scheduler_metadata=meta.scheduler_metadata,

@@ -52,15 +52,6 @@ MAX_LEVELS = 4
 # The fused level kernel splits a tile's keys into at most this many slices, so that few rows
 # still give the GPU about two programs per multiprocessor.
 MAX_LEVEL_SPLITS = 8
-# The levels' FlashAttention-3 call runs unsplit in a full graph of at least this many tokens.
-# NOTE: measured on the H100 (benchmarks/results/ceiling_h100/splits_h100.md and
-# layer_kernels_h100.md: a whole layer replayed from a graph, S=2048, c=128): a graph holds a level
-# padded to 4 rows and 2 groups per token, and with vLLM's graph cap of 32 splits FA3's split
-# combine runs over all of it, 59-62 us a layer at 384 requests with rows or without; one split
-# drops it: -20/-59 us a layer at 256/384 requests (Llama-2-7B shape), -18/-59 (Llama-3-8B), a tie
-# at 512, and relay's graph pool shrinks from 2.21 to 1.27 GiB (Llama-2, graphs to 1024). Smaller
-# graphs keep FA3's dynamic split (not measured there); eager steps size their own call.
-ONE_SPLIT_GRAPH_TOKENS = 256
 STATS = ("planned_steps", "graph_steps", "level_graph_steps", "prefix_requests", "shared_tokens", "level_groups",
          "saved_kv_tokens", "saved_kv_bytes", *(f"tokens_under_{k}_levels" for k in range(1, MAX_LEVELS + 1)), "max_level_rows")
 
@@ -70,22 +61,6 @@ def level_splits(rows: int, gqa: int, num_kv_heads: int, num_sms: int) -> int:
     programs per multiprocessor, at most MAX_LEVEL_SPLITS)."""
     tiles = max(1, -(-rows // tile_tokens(gqa)))
     return max(1, min(MAX_LEVEL_SPLITS, -(-2 * num_sms // (tiles * num_kv_heads))))
-
-
-def level_flash_splits(graph_tokens: int | None, fixed: int, cap: int) -> tuple[int, bool]:
-    """(num_splits, ahead-of-time schedule) of the levels' FlashAttention call: `fixed` splits when
-    set (VLLM_RELAY_LEVEL_SPLITS, no schedule); one in a full graph of `graph_tokens` >=
-    ONE_SPLIT_GRAPH_TOKENS; else FA3's dynamic split up to `cap` (vLLM's: 0 eager, its graph cap).
-
-    Example:
-        >>> level_flash_splits(512, 0, 32), level_flash_splits(64, 0, 32), level_flash_splits(None, 0, 0)
-        ((1, False), (32, True), (0, True))
-    """
-    if fixed:
-        return fixed, False
-    if graph_tokens is not None and graph_tokens >= ONE_SPLIT_GRAPH_TOKENS:
-        return 1, False
-    return cap, True
 
 
 # Every planner of this worker process, for `worker_stats`.
