@@ -3,12 +3,15 @@
 A full CUDA graph fixes the levels' call at the capture's group capacity (thousands of groups, most
 of them empty in any step). FlashAttention-3 sizes its split-K from an ahead-of-time schedule; this
 times one level (n rows over S shared keys, one layer) in graphs:
-  one      a batch of exactly one group, the schedule's split cap 16 (what an unpadded call gets)
+  one      a batch of exactly one group, the schedule's split cap 32 (vLLM 0.26's for CUDA graphs)
   padded   the same group first in a batch of C groups, the others empty (the twin graph), for each
            capacity C of --capacities (2050: one capacity for every graph; 514 and 130: what the
            graphs of 256 and 64 decode rows need, 2 slots + rows x 4 levels / 2)
   chunksK  the group's keys cut into K groups of S/K keys in the padded batch, the queries repeated
            (split-K done by the plan; the fusion merges the K rows of each token)
+  unsplit  the padded batch with one split and no schedule (no split combine over the padding)
+Capping a graph's groups (fewer than 2 + rows x 4 / 2; the tree keeps its shallowest levels) is what a
+small capacity here measures: FA3's combine runs over every padded group.
 Times are medians of graph replays (triton.testing.do_bench); TFLOP/s counts 4 n S Hq D.
 Usage (GPU host): python3 benchmarks/bench_level_batch.py [--out DIR]
 """
@@ -26,7 +29,10 @@ from bench_ops import BLOCK, DTYPE, FA, MODELS, capture_graph  # noqa: E402
 from bench_ops import HEAD_DIM as D  # noqa: E402
 
 
-def level_ms(fa, hq, hkv, n, S, groups, chunks, capacity):
+SPLITS = 32  # vLLM 0.26's cap for CUDA graphs (flash_attn_max_num_splits_for_cuda_graph)
+
+
+def level_ms(fa, hq, hkv, n, S, groups, chunks, capacity, splits=SPLITS):
     pages = triton.cdiv(S, BLOCK)
     kv = torch.randn(pages + 8, BLOCK, hkv, 2 * D, device="cuda", dtype=DTYPE)
     k_cache, v_cache = kv[..., :D], kv[..., D:]
@@ -42,14 +48,18 @@ def level_ms(fa, hq, hkv, n, S, groups, chunks, capacity):
     cu[1: chunks + 1] = torch.arange(1, chunks + 1, dtype=torch.int32) * n
     cu[chunks + 1:] = chunks * n
     batch = capacity if groups == "padded" else chunks
-    q = torch.randn(chunks * n, hq, D, device="cuda", dtype=DTYPE)
+    # A padded graph's gathered queries: its row capacity, 4 levels x n tokens (rows past the groups unused).
+    q = torch.randn(max(chunks, 4 if groups == "padded" else 1) * n, hq, D, device="cuda", dtype=DTYPE)
     out = torch.empty_like(q)
-    sched = fa.schedule(batch, cu[: batch + 1], n, lens[:batch], 16384, False, hq, hkv, 16)
+    sched = None  # one split: no schedule (as VLLM_RELAY_LEVEL_SPLITS runs it)
+    if splits > 1:
+        sched = fa.schedule(batch, cu[: batch + 1], n, lens[:batch], 16384, False, hq, hkv, splits)
 
     def run():
         fa.varlen(q=q, k=k_cache, v=v_cache, out=out, cu_seqlens_q=cu[: batch + 1], seqused_k=lens[:batch],
                   max_seqlen_q=n, max_seqlen_k=16384, softmax_scale=D ** -0.5, causal=False,
-                  block_table=table[:batch], return_softmax_lse=True, scheduler_metadata=sched, num_splits=16,
+                  block_table=table[:batch], return_softmax_lse=True, scheduler_metadata=sched,
+                  num_splits=splits,
                   fa_version=fa.version)
 
     run()
@@ -64,16 +74,17 @@ def main():
     p.add_argument("--ns", default="16,64,256")
     args = p.parse_args()
     fa, rows = FA(), []
-    variants = [("one", "one", 1, 1)]
+    variants = [("one", "one", 1, 1, SPLITS)]
     for cap in map(int, args.capacities.split(",")):
-        variants += [(f"padded@{cap}", "padded", 1, cap)] + [(f"chunks{k}@{cap}", "padded", k, cap) for k in (2, 4)]
+        variants += [(f"padded@{cap}", "padded", 1, cap, SPLITS), (f"unsplit@{cap}", "padded", 1, cap, 1)]
+        variants += [(f"chunks{k}@{cap}", "padded", k, cap, SPLITS) for k in (2, 4)]
     for model in ("llama2-7b", "llama3-8b"):
         hq, hkv = MODELS[model]
         for S in (2048, 16000):
             for n in map(int, args.ns.split(",")):
                 row = dict(model=model, S=S, n=n)
-                for name, groups, chunks, capacity in variants:
-                    ms = level_ms(fa, hq, hkv, n, S, groups, chunks, capacity)
+                for name, groups, chunks, capacity, splits in variants:
+                    ms = level_ms(fa, hq, hkv, n, S, groups, chunks, capacity, splits)
                     row[f"{name}_us"] = ms * 1e3
                     row[f"{name}_tflops"] = 4 * n * S * hq * D / ms / 1e9
                 rows.append(row)
