@@ -6,8 +6,10 @@ cycle time, GPU busy time by kernel family and idle time (`trace_steps.py`, `ste
 This splits the difference of the two profiled runs' times into rows that add up to it exactly:
 
   steps            how many engine steps each ran (a count, no time)
-  <kind> <part>    for steps with prompt tokens ("prefill": prompt chunks, with or without decodes)
-                   and decode-only steps: the GPU's busy time per kernel family (attention, relay's
+  <kind> <part>    for steps with prompt tokens ("prefill": prompt chunks, or the tokens of a preempted
+                   request computed again, with or without decodes; vLLM's annotation counts a
+                   resumed request's tokens as generation in one runner and as context in the other)
+                   and decode-only steps (one token per request): the GPU's busy time per kernel family (attention, relay's
                    own kernels, GEMMs, other kernels), less what kernels on other streams overlap,
                    and its idle time (waiting on the host)
   outside steps    the run's time outside the profiled steps: before the first step starts, the last
@@ -37,7 +39,7 @@ def totals(rows: list[dict]) -> dict:
     out = {(k, p): 0.0 for k in KINDS for p in PARTS}
     count = dict.fromkeys(KINDS, 0)
     for r in rows:
-        kind = "prefill" if r["ctx_tokens"] else "decode"
+        kind = "prefill" if r["ctx_tokens"] or r["gen_tokens"] > r["gen_reqs"] else "decode"
         count[kind] += 1
         for fam, us in r["families_us"].items():
             out[kind, fam if fam in FAMILIES else "other"] += us / 1e6
@@ -103,7 +105,8 @@ def main():
     p.add_argument("--a", default="relay")
     p.add_argument("--b", default="noprefix")
     p.add_argument("--workload", default="single")
-    p.add_argument("--out", help="markdown here, and the rows as JSON beside it")
+    p.add_argument("--out", help="markdown here, and the rows as JSON beside it (<stem>.rows.json: <stem>.json "
+                                 "is bench_throughput's result)")
     args = p.parse_args()
     rows_a, ea, ua = load(args.result, args.a, args.workload)
     rows_b, eb, ub = load(args.result, args.b, args.workload)
@@ -113,7 +116,7 @@ def main():
     if args.out:
         with open(args.out, "w") as f:
             f.write(md)
-        with open(os.path.splitext(args.out)[0] + ".json", "w") as f:
+        with open(os.path.splitext(args.out)[0] + ".rows.json", "w") as f:
             json.dump({"a": args.a, "b": args.b, "rows": table, "unprofiled_s": [ua, ub]}, f, indent=1)
 
 

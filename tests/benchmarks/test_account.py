@@ -13,9 +13,9 @@ account = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(account)
 
 
-def step(ctx_tokens, cycle, fams, busy=None):
+def step(ctx_tokens, cycle, fams, busy=None, gen_tokens=4):
     busy = sum(fams.values()) if busy is None else busy
-    return {"ctx_reqs": int(ctx_tokens > 0), "ctx_tokens": ctx_tokens, "gen_reqs": 4, "gen_tokens": 4,
+    return {"ctx_reqs": int(ctx_tokens > 0), "ctx_tokens": ctx_tokens, "gen_reqs": 4, "gen_tokens": gen_tokens,
             "cycle_us": cycle, "busy_us": busy, "idle_us": cycle - busy, "families_us": fams}
 
 
@@ -40,6 +40,16 @@ def test_rows_add_up_to_the_gap_by_kind_and_family():
     assert rows["run time"]["diff"] == pytest.approx(0.008)
     parts = sum(r["diff"] for r in table[:-1] if r["diff"] is not None)
     assert parts == pytest.approx(0.008, abs=1e-12)
+
+
+def test_a_resumed_request_computed_again_makes_a_prefill_step():
+    """vLLM's V1 runner annotates a preempted request's recomputed tokens as generation tokens,
+    Model Runner V2 as context: either way the step is a prompt step, not a decode step."""
+    recompute = step(0, 7000, {"gemm": 4000, "attention": 1500}, gen_tokens=4 + 300)
+    rows = {r["row"]: r for r in account.account(A + [recompute], 0.027, B, 0.012)}
+    assert (rows["prefill steps"]["a"], rows["decode steps"]["a"]) == (2, 2)
+    assert rows["prefill: gemm"]["a"] == pytest.approx((5000 + 4000) / 1e6)
+    assert rows["decode: gemm"]["a"] == pytest.approx((1500 + 1500) / 1e6)
 
 
 def test_load_reads_the_profiles_beside_the_result_and_the_unprofiled_run(tmp_path):
