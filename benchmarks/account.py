@@ -9,9 +9,9 @@ This splits the difference of the two profiled runs' times into rows that add up
   <kind> <part>    for steps with prompt tokens ("prefill": prompt chunks, or the tokens of a preempted
                    request computed again, with or without decodes; vLLM's annotation counts a
                    resumed request's tokens as generation in one runner and as context in the other)
-                   and decode-only steps (one token per request): the GPU's busy time per kernel family (attention, relay's
-                   own kernels, GEMMs, other kernels), less what kernels on other streams overlap,
-                   and its idle time (waiting on the host)
+                   and decode-only steps (one token per request): the GPU's busy time per kernel
+                   family (attention, relay's own kernels, GEMMs, other kernels), less what kernels on
+                   other streams overlap, and its idle time (waiting on the host)
   outside steps    the run's time outside the profiled steps: before the first step starts, the last
                    step (which has no next start), and the host's work after it
 
@@ -105,8 +105,8 @@ def main():
     p.add_argument("--a", default="relay")
     p.add_argument("--b", default="noprefix")
     p.add_argument("--workload", default="single")
-    p.add_argument("--out", help="markdown here, and the rows as JSON beside it (<stem>.rows.json: <stem>.json "
-                                 "is bench_throughput's result)")
+    p.add_argument("--out", help="markdown here, and the rows as JSON beside it (<stem>.rows.json: "
+                                 "<stem>.json is bench_throughput's result)")
     args = p.parse_args()
     rows_a, ea, ua = load(args.result, args.a, args.workload)
     rows_b, eb, ub = load(args.result, args.b, args.workload)

@@ -34,7 +34,7 @@ from vllm_relay.config import RelayConfig  # noqa: E402
 from vllm_relay.ops import RelayPlan, relay_attention  # noqa: E402
 
 # The ops benchmark's FlashAttention entry points and graph capture (same head dim, block, dtype).
-from bench_ops import BLOCK, DTYPE, FA, MODELS, capture_graph  # noqa: E402
+from bench_ops import BLOCK, DTYPE, FA, GRAPH_SPLITS, MODELS, capture_graph  # noqa: E402
 from bench_ops import HEAD_DIM as D  # noqa: E402
 
 KERNELS = ("triton", "flash")  # the system level: one fused Triton launch, or gather + FA3 + fusion
@@ -117,7 +117,7 @@ class Layer:
         p = planner.plan(self.cm, step)
         run_level = p.run_level or levels  # plain: the levels' graph replayed with no rows
         ctx = p.context
-        splits = 32 if graph else 0  # vLLM 0.26's graph cap (flash_attn_max_num_splits_for_cuda_graph)
+        splits = GRAPH_SPLITS if graph else 0
         context = dict(cu_seqlens_q=ctx.query_start_loc, seqused_k=ctx.seq_lens, max_seqlen_q=1,
                        max_seqlen_k=ctx.max_seq_len, block_table=ctx.block_table_tensor, num_splits=splits,
                        scheduler_metadata=self.fa.schedule(self.n, ctx.query_start_loc, 1, ctx.seq_lens,

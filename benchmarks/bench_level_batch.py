@@ -25,14 +25,11 @@ import triton
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_layer import write_results  # noqa: E402
-from bench_ops import BLOCK, DTYPE, FA, MODELS, capture_graph  # noqa: E402
+from bench_ops import BLOCK, DTYPE, FA, GRAPH_SPLITS, MODELS, capture_graph  # noqa: E402
 from bench_ops import HEAD_DIM as D  # noqa: E402
 
 
-SPLITS = 32  # vLLM 0.26's cap for CUDA graphs (flash_attn_max_num_splits_for_cuda_graph)
-
-
-def level_ms(fa, hq, hkv, n, S, groups, chunks, capacity, splits=SPLITS):
+def level_ms(fa, hq, hkv, n, S, groups, chunks, capacity, splits=GRAPH_SPLITS):
     pages = triton.cdiv(S, BLOCK)
     kv = torch.randn(pages + 8, BLOCK, hkv, 2 * D, device="cuda", dtype=DTYPE)
     k_cache, v_cache = kv[..., :D], kv[..., D:]
@@ -74,10 +71,11 @@ def main():
     p.add_argument("--ns", default="16,64,256")
     args = p.parse_args()
     fa, rows = FA(), []
-    variants = [("one", "one", 1, 1, SPLITS)]
+    variants = [("one", "one", 1, 1, GRAPH_SPLITS)]
     for cap in map(int, args.capacities.split(",")):
-        variants += [(f"padded@{cap}", "padded", 1, cap, SPLITS), (f"unsplit@{cap}", "padded", 1, cap, 1)]
-        variants += [(f"chunks{k}@{cap}", "padded", k, cap, SPLITS) for k in (2, 4)]
+        variants += [(f"padded@{cap}", "padded", 1, cap, GRAPH_SPLITS)]
+        variants += [(f"unsplit@{cap}", "padded", 1, cap, 1)]
+        variants += [(f"chunks{k}@{cap}", "padded", k, cap, GRAPH_SPLITS) for k in (2, 4)]
     for model in ("llama2-7b", "llama3-8b"):
         hq, hkv = MODELS[model]
         for S in (2048, 16000):

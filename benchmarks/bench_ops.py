@@ -31,6 +31,8 @@ from vllm_relay.ops import RelayPlan, SharedLevel, relay_attention, relay_fusion
 MODELS = {"llama2-7b": (32, 32), "llama3-8b": (32, 8)}  # (Hq, Hkv)
 HEAD_DIM = 128
 BLOCK = 16
+# vLLM 0.26's cap on FlashAttention's key splits in CUDA graphs (flash_attn_max_num_splits_for_cuda_graph)
+GRAPH_SPLITS = 32
 DTYPE = torch.bfloat16
 
 

@@ -57,15 +57,11 @@ for step in "$@"; do
           --configs relay,noprefix --out "$out/prof_llama2.json" ;;
     prof_l3) $bt --model "$m3" --prefix-len 2048 --num-prompts 1000 --max-model-len 4096 --profile 100,8 \
           --configs relay,noprefix --out "$out/prof_llama3.json" ;;
-    acct_l2|acct_l3)
+    acct_l2|acct_l3|acct_l2r)
       m=$m2; len=5120; [ $step = acct_l3 ] && m=$m3 && len=4096
-      f="$out/acct_llama${step#acct_l}"
+      b=noprefix; f="$out/acct_llama${step#acct_l}"; [ $step = acct_l2r ] && b=noprefix-relay && f="$out/acct_llama2_r"
       $bt --model "$m" --prefix-len 2048 --num-prompts 1000 --max-model-len $len --profile 0,0 --repeat 2 \
-          --configs relay,noprefix --out "$f.json" && python3 benchmarks/account.py "$f.json" --out "$f.md" ;;
-    acct_l2r)
-      f="$out/acct_llama2_r"
-      $bt --model "$m2" --prefix-len 2048 --num-prompts 1000 --max-model-len 5120 --profile 0,0 --repeat 2 \
-          --configs relay,noprefix-relay --out "$f.json" && python3 benchmarks/account.py "$f.json" --b noprefix-relay --out "$f.md" ;;
+          --configs relay,$b --out "$f.json" && python3 benchmarks/account.py "$f.json" --b $b --out "$f.md" ;;
     acct_plain3)
       $bt --model "$m3" --prefix-len 2048 --num-prompts 1000 --max-model-len 4096 --profile 0,0 --repeat 2 \
           --configs noprefix,noprefix-relay,noprefix-v1 --out "$out/acct_plain3.json"  # each kept as it ends
