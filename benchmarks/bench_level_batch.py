@@ -6,7 +6,8 @@ times one level (n rows over S shared keys, one layer) in graphs:
   one      a batch of exactly one group, the schedule's split cap 32 (vLLM 0.26's for CUDA graphs)
   padded   the same group first in a batch of C groups, the others empty (the twin graph), for each
            capacity C of --capacities (2050: one capacity for every graph; 514 and 130: what the
-           graphs of 256 and 64 decode rows need, 2 slots + rows x 4 levels / 2)
+           graphs of 256 and 64 decode rows need, 2 slots + rows x 4 levels / 2; 66 and 34: a slot and
+           the planner's cap of a graph's levels, GRAPH_LEVELS = 64, or 32)
   chunksK  the group's keys cut into K groups of S/K keys in the padded batch, the queries repeated
            (split-K done by the plan; the fusion merges the K rows of each token)
   unsplit  the padded batch with one split and no schedule (no split combine over the padding)

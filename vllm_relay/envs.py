@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     VLLM_RELAY_CACHE: str | None = None
     VLLM_RELAY_LEVEL_SPLITS: int | None = None
     VLLM_RELAY_LEVEL_KERNEL: str | None = None
+    VLLM_RELAY_GRAPH_LEVELS: int | None = None
     VLLM_RELAY_TEST_SERVER: str | None = None
     VLLM_RELAY_TEST_API_KEY: str | None = None
 
@@ -49,6 +50,10 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # KV splits and no ahead-of-time schedule (0 or unset: FA3's own dynamic split, bounded by
     # vLLM's CUDA-graph cap). Results are the same either way; only the speed changes.
     "VLLM_RELAY_LEVEL_SPLITS": lambda: _int("VLLM_RELAY_LEVEL_SPLITS"),
+    # Tuning knob for benchmarks: the levels a full CUDA graph holds besides the system prompts'
+    # (unset: attention.planner.GRAPH_LEVELS; 0: as many as its tokens can form). Deeper levels past
+    # it are read in each request's context; results are the same, only the speed changes.
+    "VLLM_RELAY_GRAPH_LEVELS": lambda: _int("VLLM_RELAY_GRAPH_LEVELS"),
     # Which kernel runs the system level: "flash" (a gather, FlashAttention-3, the relay fusion;
     # the default) or "triton" (one fused launch: gather, split-K attention over the slot's pages,
     # LSE merge). Measured in benchmarks/results/layer_h200.md; the results are the same.

@@ -24,6 +24,8 @@
 #   single2r         single2 with the relay backend on the same requests without the prompt (noprefix-relay)
 #                    beside: how much of relay's gap to no-prompt is the runner and backend relay selects rather
 #                    than relay's work (about 8 min)
+#   single2g         single2 with relay's graphs also holding every level their tokens can form
+#                    (VLLM_RELAY_GRAPH_LEVELS=0, the code before the cap) beside: what the cap gains (about 7 min)
 #   multi2 multi3    the multi-prompt workload (four system prompts, 20% plain requests), 1000 requests, each
 #                    engine run twice: relay, no system prompt, vLLM's default (Llama-2-7B / Llama-3-8B shapes)
 #   l2_8192          throughput, P = 8192, default / relay / no system prompt (Llama-2-7B shape)
@@ -77,6 +79,10 @@ for step in "$@"; do
       c=relay,noprefix; f=single_llama2; [ $step = single2r ] && c=$c,noprefix-relay && f=${f}_runners
       $bt --model "$m2" --prefix-len 2048 --num-prompts 1000 --max-model-len 5120 --repeat 2 \
           --configs $c --out "$out/$f.json" ;;
+    single2g)
+      a="--model $m2 --prefix-len 2048 --num-prompts 1000 --max-model-len 5120 --repeat 2"
+      $bt $a --configs relay,noprefix --out "$out/single_llama2_graph_levels.json" &&
+        VLLM_RELAY_GRAPH_LEVELS=0 $bt $a --configs relay --out "$out/single_llama2_graph_levels0.json" ;;
     multi2|multi3)
       m=$m2; [ $step = multi3 ] && m=$m3
       $bt --model "$m" --prefix-len 2048 --num-prompts 1000 --max-model-len 5120 --workloads multi --repeat 2 \

@@ -299,6 +299,33 @@ def test_every_tree_fits_the_capacity_of_its_graph(seed):
             assert tree.num_groups <= groups and perm.shape[0] <= rows
 
 
+def test_a_graph_holds_at_most_its_levels_the_shallowest_first(monkeypatch):
+    """A full graph's levels past the slots' are capped (FlashAttention-3 combines its splits over
+    every group the graph holds): a decode step that a graph runs keeps the shallowest levels and
+    reads the deeper ones in its context, exact; the same requests in an eager step keep them all."""
+    monkeypatch.setenv("VLLM_RELAY_GRAPH_LEVELS", "1")
+    # A document of 4 pages under rows 0-7, three pairs of them sharing 2 pages more; another pair
+    # of requests sharing 6 pages: two levels at depth 0, three at depth 1.
+    batch = [(-1, 120, 1, -1, 0), (-1, 110, 1, 0, 4), (-1, 111, 1, 1, 6), (-1, 112, 1, 0, 4), (-1, 113, 1, 3, 6),
+             (-1, 114, 1, 0, 4), (-1, 115, 1, 5, 6), (-1, 116, 1, 0, 4), (-1, 130, 1, -1, 0), (-1, 131, 1, 8, 6)]
+    world = World(batch, torch.float32, "cpu", 8)
+    graph = make_planner(shared_path="always", full_graphs=True)
+    assert graph.graph_capacity(len(batch))[1] == graph.num_slots + 1
+    trees = {}
+    for name, planner, cm in (("graph", graph, world.cm(pad_reqs=2, pad_tokens=2)),
+                              ("eager", make_planner(shared_path="always"), world.cm())):
+        step = world.step()
+        planner.levels_for(step)
+        trees[name] = step.tree
+        step.graph_levels = True
+        plan = planner.plan(cm, step)
+        assert plan.run_level and plan.graph == (name == "graph")
+        run_and_check(world, plan, cm, padded(world.q, cm))
+    full, capped = trees["eager"], trees["graph"]
+    assert sorted(full.depth.tolist()) == [0, 0, 1, 1, 1] and capped.num_groups == graph.num_slots + 1
+    assert sorted(capped.depth.tolist()) == [0, 0, 1, 1]  # the shallowest kept
+
+
 def test_graph_steps_run_levels_only_in_the_levels_graph(monkeypatch):
     """With levels, vLLM replays the levels' twin (the dispatcher records it) and the plan fills it;
     had vLLM replayed its own graph, the same step reads everything in its context (the prefix

@@ -49,6 +49,12 @@ MIN_SAVED_TOKENS = {("cuda", False): 15 * 2048, ("cuda", True): 63 * 2048,
 # Levels per token at most (a fixed count for CUDA graphs: few-shot -> problem -> samples, under a
 # system prompt); deeper sharing is read in the context.
 MAX_LEVELS = 4
+# Levels a full CUDA graph holds besides the system prompts' (a graph of T tokens could form 2T).
+# FlashAttention-3 combines its key splits over every group of the graph's call, empty ones too:
+# with the 770 groups 384 tokens can form, 59-62 us a layer on the H100 (Llama-2-7B shape, S=2048,
+# benchmarks/results/ceiling_h100/layer_kernels_h100.md). The tree keeps its shallowest levels;
+# deeper ones are read in the context (exact either way). VLLM_RELAY_GRAPH_LEVELS overrides it.
+GRAPH_LEVELS = 64
 # The fused level kernel splits a tile's keys into at most this many slices, so that few rows
 # still give the GPU about two programs per multiprocessor.
 MAX_LEVEL_SPLITS = 8
@@ -114,6 +120,8 @@ class RelayPlanner:
         mode = getattr(comp, "cudagraph_mode", None)
         self.full_graphs = bool(mode is not None and mode.has_full_cudagraphs())
         self.max_graph_tokens = comp.max_cudagraph_capture_size or 0
+        graph_levels = envs.VLLM_RELAY_GRAPH_LEVELS
+        self.graph_levels = GRAPH_LEVELS if graph_levels is None else graph_levels or 1 << 30
         self.device = torch.device(device)
         self.num_sms = torch.cuda.get_device_properties(self.device).multi_processor_count \
             if self.device.type == "cuda" else 1
@@ -171,29 +179,35 @@ class RelayPlanner:
     def graph_capacity(self, num_tokens: int) -> tuple[int, int]:
         """(level rows, levels) a full graph of `num_tokens` decode tokens holds: each token in at
         most max_depth levels, each level with 2 rows or more except a slot's (1 with shared_path
-        "always"). Sized per graph, not for the largest: FlashAttention-3 schedules a batch padded
-        with empty groups slower, the more of them there are."""
+        "always"), and at most `graph_levels` levels besides the slots'. Sized per graph, not for
+        the largest: FlashAttention-3 runs a batch padded with empty groups slower, the more of
+        them there are."""
         return (min(self.max_rows, num_tokens * self.max_depth),
-                min(self.max_groups, self.num_slots + num_tokens * self.max_depth // 2))
+                min(self.max_groups, self.num_slots + min(num_tokens * self.max_depth // 2, self.graph_levels)))
 
     def is_graph_step(self, cm) -> bool:
         """A uniform decode batch that vLLM runs as a full CUDA graph (FULL_AND_PIECEWISE)."""
         return self.full_graphs and cm.max_query_len <= 1 and cm.num_actual_tokens <= self.max_graph_tokens
 
-    def rule(self) -> LevelRule | None:
-        """When a shared run becomes a level (None: no levels at all)."""
+    def rule(self, max_groups: int | None = None) -> LevelRule | None:
+        """When a shared run becomes a level (None: no levels at all), at most `max_groups` levels
+        (default: as many as the plan's tables hold)."""
         if self.shared_path == "never":
             return None
+        max_groups = self.max_groups if max_groups is None else max_groups
         if self.shared_path == "always":
-            return LevelRule(min_rows_root=1, min_rows=2, max_depth=self.max_depth, max_groups=self.max_groups)
+            return LevelRule(min_rows_root=1, min_rows=2, max_depth=self.max_depth, max_groups=max_groups)
         return LevelRule(min_rows_root=2, min_rows=2, min_saved_pages=1, max_depth=self.max_depth,
-                         max_groups=self.max_groups)
+                         max_groups=max_groups)
 
     def levels_for(self, step: relay_step.RelayStep) -> None:
         """Find the step's levels into `step.tree` (None: none worth running). The runner hook calls
         this as soon as the step's inputs are prepared: vLLM then picks the CUDA graph by it."""
         step.tree, step.levels_planned = None, True
-        rule = self.rule()
+        # A decode batch that a full graph will run: as many levels as the graph holds (the
+        # graph's capacity for this batch, which the padded batch's graph can only exceed).
+        graph = self.full_graphs and step.num_tokens <= self.max_graph_tokens and bool((step.q_lens <= 1).all())
+        rule = self.rule(self.graph_capacity(step.num_tokens)[1] if graph else None)
         least = MIN_SAVED_TOKENS["cuda" if self.device.type == "cuda" else "cpu", self.gqa > 1]
         if rule is None or (self.shared_path == "auto" and least == float("inf")):
             return
