@@ -14,7 +14,11 @@ times one level (n rows over S shared keys, one layer) in graphs:
 Capping a graph's groups (fewer than 2 + rows x 4 / 2; the tree keeps its shallowest levels) is what a
 small capacity here measures: FA3's combine runs over every padded group.
 Times are medians of graph replays (triton.testing.do_bench); TFLOP/s counts 4 n S Hq D.
-Usage (GPU host): python3 benchmarks/bench_level_batch.py [--out DIR]
+With --eager-rows R,...: the level of an eager step instead (a prompt-chunk step: one group of R rows
+over S keys, launched from Python as the backend does): FA3's own split heuristic (the backend's
+schedule with num_splits 0, vLLM's choice for steps above its graph sizes), the graph cap's 32
+(vLLM's choice for steps within them), and one split.
+Usage (GPU host): python3 benchmarks/bench_level_batch.py [--eager-rows 512,4096] [--out DIR]
 """
 
 import argparse
@@ -65,13 +69,58 @@ def level_ms(fa, hq, hkv, n, S, groups, chunks, capacity, splits=GRAPH_SPLITS):
     return triton.testing.do_bench(capture_graph(run).replay, warmup=20, rep=100, return_mode="median")
 
 
+def eager_level_us(fa, hq, hkv, R, S, splits):
+    """One group of R rows over S keys, eager: `splits` 0 (FA3's heuristic) or a cap, each with the
+    backend's ahead-of-time schedule; None: one split, no schedule."""
+    pages = triton.cdiv(S, BLOCK)
+    kv = torch.randn(pages + 8, BLOCK, hkv, 2 * D, device="cuda", dtype=DTYPE)
+    table = torch.arange(pages, dtype=torch.int32, device="cuda").view(1, -1)
+    lens = torch.tensor([S], dtype=torch.int32, device="cuda")
+    cu = torch.tensor([0, R], dtype=torch.int32, device="cuda")
+    q = torch.randn(R, hq, D, device="cuda", dtype=DTYPE)
+    out = torch.empty_like(q)
+    sched = None if splits is None else fa.schedule(1, cu, R, lens, S, False, hq, hkv, splits)
+
+    def run():
+        fa.varlen(q=q, k=kv[..., :D], v=kv[..., D:], out=out, cu_seqlens_q=cu, seqused_k=lens, max_seqlen_q=R,
+                  max_seqlen_k=S, softmax_scale=D ** -0.5, causal=False, block_table=table,
+                  return_softmax_lse=True, scheduler_metadata=sched, num_splits=1 if splits is None else splits,
+                  fa_version=fa.version)
+
+    return triton.testing.do_bench(run, warmup=20, rep=100, return_mode="median") * 1e3
+
+
+def eager_main(args, fa):
+    rows, variants = [], {"heuristic": 0, "cap32": GRAPH_SPLITS, "unsplit": None}
+    for model in ("llama2-7b", "llama3-8b"):
+        hq, hkv = MODELS[model]
+        for S in (2048, 16000):
+            for R in map(int, args.eager_rows.split(",")):
+                row = dict(model=model, S=S, R=R)
+                for name, splits in variants.items():
+                    us = eager_level_us(fa, hq, hkv, R, S, splits)
+                    row[f"{name}_us"], row[f"{name}_tflops"] = us, 4 * R * S * hq * D / us / 1e6
+                rows.append(row)
+                print(f"{model} S={S:5d} R={R:5d}: " + " ".join(
+                    f"{k} {row[k + '_us']:.0f} us ({row[k + '_tflops']:.0f} TF/s)" for k in variants), flush=True)
+    md = ["| model | S | R | " + " | ".join(variants) + " |", "|---|---|---|" + "---|" * len(variants)]
+    md += [f"| {r['model']} | {r['S']} | {r['R']} | " + " | ".join(
+        f"{r[v + '_us']:.0f} us ({r[v + '_tflops']:.0f} TF/s)" for v in variants) + " |" for r in rows]
+    print("\n".join(md))
+    if args.out:
+        write_results(args.out, "level_eager", {"rows": rows}, "\n".join(md) + "\n")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out")
     p.add_argument("--capacities", default="2050,514,130")
     p.add_argument("--ns", default="16,64,256")
+    p.add_argument("--eager-rows", help="the eager level of a prompt-chunk step instead, for these row counts")
     args = p.parse_args()
     fa, rows = FA(), []
+    if args.eager_rows:
+        return eager_main(args, fa)
     variants = [("one", "one", 1, 1, GRAPH_SPLITS)]
     for cap in map(int, args.capacities.split(",")):
         variants += [(f"padded@{cap}", "padded", 1, cap, GRAPH_SPLITS)]
