@@ -50,10 +50,12 @@ MIN_SAVED_TOKENS = {("cuda", False): 15 * 2048, ("cuda", True): 63 * 2048,
 # system prompt); deeper sharing is read in the context.
 MAX_LEVELS = 4
 # Levels a full CUDA graph holds besides the system prompts' (a graph of T tokens could form 2T).
-# FlashAttention-3 combines its key splits over every group of the graph's call, empty ones too:
-# with the 770 groups 384 tokens can form, 59-62 us a layer on the H100 (Llama-2-7B shape, S=2048,
-# benchmarks/results/ceiling_h100/layer_kernels_h100.md). The tree keeps its shallowest levels;
-# deeper ones are read in the context (exact either way). VLLM_RELAY_GRAPH_LEVELS overrides it.
+# FlashAttention-3 combines its key splits over every group of the graph's call, empty ones too.
+# On the H100 (Llama-2-7B shape, one level of 384 rows over 2048 keys) the level's call takes 109 us
+# in a graph of 770 groups, 62 us in one of 66, 54 us alone; a whole layer 480 -> 434 us; end to end
+# (P=2048, 1000 requests) +2.9% (benchmarks/results/ceiling_h100/README.md, third session).
+# The tree keeps its shallowest levels; deeper ones are read in the context (exact either way).
+# VLLM_RELAY_GRAPH_LEVELS overrides it.
 GRAPH_LEVELS = 64
 # The fused level kernel splits a tile's keys into at most this many slices, so that few rows
 # still give the GPU about two programs per multiprocessor.
