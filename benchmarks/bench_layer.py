@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from vllm_relay.attention import step as relay_step  # noqa: E402
 from vllm_relay.attention.planner import RelayPlanner  # noqa: E402
 from vllm_relay.config import RelayConfig  # noqa: E402
-from vllm_relay.ops import RelayPlan, relay_attention  # noqa: E402
+from vllm_relay.ops import RelayPlan, force_one_split, relay_attention  # noqa: E402
 
 # The ops benchmark's FlashAttention entry points and graph capture (same head dim, block, dtype).
 from bench_ops import BLOCK, DTYPE, FA, GRAPH_SPLITS, MODELS, capture_graph  # noqa: E402
@@ -104,7 +104,7 @@ class Layer:
         self.plain_step = relay_step.RelayStep(n, n, np.full(n, -1, np.int32), np.zeros(n, np.int32),
                                                np.ones(n, np.int32))
 
-    def plan(self, shared_path, graph, plain=False, level_splits=None, static=False):
+    def plan(self, shared_path, graph, plain=False, level_splits=None, static=False, fa_split=False):
         planner = RelayPlanner(config(self.hq, self.hkv, shared_path, max(self.n, 256), full_graphs=graph),
                                SimpleNamespace(block_size=BLOCK), "cuda")
         step = self.plain_step if plain else self.step
@@ -131,6 +131,8 @@ class Layer:
                                                                 max(c["max_seqlen_q"], 1),
                                                                 c["seqused_k"], c["max_seqlen_k"], False, self.hq,
                                                                 self.hkv, lsplits)
+            if p.one_split and not fa_split:  # as the backend does (planner.graph_one_split)
+                force_one_split(level.call["scheduler_metadata"], c["seqused_k"].shape[0])
         return RelayPlan(context, [level] if run_level else []), planner
 
     def call(self, plan):
@@ -203,7 +205,8 @@ def bench_rule():
 
 def bench_splits():
     """The shared level's FlashAttention call at several split counts (inside a graph): FA3's
-    dynamic split (AOT schedule, the count an upper bound) and static splits (no AOT schedule)."""
+    dynamic split (AOT schedule, the count an upper bound; dynamic32 with the planner's one split where
+    graph_one_split says so, fa32 FA3's choice alone) and static splits (no AOT schedule)."""
     os.environ["VLLM_RELAY_LEVEL_KERNEL"] = "flash"
     fa, rows = FA(), []
     models = ARGS.models.split(",") if ARGS.models else list(MODELS)
@@ -217,7 +220,8 @@ def bench_splits():
             layer = Layer(fa, hq, hkv, n, S, 128)
             row = dict(model=name, S=S, c=128, n=n)
             row["noprompt_us"] = graph_ms(layer.call(layer.plan("never", True, plain=True)[0])) * 1e3
-            row["dynamic32_us"] = graph_ms(layer.call(layer.plan("always", True)[0])) * 1e3
+            row["dynamic32_us"] = graph_ms(layer.call(layer.plan("always", True)[0])) * 1e3  # the planner's
+            row["fa32_us"] = graph_ms(layer.call(layer.plan("always", True, fa_split=True)[0])) * 1e3  # FA3's split
             for splits in (1, 2, 4, 8, 16, 32):
                 row[f"static_{splits}_us"] = graph_ms(
                     layer.call(layer.plan("always", True, level_splits=splits, static=True)[0])) * 1e3

@@ -11,6 +11,8 @@ times one level (n rows over S shared keys, one layer) in graphs:
   chunksK  the group's keys cut into K groups of S/K keys in the padded batch, the queries repeated
            (split-K done by the plan; the fusion merges the K rows of each token)
   unsplit  the padded batch with one split and no schedule (no split combine over the padding)
+  forced1  the padded batch captured with the split cap, its schedule's split counts set to 1 per step
+           (ops.force_one_split: what the planner's graph_one_split does)
 Capping a graph's groups (fewer than 2 + rows x 4 / 2; the tree keeps its shallowest levels) is what a
 small capacity here measures: FA3's combine runs over every padded group.
 Times are medians of graph replays (triton.testing.do_bench); TFLOP/s counts 4 n S Hq D.
@@ -33,8 +35,10 @@ from bench_layer import write_results  # noqa: E402
 from bench_ops import BLOCK, DTYPE, FA, GRAPH_SPLITS, MODELS, capture_graph  # noqa: E402
 from bench_ops import HEAD_DIM as D  # noqa: E402
 
+from vllm_relay.ops import force_one_split  # noqa: E402
 
-def level_ms(fa, hq, hkv, n, S, groups, chunks, capacity, splits=GRAPH_SPLITS):
+
+def level_ms(fa, hq, hkv, n, S, groups, chunks, capacity, splits=GRAPH_SPLITS, one=False):
     pages = triton.cdiv(S, BLOCK)
     kv = torch.randn(pages + 8, BLOCK, hkv, 2 * D, device="cuda", dtype=DTYPE)
     k_cache, v_cache = kv[..., :D], kv[..., D:]
@@ -56,6 +60,8 @@ def level_ms(fa, hq, hkv, n, S, groups, chunks, capacity, splits=GRAPH_SPLITS):
     sched = None  # one split: no schedule (as VLLM_RELAY_LEVEL_SPLITS runs it)
     if splits > 1:
         sched = fa.schedule(batch, cu[: batch + 1], n, lens[:batch], 16384, False, hq, hkv, splits)
+        if one and not force_one_split(sched, batch):
+            raise RuntimeError("FA3's schedule has no dynamic split vector")
 
     def run():
         fa.varlen(q=q, k=k_cache, v=v_cache, out=out, cu_seqlens_q=cu[: batch + 1], seqused_k=lens[:batch],
@@ -121,18 +127,19 @@ def main():
     fa, rows = FA(), []
     if args.eager_rows:
         return eager_main(args, fa)
-    variants = [("one", "one", 1, 1, GRAPH_SPLITS)]
+    variants = [("one", "one", 1, 1, GRAPH_SPLITS, False)]
     for cap in map(int, args.capacities.split(",")):
-        variants += [(f"padded@{cap}", "padded", 1, cap, GRAPH_SPLITS)]
-        variants += [(f"unsplit@{cap}", "padded", 1, cap, 1)]
-        variants += [(f"chunks{k}@{cap}", "padded", k, cap, GRAPH_SPLITS) for k in (2, 4)]
+        variants += [(f"padded@{cap}", "padded", 1, cap, GRAPH_SPLITS, False)]
+        variants += [(f"unsplit@{cap}", "padded", 1, cap, 1, False)]
+        variants += [(f"forced1@{cap}", "padded", 1, cap, GRAPH_SPLITS, True)]
+        variants += [(f"chunks{k}@{cap}", "padded", k, cap, GRAPH_SPLITS, False) for k in (2, 4)]
     for model in ("llama2-7b", "llama3-8b"):
         hq, hkv = MODELS[model]
         for S in (2048, 16000):
             for n in map(int, args.ns.split(",")):
                 row = dict(model=model, S=S, n=n)
-                for name, groups, chunks, capacity, splits in variants:
-                    ms = level_ms(fa, hq, hkv, n, S, groups, chunks, capacity, splits)
+                for name, groups, chunks, capacity, splits, one in variants:
+                    ms = level_ms(fa, hq, hkv, n, S, groups, chunks, capacity, splits, one)
                     row[f"{name}_us"] = ms * 1e3
                     row[f"{name}_tflops"] = 4 * n * S * hq * D / ms / 1e9
                 rows.append(row)

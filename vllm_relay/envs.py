@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     VLLM_RELAY_LEVEL_SPLITS: int | None = None
     VLLM_RELAY_LEVEL_KERNEL: str | None = None
     VLLM_RELAY_GRAPH_LEVELS: int | None = None
+    VLLM_RELAY_GRAPH_ONE_SPLIT: int | None = None
     VLLM_RELAY_TEST_SERVER: str | None = None
     VLLM_RELAY_TEST_API_KEY: str | None = None
 
@@ -54,6 +55,9 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # (unset: attention.planner.GRAPH_LEVELS; 0: as many as its tokens can form). Deeper levels past
     # it are read in each request's context; results are the same, only the speed changes.
     "VLLM_RELAY_GRAPH_LEVELS": lambda: _int("VLLM_RELAY_GRAPH_LEVELS"),
+    # Tuning knob for benchmarks: 0 leaves a graph's levels to FlashAttention-3's own split choice
+    # every step (unset or 1: one split when their rows fill the GPU, attention.planner.graph_one_split).
+    "VLLM_RELAY_GRAPH_ONE_SPLIT": lambda: _int("VLLM_RELAY_GRAPH_ONE_SPLIT"),
     # Which kernel runs the system level: "flash" (a gather, FlashAttention-3, the relay fusion;
     # the default) or "triton" (one fused launch: gather, split-K attention over the slot's pages,
     # LSE merge). Measured in benchmarks/results/layer_h200.md; the results are the same.

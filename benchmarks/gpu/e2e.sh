@@ -26,6 +26,8 @@
 #                    than relay's work (about 8 min)
 #   single2g         single2 with relay's graphs also holding every level their tokens can form
 #                    (VLLM_RELAY_GRAPH_LEVELS=0, the code before the cap) beside: what the cap gains (about 7 min)
+#   single2s         the same with relay's graph levels left to FA3's split choice (VLLM_RELAY_GRAPH_ONE_SPLIT=0)
+#                    beside: what the planner's one split gains (about 7 min)
 #   multi2 multi3    the multi-prompt workload (four system prompts, 20% plain requests), 1000 requests, each
 #                    engine run twice: relay, no system prompt, vLLM's default (Llama-2-7B / Llama-3-8B shapes)
 #   l2_8192          throughput, P = 8192, default / relay / no system prompt (Llama-2-7B shape)
@@ -79,10 +81,11 @@ for step in "$@"; do
       c=relay,noprefix; f=single_llama2; [ $step = single2r ] && c=$c,noprefix-relay && f=${f}_runners
       $bt --model "$m2" --prefix-len 2048 --num-prompts 1000 --max-model-len 5120 --repeat 2 \
           --configs $c --out "$out/$f.json" ;;
-    single2g)
+    single2g|single2s)
       a="--model $m2 --prefix-len 2048 --num-prompts 1000 --max-model-len 5120 --repeat 2"
-      $bt $a --configs relay,noprefix --out "$out/single_llama2_graph_levels.json" &&
-        VLLM_RELAY_GRAPH_LEVELS=0 $bt $a --configs relay --out "$out/single_llama2_graph_levels0.json" ;;
+      v=VLLM_RELAY_GRAPH_LEVELS; f=single_llama2_graph_levels
+      [ $step = single2s ] && v=VLLM_RELAY_GRAPH_ONE_SPLIT && f=single_llama2_one_split
+      $bt $a --configs relay,noprefix --out "$out/$f.json" && env $v=0 $bt $a --configs relay --out "$out/${f}0.json" ;;
     multi2|multi3)
       m=$m2; [ $step = multi3 ] && m=$m3
       $bt --model "$m" --prefix-len 2048 --num-prompts 1000 --max-model-len 5120 --workloads multi --repeat 2 \

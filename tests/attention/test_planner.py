@@ -326,6 +326,32 @@ def test_a_graph_holds_at_most_its_levels_the_shallowest_first(monkeypatch):
     assert sorted(capped.depth.tolist()) == [0, 0, 1, 1]  # the shallowest kept
 
 
+def test_graph_levels_run_unsplit_when_their_tiles_fill_the_gpu(monkeypatch):
+    """The plan asks for one split (ops.force_one_split) in graph steps whose levels' query tiles fill
+    ONE_SPLIT_FILL of the multiprocessors; never eagerly, never with the knob at 0; exact either way."""
+    from vllm_relay.attention.planner import LEVEL_TILE_ROWS, ONE_SPLIT_FILL, graph_one_split
+
+    assert graph_one_split(np.array([3 * LEVEL_TILE_ROWS]), 1, 32, 132)  # 96 tiles of 132 SMs
+    assert not graph_one_split(np.array([2 * LEVEL_TILE_ROWS]), 1, 32, 132)  # 64
+    assert graph_one_split(np.array([96]), 4, 8, 132) == (3 * 8 >= ONE_SPLIT_FILL * 132)  # GQA packs 4 heads
+    assert graph_one_split(np.array([1, 1]), 1, 1, 3) and not graph_one_split(np.array([1]), 1, 1, 3)
+    batch = [(0, 30, 1, -1, 0), (0, 40, 1, -1, 0), (-1, 100, 1, -1, 0), (-1, 90, 1, 2, 5)]
+    world = World(batch, torch.float32, "cpu", 2)
+    world.record_fills()
+    for knob, sms, graph, expected in (("", 1, True, True), ("", 1000, True, False), ("", 1, False, False),
+                                       ("0", 1, True, False)):
+        monkeypatch.setenv("VLLM_RELAY_GRAPH_ONE_SPLIT", knob)
+        planner = make_planner(shared_path="always", full_graphs=graph)
+        planner.num_sms = sms
+        cm = world.cm(pad_reqs=2, pad_tokens=2) if graph else world.cm()
+        step = world.step()
+        planner.levels_for(step)
+        step.graph_levels = True
+        plan = planner.plan(cm, step)
+        assert plan.run_level and plan.one_split == expected and planner.stats["one_split_steps"] == expected
+        run_and_check(world, plan, cm, padded(world.q, cm))
+
+
 def test_graph_steps_run_levels_only_in_the_levels_graph(monkeypatch):
     """With levels, vLLM replays the levels' twin (the dispatcher records it) and the plan fills it;
     had vLLM replayed its own graph, the same step reads everything in its context (the prefix

@@ -30,7 +30,7 @@ from vllm_relay import envs
 from vllm_relay.attention import step as relay_step
 from vllm_relay.attention.common import check_engine, check_layer, log_active
 from vllm_relay.attention.planner import RelayPlanner
-from vllm_relay.ops import RelayPlan, relay_attention
+from vllm_relay.ops import RelayPlan, force_one_split, relay_attention
 
 
 class RelayAttentionBackend(FlashAttentionBackend):
@@ -111,6 +111,8 @@ class RelayMetadataBuilder(FlashAttentionMetadataBuilder):
                 if plan.run_level or plan.graph:
                     sched = self._schedule_level(level.call, meta.max_num_splits, fast_build)
                     if sched is not None:
+                        if plan.one_split:  # the graph's levels unsplit this step (planner.graph_one_split)
+                            force_one_split(sched, level.call["seqused_k"].shape[0])
                         level.call["scheduler_metadata"] = sched
         context = dict(cu_seqlens_q=meta.query_start_loc, seqused_k=meta.seq_lens,
                        max_seqlen_q=meta.max_query_len, max_seqlen_k=meta.max_seq_len,

@@ -57,10 +57,18 @@ MAX_LEVELS = 4
 # The tree keeps its shallowest levels; deeper ones are read in the context (exact either way).
 # VLLM_RELAY_GRAPH_LEVELS overrides it.
 GRAPH_LEVELS = 64
+# A graph's levels run unsplit (`ops.force_one_split`) when their query tiles alone fill this share
+# of the multiprocessors: FA3's schedule splits such levels in two, where one wave of whole tiles is
+# faster and needs no combine (H100, a layer in a graph, us, unsplit against FA3's split: Llama-2-7B
+# shape S=2048 n=384 423 / 434, n=512 537 / 550; Llama-3-8B 172 / 192, 213 / 223; Llama-2 S=16000
+# n=384 591 / 621); fewer rows over a long level still want the split (S=16000 n=256: 465 / 390).
+ONE_SPLIT_FILL = 0.6
+LEVEL_TILE_ROWS = 128  # FA3's query tile at head size 128; a split call packs a KV head's query heads
 # The fused level kernel splits a tile's keys into at most this many slices, so that few rows
 # still give the GPU about two programs per multiprocessor.
 MAX_LEVEL_SPLITS = 8
-STATS = ("planned_steps", "graph_steps", "level_graph_steps", "prefix_requests", "shared_tokens", "level_groups",
+STATS = ("planned_steps", "graph_steps", "level_graph_steps", "one_split_steps", "prefix_requests", "shared_tokens",
+         "level_groups",
          "saved_kv_tokens", "saved_kv_bytes", *(f"tokens_under_{k}_levels" for k in range(1, MAX_LEVELS + 1)), "max_level_rows")
 
 
@@ -69,6 +77,13 @@ def level_splits(rows: int, gqa: int, num_kv_heads: int, num_sms: int) -> int:
     programs per multiprocessor, at most MAX_LEVEL_SPLITS)."""
     tiles = max(1, -(-rows // tile_tokens(gqa)))
     return max(1, min(MAX_LEVEL_SPLITS, -(-2 * num_sms // (tiles * num_kv_heads))))
+
+
+def graph_one_split(group_rows: np.ndarray, gqa: int, num_kv_heads: int, num_sms: int) -> bool:
+    """Whether a graph's levels of these rows run unsplit: their query tiles (a KV head's query
+    heads packed, as FA3 does in a split call) fill ONE_SPLIT_FILL of the multiprocessors."""
+    tiles = -(-np.asarray(group_rows, dtype=np.int64) * gqa // LEVEL_TILE_ROWS)
+    return int(tiles.sum()) * num_kv_heads >= ONE_SPLIT_FILL * num_sms
 
 
 # Every planner of this worker process, for `worker_stats`.
@@ -98,6 +113,7 @@ class StepPlan:
     level: SharedLevel  # the levels (their buffers are always written)
     run_level: bool  # whether eager code must run them (always when capturing a graph with levels)
     graph: bool  # a full-CUDA-graph step whose graph holds the levels: it reads the plan, rows or not
+    one_split: bool = False  # the graph's levels run unsplit this step (`graph_one_split`)
 
 
 class RelayPlanner:
@@ -124,6 +140,7 @@ class RelayPlanner:
         self.max_graph_tokens = comp.max_cudagraph_capture_size or 0
         graph_levels = envs.VLLM_RELAY_GRAPH_LEVELS
         self.graph_levels = GRAPH_LEVELS if graph_levels is None else graph_levels or 1 << 30
+        self.one_split = envs.VLLM_RELAY_GRAPH_ONE_SPLIT != 0
         self.device = torch.device(device)
         self.num_sms = torch.cuda.get_device_properties(self.device).multi_processor_count \
             if self.device.type == "cuda" else 1
@@ -311,9 +328,12 @@ class RelayPlanner:
         context = dataclasses.replace(cm, seq_lens=ctx_lens, block_table_tensor=ctx_table, max_seq_len=max_seq_len,
                                       seq_lens_cpu_upper_bound=None, _seq_lens_cpu=None,
                                       _num_computed_tokens_cpu=None, _num_computed_tokens_cache=None)
+        group_sizes = np.diff(cu)
+        one_split = bool(graph and tree is not None and self.level_kernel == "flash" and self.one_split
+                         and graph_one_split(group_sizes, self.gqa, self.hkv, self.num_sms))
         if not capture:
             self._count(graph, with_level, tree, ctx_front, root, perm.shape[0], row_index)
-        group_sizes = np.diff(cu)
+            self.stats["one_split_steps"] += one_split
         call = dict(cu_seqlens_q=self.cu[: groups + 1], seqused_k=self.lens[:groups],
                     max_seqlen_q=T if graph else int(group_sizes.max(initial=0)),
                     max_seqlen_k=self.level_table.shape[1] * self.page_size if graph else int(lens.max(initial=0)),
@@ -330,7 +350,7 @@ class RelayPlanner:
                          group_lens=self.lens[:groups], ws=self.ws, num_splits=splits)
             level = SharedLevel(perm=self.perm[:rows], row_index=row_index_view[0], call=call, fused=fused)
         run_level = (capture and with_level) or perm.shape[0] > 0
-        return StepPlan(context, level, run_level=run_level, graph=graph and with_level)
+        return StepPlan(context, level, run_level=run_level, graph=graph and with_level, one_split=one_split)
 
     def _stage(self, B, T, depth, groups, ctx_front, ctx_slot, ctx_skip, perm, cu, lens, tree, own, tiles,
                row_index) -> None:

@@ -10,6 +10,7 @@ Public API (see each function's docstring for shapes and dtypes):
   * `find_levels`, `level_rows`, `LevelRule`, `LevelTree`: the host-side, once-per-step planning of
     the shared levels (the prefix tree of the step's block tables).
   * `RelayPlan`, `SharedLevel`, `relay_attention`: the context call and the shared levels composed.
+  * `force_one_split`: one key split for every batch of a FlashAttention-3 call captured split.
 """
 
 from vllm_relay.ops.gather_rows import gather_rows, gather_rows_torch, gather_rows_triton
@@ -21,6 +22,7 @@ from vllm_relay.ops.prefix_table import (
 )
 from vllm_relay.ops.relay_attention import RelayPlan, SharedLevel, relay_attention
 from vllm_relay.ops.relay_fusion import relay_fusion, relay_fusion_torch, relay_fusion_triton
+from vllm_relay.ops.split_schedule import force_one_split
 from vllm_relay.ops.varlen_attention import varlen_attention_torch
 
 __all__ = [
@@ -29,6 +31,7 @@ __all__ = [
     "RelayPlan",
     "SharedLevel",
     "find_levels",
+    "force_one_split",
     "gather_rows",
     "gather_rows_torch",
     "gather_rows_triton",
