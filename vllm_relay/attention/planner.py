@@ -59,9 +59,10 @@ MAX_LEVELS = 4
 GRAPH_LEVELS = 64
 # A graph's levels run unsplit (`ops.force_one_split`) when their query tiles alone fill this share
 # of the multiprocessors: FA3's schedule splits such levels in two, where one wave of whole tiles is
-# faster and needs no combine (H100, a layer in a graph, us, unsplit against FA3's split: Llama-2-7B
-# shape S=2048 n=384 423 / 434, n=512 537 / 550; Llama-3-8B 172 / 192, 213 / 223; Llama-2 S=16000
-# n=384 591 / 621); fewer rows over a long level still want the split (S=16000 n=256: 465 / 390).
+# faster and needs no combine (H100, a layer in a graph, us, one split against FA3's split at n=384:
+# Llama-2-7B shape 422 / 433 at S=2048, 602 / 617 at S=16000; Llama-3-8B 180 / 192, 354 / 370; at
+# 512 rows FA3 picks one itself); fewer rows over a long level still want the split (the unsplit
+# kernel at S=16000, n=256: 470 / 392). benchmarks/results/ceiling_h100/splits_one_split_h100.md.
 ONE_SPLIT_FILL = 0.6
 LEVEL_TILE_ROWS = 128  # FA3's query tile at head size 128; a split call packs a KV head's query heads
 # The fused level kernel splits a tile's keys into at most this many slices, so that few rows
