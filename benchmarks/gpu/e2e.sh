@@ -11,8 +11,8 @@
 #   prof_l2 prof_l3  1000 requests, relay and no prompt, with vLLM's torch profiler over 8 decode steps
 #                    after 100: each kernel's GPU time (<out>/prof_llama{2,3}.<config>.profile/), about 6 min
 #   acct_l2 acct_l3  issue 16's accounting: 1000 requests (P=2048), relay and no prompt, each engine's whole first
-#                    run under vLLM's torch profiler, its second run without; benchmarks/account.py splits the gap
-#                    into rows (<out>/acct_llama{2,3}.md), about 8 min each
+#                    run under vLLM's torch profiler, two more without (their median); benchmarks/account.py splits the gap
+#                    into rows (<out>/acct_llama{2,3}.md), about 9 min each
 #   acct_l2r         acct_l2 against the relay backend with no prompt (noprefix-relay: the same V1 runner as relay,
 #                    so the profiler costs both sides alike; vLLM's default runner slowed 1.33 s under it, relay 0.18 s)
 #   acct_plain3      the same for plain traffic (Llama-3-8B, no prompt anywhere): the relay backend and vLLM's
@@ -64,7 +64,7 @@ for step in "$@"; do
     acct_l2|acct_l3|acct_l2r)
       m=$m2; len=5120; [ $step = acct_l3 ] && m=$m3 && len=4096
       b=noprefix; f="$out/acct_llama${step#acct_l}"; [ $step = acct_l2r ] && b=noprefix-relay && f="$out/acct_llama2_r"
-      $bt --model "$m" --prefix-len 2048 --num-prompts 1000 --max-model-len $len --profile 0,0 --repeat 2 \
+      $bt --model "$m" --prefix-len 2048 --num-prompts 1000 --max-model-len $len --profile 0,0 --repeat 3 \
           --configs relay,$b --out "$f.json" && python3 benchmarks/account.py "$f.json" --b $b --out "$f.md" ;;
     acct_plain3)
       $bt --model "$m3" --prefix-len 2048 --num-prompts 1000 --max-model-len 4096 --profile 0,0 --repeat 2 \

@@ -57,8 +57,11 @@ def test_load_reads_the_profiles_beside_the_result_and_the_unprofiled_run(tmp_pa
     (tmp_path / "r.json").write_text(json.dumps(result))
     (tmp_path / "r.relay.profile").mkdir()
     (tmp_path / "r.relay.profile" / "steps_0.json").write_text(json.dumps({"steps": A}))
-    rows, elapsed, second = account.load(str(tmp_path / "r.json"), "relay", "single")
-    assert rows == A and elapsed == 2.0 and second == pytest.approx(2.5)
+    rows, elapsed, later = account.load(str(tmp_path / "r.json"), "relay", "single")
+    assert rows == A and elapsed == 2.0 and later == pytest.approx(2.5)
+    result["relay"]["single"]["runs_requests_per_s"] = [50.0, 40.0, 25.0, 20.0]  # later runs: 2.5, 4, 5 s
+    (tmp_path / "r.json").write_text(json.dumps(result))
+    assert account.load(str(tmp_path / "r.json"), "relay", "single")[2] == pytest.approx(4.0)  # their median
     (tmp_path / "r.relay.profile" / "steps_0.json").write_text(json.dumps({"error": "KeyError('ts')"}))
     with pytest.raises(SystemExit, match="holds no steps"):
         account.load(str(tmp_path / "r.json"), "relay", "single")
@@ -70,4 +73,4 @@ def test_markdown_states_the_sum_and_the_unprofiled_gap():
     md = account.markdown(account.account(A, 0.020, B, 0.012), ("relay", "noprefix"), (1.10, 1.00))
     assert "| decode: attention | 0.002 s | 0.001 s | +1 ms |" in md
     assert "The rows add up to +8 ms; the profiled runs' gap is +8 ms." in md
-    assert "gap +100 ms (1.100x the time)" in md
+    assert "gap +100 ms (1.100x the time); the rows add up to 8.0% of it." in md
