@@ -3,7 +3,9 @@
 # /tmp/site, then run the serving smoke test, the `gpu` tests and the benchmarks, with logs in $OUT.
 # Usage: bash benchmarks/gpu/run_all.sh [smoke] [tests] [bench] [bench-quick] [layer] [layer-quick] [kernels] [tune]
 #   tests: the `gpu` tests, TESTS (default: tests) within TESTS_TIMEOUT seconds (default 540); the whole
-#   suite outgrew one call on the H100 (2026-11-26): run TESTS="tests/ops tests/attention" and TESTS=tests/e2e
+#   suite outgrew one call on the H100 (2026-11-26): run TESTS="tests/ops tests/attention" (about 1 min),
+#   then tests/e2e/test_gpu_relay.py in parts, each test starting engines for minutes (2 in 570 s):
+#   TESTS="tests/e2e/test_gpu_relay.py -k matches_flash", then "... -k shared_levels", then "... -k sleep"
 #   kernels: benchmarks/layer_kernels.py (GPU time of each kernel of a layer call, per plan)
 #   tune: benchmarks/tune_level.py (the fused Triton level's tile sweep, against the FA level)
 #   layer: benchmarks/bench_layer.py (the planner's rule, host cost per layer; with .old/ as the
