@@ -81,10 +81,13 @@ def markdown(table: list[dict], names: tuple[str, str], unprofiled: tuple[float,
     lines.append(f"The rows add up to {parts * 1e3:+.0f} ms; the profiled runs' gap is {gap * 1e3:+.0f} ms.")
     if unprofiled:
         ua, ub = unprofiled
-        lines.append(f"Without the profiler (the median of each engine's later runs): {a} {ua:.3f} s, {b} "
-                     f"{ub:.3f} s, gap {(ua - ub) * 1e3:+.0f} ms ({ua / ub:.3f}x the time); the rows add up to "
-                     f"{parts / (ua - ub):.1%} of it." if ua != ub else f"Without the profiler: {a} {ua:.3f} s, "
-                     f"{b} {ub:.3f} s, no gap.")
+        line = f"Without the profiler (the median of each engine's later runs): {a} {ua:.3f} s, {b} {ub:.3f} s, "
+        if ua == ub:
+            line += "no gap."
+        else:
+            line += (f"gap {(ua - ub) * 1e3:+.0f} ms ({ua / ub:.3f}x the time); the rows add up to "
+                     f"{parts / (ua - ub):.1%} of it.")
+        lines.append(line)
     return "\n".join(lines) + "\n"
 
 

@@ -69,8 +69,8 @@ LEVEL_TILE_ROWS = 128  # FA3's query tile at head size 128; a split call packs a
 # still give the GPU about two programs per multiprocessor.
 MAX_LEVEL_SPLITS = 8
 STATS = ("planned_steps", "graph_steps", "level_graph_steps", "one_split_steps", "prefix_requests", "shared_tokens",
-         "level_groups",
-         "saved_kv_tokens", "saved_kv_bytes", *(f"tokens_under_{k}_levels" for k in range(1, MAX_LEVELS + 1)), "max_level_rows")
+         "level_groups", "saved_kv_tokens", "saved_kv_bytes", *(f"tokens_under_{k}_levels" for k in range(1, MAX_LEVELS + 1)),
+         "max_level_rows")
 
 
 def level_splits(rows: int, gqa: int, num_kv_heads: int, num_sms: int) -> int:
@@ -207,7 +207,10 @@ class RelayPlanner:
 
     def is_graph_step(self, cm) -> bool:
         """A uniform decode batch that vLLM runs as a full CUDA graph (FULL_AND_PIECEWISE)."""
-        return self.full_graphs and cm.max_query_len <= 1 and cm.num_actual_tokens <= self.max_graph_tokens
+        return self.runs_as_graph(cm.num_actual_tokens, cm.max_query_len)
+
+    def runs_as_graph(self, num_tokens: int, max_query_len: int) -> bool:
+        return self.full_graphs and max_query_len <= 1 and num_tokens <= self.max_graph_tokens
 
     def rule(self, max_groups: int | None = None) -> LevelRule | None:
         """When a shared run becomes a level (None: no levels at all), at most `max_groups` levels
@@ -226,7 +229,7 @@ class RelayPlanner:
         step.tree, step.levels_planned = None, True
         # A decode batch that a full graph will run: as many levels as the graph holds (the
         # graph's capacity for this batch, which the padded batch's graph can only exceed).
-        graph = self.full_graphs and step.num_tokens <= self.max_graph_tokens and bool((step.q_lens <= 1).all())
+        graph = self.runs_as_graph(step.num_tokens, int(step.q_lens.max(initial=0)))
         rule = self.rule(self.graph_capacity(step.num_tokens)[1] if graph else None)
         least = MIN_SAVED_TOKENS["cuda" if self.device.type == "cuda" else "cpu", self.gqa > 1]
         if rule is None or (self.shared_path == "auto" and least == float("inf")):
