@@ -13,7 +13,7 @@ Measures what the relay planner's rule needs and what a layer costs the host:
          path, the shared path and, with --old-src, the previous implementation (dense system
          store, plan_system_attention) for a before/after table.
 
-Times are medians of triton.testing.do_bench (L2 flushed). Writes <out>/layer_h200.{json,md}.
+Times are medians of triton.testing.do_bench (L2 flushed). Writes <out>/layer.{json,md} (committed under a name with the card's).
 Usage: python3 benchmarks/bench_layer.py [--quick] [--old-src DIR] [--out DIR]
 """
 
@@ -57,6 +57,8 @@ def args_():
     p.add_argument("--rep", type=int, default=60)
     add_grid_args(p)  # the rule table's grid (default: all models, and sizes by --quick)
     p.add_argument("--only", choices=["splits", "rule", "host"], help="run one part only")
+    p.add_argument("--contexts", default="128", help="own tokens per request in the splits part (comma-separated)")
+    p.add_argument("--overlap-only", action="store_true", help="splits part: no static split columns")
     return p.parse_args()
 
 
@@ -104,7 +106,7 @@ class Layer:
         self.plain_step = relay_step.RelayStep(n, n, np.full(n, -1, np.int32), np.zeros(n, np.int32),
                                                np.ones(n, np.int32))
 
-    def plan(self, shared_path, graph, plain=False, level_splits=None, static=False, fa_split=False):
+    def plan(self, shared_path, graph, plain=False, level_splits=None, static=False, fa_split=False, stream=None):
         planner = RelayPlanner(config(self.hq, self.hkv, shared_path, max(self.n, 256), full_graphs=graph),
                                SimpleNamespace(block_size=BLOCK), "cuda")
         step = self.plain_step if plain else self.step
@@ -133,7 +135,7 @@ class Layer:
                                                                 self.hkv, lsplits)
             if p.one_split and not fa_split:  # as the backend does (planner.graph_one_split)
                 force_one_split(level.call["scheduler_metadata"], c["seqused_k"].shape[0])
-        return RelayPlan(context, [level] if run_level else []), planner
+        return RelayPlan(context, [level] if run_level else [], level_stream=stream), planner
 
     def call(self, plan):
         return lambda: relay_attention(self.q, self.k_cache, self.v_cache, plan, self.out, D ** -0.5,
@@ -206,9 +208,16 @@ def bench_rule():
 def bench_splits():
     """The shared level's FlashAttention call at several split counts (inside a graph): FA3's
     dynamic split (AOT schedule, the count an upper bound; dynamic32 with the planner's one split where
-    graph_one_split says so, fa32 FA3's choice alone) and static splits (no AOT schedule)."""
+    graph_one_split says so, fa32 FA3's choice alone) and static splits (no AOT schedule). The
+    overlap columns run the level on a second stream, concurrent with the context call (the
+    backend's level_stream): at high priority (the backend's), at normal priority, and high with
+    FA3's own split."""
+    from vllm_relay.attention.backend import LEVEL_STREAM_PRIORITY
+
     os.environ["VLLM_RELAY_LEVEL_KERNEL"] = "flash"
     fa, rows = FA(), []
+    high, normal = torch.cuda.Stream(priority=LEVEL_STREAM_PRIORITY), torch.cuda.Stream(priority=0)
+    contexts = tuple(map(int, ARGS.contexts.split(",")))
     models = ARGS.models.split(",") if ARGS.models else list(MODELS)
     points = ((2048, 16), (2048, 64), (2048, 256), (8192, 64), (8192, 256))
     if ARGS.ns or ARGS.system_lens:  # the grid's options, when given, choose the points
@@ -216,12 +225,23 @@ def bench_splits():
                   for n in map(int, (ARGS.ns or "256").split(","))]
     for name in models:
         hq, hkv = MODELS[name]
-        for S, n in points:
-            layer = Layer(fa, hq, hkv, n, S, 128)
-            row = dict(model=name, S=S, c=128, n=n)
+        for (S, n), c in ((p, c) for p in points for c in contexts):
+            layer = Layer(fa, hq, hkv, n, S, c)
+            row = dict(model=name, S=S, c=c, n=n)
             row["noprompt_us"] = graph_ms(layer.call(layer.plan("never", True, plain=True)[0])) * 1e3
             row["dynamic32_us"] = graph_ms(layer.call(layer.plan("always", True)[0])) * 1e3  # the planner's
             row["fa32_us"] = graph_ms(layer.call(layer.plan("always", True, fa_split=True)[0])) * 1e3  # FA3's split
+            row["overlap_us"] = graph_ms(layer.call(layer.plan("always", True, stream=high)[0])) * 1e3
+            row["overlap_lo_us"] = graph_ms(layer.call(layer.plan("always", True, stream=normal)[0])) * 1e3
+            row["overlap_fa32_us"] = graph_ms(layer.call(layer.plan("always", True, fa_split=True,
+                                                                    stream=high)[0])) * 1e3
+            if ARGS.overlap_only:
+                rows.append(row)
+                print(f"{name} S={S} c={c} n={n}: " + " ".join(f"{k}={v:.1f}" for k, v in row.items()
+                                                                 if k.endswith("_us")), flush=True)
+                del layer
+                torch.cuda.empty_cache()
+                continue
             for splits in (1, 2, 4, 8, 16, 32):
                 row[f"static_{splits}_us"] = graph_ms(
                     layer.call(layer.plan("always", True, level_splits=splits, static=True)[0])) * 1e3
@@ -353,10 +373,12 @@ def markdown(env, rule_rows, th, host_rows, split_rows):
         lines.append(f"| {r['path']} | {r['host_us']:.1f} | {r['launches']:.1f} | {r['eager_us']:.1f} |")
     if split_rows:
         keys = [k for k in split_rows[0] if k.endswith("_us")]
-        lines += ["", "## The shared level's split count (whole layer, graph us, c=128)", "",
-                  "| model | S | n | " + " | ".join(k[:-3] for k in keys) + " |", "|---|---|---|" + "---|" * len(keys)]
+        lines += ["", "## The shared level's split count and stream (whole layer, graph us)", "",
+                  "| model | S | c | n | " + " | ".join(k[:-3] for k in keys) + " |",
+                  "|---|---|---|---|" + "---|" * len(keys)]
         for r in split_rows:
-            lines.append(f"| {r['model']} | {r['S']} | {r['n']} | " + " | ".join(f"{r[k]:.1f}" for k in keys) + " |")
+            lines.append(f"| {r['model']} | {r['S']} | {r['c']} | {r['n']} | "
+                         + " | ".join(f"{r[k]:.1f}" for k in keys) + " |")
     lines += ["", "Inside a full CUDA graph (decode steps) a layer costs no host time: the step's plan is "
               "written once (one host-to-device copy and one block-table kernel) and the graph replayed."]
     return "\n".join(lines) + "\n"
@@ -375,7 +397,7 @@ def main():
     th = thresholds(rule_rows)
     env["seconds"] = time.time() - start
     md = markdown(env, rule_rows, th, host_rows, split_rows)
-    write_results(ARGS.out, "layer_h200", dict(env=env, rule=rule_rows, thresholds={"|".join(map(str, k)): v
+    write_results(ARGS.out, "layer", dict(env=env, rule=rule_rows, thresholds={"|".join(map(str, k)): v
                                                                                     for k, v in th.items()},
                                                host=host_rows, splits=split_rows), md)
     print(md)

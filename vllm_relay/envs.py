@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     VLLM_RELAY_LEVEL_KERNEL: str | None = None
     VLLM_RELAY_GRAPH_LEVELS: int | None = None
     VLLM_RELAY_GRAPH_ONE_SPLIT: int | None = None
+    VLLM_RELAY_LEVEL_STREAM: int | None = None
     VLLM_RELAY_TEST_SERVER: str | None = None
     VLLM_RELAY_TEST_API_KEY: str | None = None
 
@@ -58,6 +59,9 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # Tuning knob for benchmarks: 0 leaves a graph's levels to FlashAttention-3's own split choice
     # every step (unset or 1: one split when their rows fill the GPU, attention.planner.graph_one_split).
     "VLLM_RELAY_GRAPH_ONE_SPLIT": lambda: _int("VLLM_RELAY_GRAPH_ONE_SPLIT"),
+    # Tuning knob for benchmarks: 0 runs the levels in vLLM's stream after the context call (unset
+    # or 1: on a second stream, concurrently; attention.backend.level_stream). Same results.
+    "VLLM_RELAY_LEVEL_STREAM": lambda: _int("VLLM_RELAY_LEVEL_STREAM"),
     # Which kernel runs the system level: "flash" (a gather, FlashAttention-3, the relay fusion;
     # the default) or "triton" (one fused launch: gather, split-K attention over the slot's pages,
     # LSE merge). Measured in benchmarks/results/layer_h200.md; the results are the same.

@@ -306,3 +306,44 @@ def test_relay_attention_cuda_torch_attn(dtype):
     out = torch.empty_like(q)
     relay_attention(q, k_cache, v_cache, plan, out, scale, varlen_attention_torch)
     assert_close(out, ref, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rule", ["permissive", "measured_like"])
+def test_levels_on_a_second_stream_eager_and_in_a_graph(rule):
+    """The levels on `RelayPlan.level_stream`, concurrent with the context call: eagerly, and captured
+    in a CUDA graph (the fork and join as graph edges; the levels' buffers allocated in the capture)
+    replayed on queries written after the capture. Same kernels on the same inputs: the output equals
+    the one-stream call's bit for bit (a missing wait would show here), and the fp32 reference."""
+    flash_attn_varlen_func, fa_version = _fa()
+    dtype = torch.bfloat16
+    (q, k_cache, v_cache), own, slot_pages, scale, ref = build(MIXED_BATCH, (1, 63), 8, 1, 128, 16, dtype,
+                                                               device="cuda")
+    plan = make_plan(MIXED_BATCH, own, slot_pages, (1, 63), 16, RULES[rule], device="cuda")
+    assert plan.shared
+    kwargs = {"fa_version": fa_version}
+    one_stream = relay_attention(q, k_cache, v_cache, plan, torch.empty_like(q), scale, flash_attn_varlen_func,
+                                 attn_kwargs=kwargs)
+    plan.level_stream = torch.cuda.Stream(priority=-1)
+    out = torch.full_like(q, float("nan"))
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        relay_attention(q, k_cache, v_cache, plan, out, scale, flash_attn_varlen_func, attn_kwargs=kwargs)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert torch.equal(out, one_stream)
+    assert_close(out, ref, dtype)
+
+    q_static, out_static = torch.zeros_like(q), torch.full_like(q, float("nan"))
+    relay_attention(q_static, k_cache, v_cache, plan, out_static, scale, flash_attn_varlen_func, attn_kwargs=kwargs)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        relay_attention(q_static, k_cache, v_cache, plan, out_static, scale, flash_attn_varlen_func,
+                        attn_kwargs=kwargs)
+    out_static.fill_(float("nan"))
+    q_static.copy_(q)
+    graph.replay()
+    assert torch.equal(out_static, one_stream)
+    assert_close(out_static, ref, dtype)

@@ -8,8 +8,8 @@ prompt, what the prefix cache shares below it), each read once for all of them, 
 tables, each request's pages past its levels (with its slot's pages in front on the prefix path):
 
 * no level: FlashAttention's own forward over the context tables, one call;
-* otherwise `ops.relay_attention`: the context call with LSE, one grouped call over every level,
-  the fusion.
+* otherwise `ops.relay_attention`: the context call with LSE, one grouped call over every level
+  (on a second CUDA stream, concurrent with the context call: `level_stream`), the fusion.
 
 A full-CUDA-graph step large enough for levels captures the second form, over persistent plan
 tensors, so one captured graph serves any mix of requests and any tree of sharing.
@@ -80,6 +80,7 @@ class RelayMetadataBuilder(FlashAttentionMetadataBuilder):
         apply_worker()
         self.planner = RelayPlanner(vllm_config, kv_cache_spec, device, num_layers=len(layer_names))
         self.level_splits = envs.VLLM_RELAY_LEVEL_SPLITS or 0
+        self.level_stream = level_stream(device)
         self.level_scheduler_metadata = None
         if self.use_full_cuda_graph and self.aot_schedule:
             self.level_scheduler_metadata = torch.zeros(1 + round_up(self.planner.max_groups, 4) * 4,
@@ -118,7 +119,8 @@ class RelayMetadataBuilder(FlashAttentionMetadataBuilder):
                        max_seqlen_q=meta.max_query_len, max_seqlen_k=meta.max_seq_len,
                        block_table=meta.block_table, scheduler_metadata=meta.scheduler_metadata,
                        num_splits=meta.max_num_splits)
-        meta.relay = RelayPlan(context=context, shared=[level] if plan.run_level else [])
+        meta.relay = RelayPlan(context=context, shared=[level] if plan.run_level else [],
+                               level_stream=self.level_stream)
         return meta
 
     def _schedule_level(self, call: dict, num_splits: int, fast_build: bool):
@@ -140,6 +142,19 @@ class RelayMetadataBuilder(FlashAttentionMetadataBuilder):
         buf[:n] = sched
         buf[n:] = 0  # as FlashAttention does: stale entries could let extra blocks write
         return buf[:n]
+
+
+# Levels on their own stream (issue 16): a decode step's context call is bound by its reads, a system
+# level by its FLOPs, so the two overlap. Priority: the level's few CTAs take SMs as they free up,
+# before the context call's many (benchmarks/bench_layer.py --only splits, "overlap" columns).
+LEVEL_STREAM_PRIORITY = -1
+
+
+def level_stream(device) -> torch.cuda.Stream | None:
+    """The stream the levels run on (VLLM_RELAY_LEVEL_STREAM=0: none, all in vLLM's stream)."""
+    if envs.VLLM_RELAY_LEVEL_STREAM == 0 or torch.device(device).type != "cuda":
+        return None
+    return torch.cuda.Stream(device, priority=LEVEL_STREAM_PRIORITY)
 
 
 class RelayAttentionImpl(FlashAttentionImpl):

@@ -16,6 +16,11 @@ token's rows at once (`SharedLevel.row_index` is [depth, T]).
 Everything data-dependent sits in the plan, built once per step; the per-layer work is a fixed
 sequence of launches over persistent tensors, with no host synchronization, so a CUDA graph can
 capture it and later replay it for any plan written into the same tensors.
+
+The levels need only the queries, the context call only its pages: with `RelayPlan.level_stream`
+the levels run on that CUDA stream while the context call runs on the caller's, and the fusion
+waits for both. On a decode step the context call is bound by its reads and a system level by its
+FLOPs, so the two can share the GPU (captured into a graph, the fork and join are graph edges).
 """
 
 from dataclasses import dataclass, field
@@ -67,10 +72,13 @@ class RelayPlan:
             optionally scheduler_metadata / num_splits. A request on the prefix path has its
             shared pages in front of its own in this table; on the shared path only its own.
         shared: the shared levels, merged into the output in order; empty: one plain call.
+        level_stream: optional CUDA stream on which the levels (gather and attention; not a fused
+            level) run concurrently with the context call; None: all in the caller's stream.
     """
 
     context: dict
     shared: list[SharedLevel] = field(default_factory=list)
+    level_stream: torch.cuda.Stream | None = None
 
 
 def relay_attention(q, k_cache, v_cache, plan: RelayPlan, out, softmax_scale: float, attn_fn,
@@ -98,6 +106,13 @@ def relay_attention(q, k_cache, v_cache, plan: RelayPlan, out, softmax_scale: fl
     """
     extra = attn_kwargs or {}
     levels = plan.shared
+    side = plan.level_stream if levels and all(level.fused is None for level in levels) else None
+    partials = []
+    if side is not None:  # fork: the levels read q, written before this call in the caller's stream
+        caller = torch.cuda.current_stream(q.device)
+        side.wait_stream(caller)
+        with torch.cuda.stream(side):
+            partials = [_level_call(q, k_cache, v_cache, level, softmax_scale, attn_fn, extra) for level in levels]
     result = attn_fn(q=q, k=k_cache, v=v_cache, out=out, softmax_scale=softmax_scale, causal=True,
                      return_softmax_lse=bool(levels), **plan.context, **extra)
     if not levels:
@@ -107,21 +122,28 @@ def relay_attention(q, k_cache, v_cache, plan: RelayPlan, out, softmax_scale: fl
     o_ctx, lse = result
     if o_ctx is not out:
         out.copy_(o_ctx)
+    if side is not None:  # join. The side stream's next fork waits for this call's fusion, so its
+        caller.wait_stream(side)  # buffers (persistent or cached for it) are never written early
     last = len(levels) - 1
     for i, level in enumerate(levels):
         if level.fused is not None:
             level_attention(q, k_cache, v_cache, out, lse, softmax_scale=softmax_scale, update_lse=i != last,
                             **level.fused)
             continue
-        if level.num_rows is not None:
-            q_level = gather_rows(q, level.perm, level.num_rows, level.q_buf)
-        elif level.q_buf is not None:
-            q_level = torch.index_select(q, 0, level.perm, out=level.q_buf)
-        else:
-            q_level = q.index_select(0, level.perm)
-        o_level, lse_level = attn_fn(q=q_level, k=k_cache, v=v_cache, out=level.out_buf,
-                                     softmax_scale=softmax_scale, causal=False,
-                                     return_softmax_lse=True, **level.call, **extra)
+        o_level, lse_level = partials[i] if partials else _level_call(q, k_cache, v_cache, level, softmax_scale,
+                                                                      attn_fn, extra)
         # In place: `out` holds the merged state so far; its LSE is updated for the next level.
         fuse_in_place(out, lse, o_level, lse_level, level.row_index, update_lse=i != last)
     return out
+
+
+def _level_call(q, k_cache, v_cache, level: SharedLevel, softmax_scale, attn_fn, extra):
+    """One level's gather and grouped non-causal call: (output [N, Hq, D], LSE [Hq, N])."""
+    if level.num_rows is not None:
+        q_level = gather_rows(q, level.perm, level.num_rows, level.q_buf)
+    elif level.q_buf is not None:
+        q_level = torch.index_select(q, 0, level.perm, out=level.q_buf)
+    else:
+        q_level = q.index_select(0, level.perm)
+    return attn_fn(q=q_level, k=k_cache, v=v_cache, out=level.out_buf, softmax_scale=softmax_scale, causal=False,
+                   return_softmax_lse=True, **level.call, **extra)
