@@ -2,7 +2,9 @@
 
 bf16 cannot be bit-exact across attention implementations, so the yardstick is another of vLLM's own
 backends: relay may differ from FLASH_ATTN by at most twice what TRITON_ATTN does (the flash-attn
-tests' rule), on the same mixed workload as the CPU exactness test, and relay must have fired.
+tests' rule), on the same mixed workload as the CPU exactness test, and relay must have fired. Where
+a request's greedy tokens part from FLASH_ATTN's, the first differing token must be a near-tie of
+FLASH_ATTN's own (`tie_margin`); how many requests part is printed, not asserted (chance, at 17).
 Relay runs twice with every decode token on the shared path (the measured rule would send this small
 workload's GQA decodes to the prefix path, and its graphs would then hold no level): with vLLM's
 default CUDA graphs (decode steps replay a full graph holding the level) and eagerly; the two must
@@ -36,6 +38,19 @@ def divergence(got: list, want: list) -> tuple[float, float]:
             if gt != wt:
                 break
     return same / len(got), worst
+
+
+def tie_margin(got: list, want: list) -> float:
+    """The largest gap, in `want`'s own logprobs, between its token and `got`'s at each request's first
+    differing token (inf when `got`'s is not in `want`'s top 5). Two engines within bf16 noise of
+    each other part ways only on near-ties; how many requests do so on a few dozen is chance."""
+    worst = 0.0
+    for g, w in zip(got, want, strict=True):
+        for gt, wt, ws in zip(g["tokens"], w["tokens"], w["logprobs"]):
+            if gt != wt:
+                worst = max(worst, ws[str(wt)] - ws.get(str(gt), float("-inf")))
+                break
+    return worst
 
 
 PARALLEL = {"tp1": {}, "tp2": {"tensor_parallel_size": 2}, "tp4": {"tensor_parallel_size": 4},
@@ -75,10 +90,13 @@ def test_relay_matches_flash_attention_on_cuda(name, parallel, tmp_path):
         assert engine_stats["relay_requests"] > 0, relay["relay_stats"]
     relay_same, relay_err = divergence(relay["outputs"], flash["outputs"])
     ref_same, ref_err = divergence(triton["outputs"], flash["outputs"])
-    print(f"{name} {parallel}: relay vs FA: {relay_same:.0%} identical, max diff {relay_err:.3g}; "
-          f"TRITON vs FA: {ref_same:.0%}, {ref_err:.3g}")
+    print(f"{name} {parallel}: relay vs FA: {relay_same:.0%} identical, max diff {relay_err:.3g}, tie margin "
+          f"{tie_margin(relay['outputs'], flash['outputs']):.3g}; TRITON vs FA: {ref_same:.0%}, {ref_err:.3g}, "
+          f"{tie_margin(triton['outputs'], flash['outputs']):.3g}")
     assert relay_err <= 2 * ref_err + 1e-3, (relay_err, ref_err)
-    assert relay_same >= ref_same - 0.15, (relay_same, ref_same)
+    # Each logprob within e = 2 * ref_err + 1e-3 of FA's: where the tokens part, FA's gap is at most 2e.
+    margin = tie_margin(relay["outputs"], flash["outputs"])
+    assert margin <= 2 * (2 * ref_err + 1e-3), (margin, ref_err)
     # Graph replay against eager execution of the relay path.
     graph_stats, eager_stats = relay["worker_stats"], eager["worker_stats"]
     print(name, "worker stats: graphs", graph_stats, "eager", eager_stats)
@@ -118,7 +136,9 @@ def test_shared_levels_match_flash_attention_on_cuda(tmp_path):
           f"{ref_same:.0%}, {ref_err:.3g}; relay graphs vs eager: {replay_same:.0%}, {replay_err:.3g}")
     print("levels worker stats: graphs", relay["worker_stats"], "eager", eager["worker_stats"])
     assert relay_err <= 2 * ref_err + 1e-3 and replay_err <= 2 * ref_err + 1e-3, (relay_err, replay_err, ref_err)
-    assert relay_same >= ref_same - 0.15, (relay_same, ref_same)
+    # Each logprob within e = 2 * ref_err + 1e-3 of FA's: where the tokens part, FA's gap is at most 2e.
+    margin = tie_margin(relay["outputs"], flash["outputs"])
+    assert margin <= 2 * (2 * ref_err + 1e-3), (margin, ref_err)
     stats = relay["worker_stats"]
     assert stats["level_graph_steps"] > 0 and all(stats[f"tokens_under_{k}_levels"] > 0 for k in (1, 2, 3)), stats
 
