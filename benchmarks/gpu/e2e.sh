@@ -11,8 +11,9 @@
 #   prof_l2 prof_l3  1000 requests, relay and no prompt, with vLLM's torch profiler over 8 decode steps
 #                    after 100: each kernel's GPU time (<out>/prof_llama{2,3}.<config>.profile/), about 6 min
 #   acct_l2 acct_l3  issue 16's accounting: 1000 requests (P=2048), relay and no prompt, each engine's whole first
-#                    run under vLLM's torch profiler, two more without (their median); benchmarks/account.py splits the gap
-#                    into rows (<out>/acct_llama{2,3}.md), about 9 min each
+#                    run under vLLM's torch profiler, ACCT_REPEAT - 1 more without (their median; default 2 runs in
+#                    all: three each outgrew a 570 s call on the H100); benchmarks/account.py splits the gap
+#                    into rows (<out>/acct_llama{2,3}.md), about 7 min each
 #   acct_l2r         acct_l2 against the relay backend with no prompt (noprefix-relay: the same V1 runner as relay,
 #                    so the profiler costs both sides alike; vLLM's default runner slowed 1.33 s under it, relay 0.18 s)
 #   acct_plain3      the same for plain traffic (Llama-3-8B, no prompt anywhere): the relay backend and vLLM's
@@ -28,6 +29,8 @@
 #                    (VLLM_RELAY_GRAPH_LEVELS=0, the code before the cap) beside: what the cap gains (about 7 min)
 #   single2s         the same with relay's graph levels left to FA3's split choice (VLLM_RELAY_GRAPH_ONE_SPLIT=0)
 #                    beside: what the planner's one split gains (about 7 min)
+#   single2o         the same with relay's levels in vLLM's stream after the context call (VLLM_RELAY_LEVEL_STREAM=0)
+#                    beside: what running them on a second stream, concurrently, gains (about 7 min)
 #   multi2 multi3    the multi-prompt workload (four system prompts, 20% plain requests), 1000 requests, each
 #                    engine run twice: relay, no system prompt, vLLM's default (Llama-2-7B / Llama-3-8B shapes)
 #   l2_8192          throughput, P = 8192, default / relay / no system prompt (Llama-2-7B shape)
@@ -64,7 +67,7 @@ for step in "$@"; do
     acct_l2|acct_l3|acct_l2r)
       m=$m2; len=5120; [ $step = acct_l3 ] && m=$m3 && len=4096
       b=noprefix; f="$out/acct_llama${step#acct_l}"; [ $step = acct_l2r ] && b=noprefix-relay && f="$out/acct_llama2_r"
-      $bt --model "$m" --prefix-len 2048 --num-prompts 1000 --max-model-len $len --profile 0,0 --repeat 3 \
+      $bt --model "$m" --prefix-len 2048 --num-prompts 1000 --max-model-len $len --profile 0,0 --repeat "${ACCT_REPEAT:-2}" \
           --configs relay,$b --out "$f.json" && python3 benchmarks/account.py "$f.json" --b $b --out "$f.md" ;;
     acct_plain3)
       $bt --model "$m3" --prefix-len 2048 --num-prompts 1000 --max-model-len 4096 --profile 0,0 --repeat 2 \
@@ -81,10 +84,11 @@ for step in "$@"; do
       c=relay,noprefix; f=single_llama2; [ $step = single2r ] && c=$c,noprefix-relay && f=${f}_runners
       $bt --model "$m2" --prefix-len 2048 --num-prompts 1000 --max-model-len 5120 --repeat 2 \
           --configs $c --out "$out/$f.json" ;;
-    single2g|single2s)
+    single2g|single2s|single2o)
       a="--model $m2 --prefix-len 2048 --num-prompts 1000 --max-model-len 5120 --repeat 2"
       v=VLLM_RELAY_GRAPH_LEVELS; f=single_llama2_graph_levels
       [ $step = single2s ] && v=VLLM_RELAY_GRAPH_ONE_SPLIT && f=single_llama2_one_split
+      [ $step = single2o ] && v=VLLM_RELAY_LEVEL_STREAM && f=single_llama2_level_stream
       $bt $a --configs relay,noprefix --out "$out/$f.json" && env $v=0 $bt $a --configs relay --out "$out/${f}0.json" ;;
     multi2|multi3)
       m=$m2; [ $step = multi3 ] && m=$m3
