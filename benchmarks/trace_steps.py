@@ -54,8 +54,17 @@ def union_length(intervals: list[tuple[float, float]]) -> float:
 
 
 def step_marks(events: list[dict], cat: str) -> list[dict]:
-    return sorted((e for e in events if e.get("ph") == "X" and e.get("cat") == cat
-                   and STEP.fullmatch(e.get("name", ""))), key=lambda e: e["ts"])
+    """The step annotations of one track. The profiler repeats a GPU-side annotation on every stream
+    that ran kernels inside it, cut to those kernels (relay's levels run on a second stream): the
+    steps are the track whose annotations span the most time, the stream that ran the whole steps."""
+    tracks = {}
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") == cat and STEP.fullmatch(e.get("name", "")):
+            tracks.setdefault((e.get("pid"), e.get("tid")), []).append(e)
+    if not tracks:
+        return []
+    marks = max(tracks.values(), key=lambda t: sum(float(e.get("dur", 0)) for e in t))
+    return sorted(marks, key=lambda e: e["ts"])
 
 
 def steps(events: list[dict]) -> list[dict]:

@@ -49,6 +49,18 @@ def test_steps_split_busy_idle_and_families():
     assert s["idle_us_median"] == (45 + 5) / 2 and s["families_us_median"]["relay"] == 50
 
 
+def test_a_second_streams_annotations_are_not_steps():
+    """Kernels on a second stream (relay's levels) make the profiler repeat the step's annotation on
+    that stream, cut to its kernels: the steps stay those of the stream that ran them whole."""
+    main = [dict(e, pid=0, tid=7, dur=90) if e.get("cat") == "gpu_user_annotation" else e for e in EVENTS]
+    side = [dict(mark(ts, name), pid=0, tid=9, dur=4) for ts, name in
+            [(131, "execute_context_0(0)_generation_4(4)"), (140, "execute_context_0(0)_generation_4(4)"),
+             (230, "execute_context_1(16)_generation_3(3)")]]
+    rows = bench.steps(main + side)
+    assert [(r["ctx_tokens"], r["cycle_us"]) for r in rows] == [(0, 100), (16, 100)]
+    assert rows == bench.steps(EVENTS)
+
+
 def test_load_reads_plain_and_gzipped_traces(tmp_path):
     plain, zipped = tmp_path / "t.pt.trace.json", tmp_path / "t.pt.trace.json.gz"
     plain.write_text(json.dumps({"traceEvents": EVENTS}))
