@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     VLLM_RELAY_GRAPH_LEVELS: int | None = None
     VLLM_RELAY_GRAPH_ONE_SPLIT: int | None = None
     VLLM_RELAY_LEVEL_STREAM: int | None = None
+    VLLM_RELAY_LEVEL_STREAM_PRIORITY: int | None = None
     VLLM_RELAY_TEST_SERVER: str | None = None
     VLLM_RELAY_TEST_API_KEY: str | None = None
 
@@ -62,6 +63,9 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # Tuning knob for benchmarks: 0 runs the levels in vLLM's stream after the context call (unset
     # or 1: on a second stream, concurrently; attention.backend.level_stream). Same results.
     "VLLM_RELAY_LEVEL_STREAM": lambda: _int("VLLM_RELAY_LEVEL_STREAM"),
+    # Tuning knob for benchmarks: that stream's CUDA priority (lower is higher; unset:
+    # attention.backend.LEVEL_STREAM_PRIORITY).
+    "VLLM_RELAY_LEVEL_STREAM_PRIORITY": lambda: _int("VLLM_RELAY_LEVEL_STREAM_PRIORITY"),
     # Which kernel runs the system level: "flash" (a gather, FlashAttention-3, the relay fusion;
     # the default) or "triton" (one fused launch: gather, split-K attention over the slot's pages,
     # LSE merge). Measured in benchmarks/results/layer_h200.md; the results are the same.

@@ -31,6 +31,7 @@
 #                    beside: what the planner's one split gains (about 7 min)
 #   single2o         the same with relay's levels in vLLM's stream after the context call (VLLM_RELAY_LEVEL_STREAM=0)
 #                    beside: what running them on a second stream, concurrently, gains (about 7 min)
+#   single2p         the same with that stream at priority 0 (VLLM_RELAY_LEVEL_STREAM_PRIORITY=0; the default -1)
 #   multi2 multi3    the multi-prompt workload (four system prompts, 20% plain requests), 1000 requests, each
 #                    engine run twice: relay, no system prompt, vLLM's default (Llama-2-7B / Llama-3-8B shapes)
 #   l2_8192          throughput, P = 8192, default / relay / no system prompt (Llama-2-7B shape)
@@ -84,11 +85,12 @@ for step in "$@"; do
       c=relay,noprefix; f=single_llama2; [ $step = single2r ] && c=$c,noprefix-relay && f=${f}_runners
       $bt --model "$m2" --prefix-len 2048 --num-prompts 1000 --max-model-len 5120 --repeat 2 \
           --configs $c --out "$out/$f.json" ;;
-    single2g|single2s|single2o)
+    single2g|single2s|single2o|single2p)
       a="--model $m2 --prefix-len 2048 --num-prompts 1000 --max-model-len 5120 --repeat 2"
       v=VLLM_RELAY_GRAPH_LEVELS; f=single_llama2_graph_levels
       [ $step = single2s ] && v=VLLM_RELAY_GRAPH_ONE_SPLIT && f=single_llama2_one_split
       [ $step = single2o ] && v=VLLM_RELAY_LEVEL_STREAM && f=single_llama2_level_stream
+      [ $step = single2p ] && v=VLLM_RELAY_LEVEL_STREAM_PRIORITY && f=single_llama2_stream_priority
       $bt $a --configs relay,noprefix --out "$out/$f.json" && env $v=0 $bt $a --configs relay --out "$out/${f}0.json" ;;
     multi2|multi3)
       m=$m2; [ $step = multi3 ] && m=$m3

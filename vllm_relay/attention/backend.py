@@ -154,7 +154,8 @@ def level_stream(device) -> torch.cuda.Stream | None:
     """The stream the levels run on (VLLM_RELAY_LEVEL_STREAM=0: none, all in vLLM's stream)."""
     if envs.VLLM_RELAY_LEVEL_STREAM == 0 or torch.device(device).type != "cuda":
         return None
-    return torch.cuda.Stream(device, priority=LEVEL_STREAM_PRIORITY)
+    priority = envs.VLLM_RELAY_LEVEL_STREAM_PRIORITY
+    return torch.cuda.Stream(device, priority=LEVEL_STREAM_PRIORITY if priority is None else priority)
 
 
 class RelayAttentionImpl(FlashAttentionImpl):
