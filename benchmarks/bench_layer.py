@@ -235,19 +235,12 @@ def bench_splits():
             row["overlap_lo_us"] = graph_ms(layer.call(layer.plan("always", True, stream=normal)[0])) * 1e3
             row["overlap_fa32_us"] = graph_ms(layer.call(layer.plan("always", True, fa_split=True,
                                                                     stream=high)[0])) * 1e3
-            if ARGS.overlap_only:
-                rows.append(row)
-                print(f"{name} S={S} c={c} n={n}: " + " ".join(f"{k}={v:.1f}" for k, v in row.items()
-                                                                 if k.endswith("_us")), flush=True)
-                del layer
-                torch.cuda.empty_cache()
-                continue
-            for splits in (1, 2, 4, 8, 16, 32):
+            for splits in () if ARGS.overlap_only else (1, 2, 4, 8, 16, 32):
                 row[f"static_{splits}_us"] = graph_ms(
                     layer.call(layer.plan("always", True, level_splits=splits, static=True)[0])) * 1e3
             rows.append(row)
-            print(f"{name} S={S} n={n}: " + " ".join(f"{k}={v:.1f}" for k, v in row.items() if k.endswith("_us")),
-                  flush=True)
+            print(f"{name} S={S} c={c} n={n}: " + " ".join(f"{k}={v:.1f}" for k, v in row.items()
+                                                             if k.endswith("_us")), flush=True)
             del layer
             torch.cuda.empty_cache()
     return rows
