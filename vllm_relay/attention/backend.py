@@ -28,7 +28,7 @@ from vllm.v1.attention.backends.flash_attn import (
 
 from vllm_relay import envs
 from vllm_relay.attention import step as relay_step
-from vllm_relay.attention.common import check_engine, check_layer, log_active
+from vllm_relay.attention.common import check_engine, check_layer, log_active, logger
 from vllm_relay.attention.planner import RelayPlanner
 from vllm_relay.ops import RelayPlan, force_one_split, relay_attention
 
@@ -112,8 +112,12 @@ class RelayMetadataBuilder(FlashAttentionMetadataBuilder):
                 if plan.run_level or plan.graph:
                     sched = self._schedule_level(level.call, meta.max_num_splits, fast_build)
                     if sched is not None:
-                        if plan.one_split:  # the graph's levels unsplit this step (planner.graph_one_split)
-                            force_one_split(sched, level.call["seqused_k"].shape[0])
+                        # The graph's levels unsplit this step (planner.graph_one_split), where the
+                        # schedule has FA3's layout; else FA3's split stands (the stat overcounts).
+                        if (plan.one_split and meta.max_num_splits > 1
+                                and not force_one_split(sched, level.call["seqused_k"].shape[0])):
+                            logger.warning_once("vllm-relay: FlashAttention's schedule is not FA3's dynamic-split "
+                                                "layout: graph levels keep FA3's split (one_split_steps overcounts)")
                         level.call["scheduler_metadata"] = sched
         context = dict(cu_seqlens_q=meta.query_start_loc, seqused_k=meta.seq_lens,
                        max_seqlen_q=meta.max_query_len, max_seqlen_k=meta.max_seq_len,
