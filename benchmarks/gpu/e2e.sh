@@ -32,6 +32,8 @@
 #   single2o         the same with relay's levels in vLLM's stream after the context call (VLLM_RELAY_LEVEL_STREAM=0)
 #                    beside: what running them on a second stream, concurrently, gains (about 7 min)
 #   single2p         the same with that stream at priority 0 (VLLM_RELAY_LEVEL_STREAM_PRIORITY=0; the default -1)
+#   single2u         the same with every level unsplit (VLLM_RELAY_LEVEL_SPLITS=1: no split combine captured)
+#   l2_8192u         N=1000 REPEAT=2 l2_8192 of relay and no prompt, then relay with VLLM_RELAY_LEVEL_SPLITS=1
 #   multi2 multi3    the multi-prompt workload (four system prompts, 20% plain requests), 1000 requests, each
 #                    engine run twice: relay, no system prompt, vLLM's default (Llama-2-7B / Llama-3-8B shapes)
 #   l2_8192          throughput, P = 8192, default / relay / no system prompt (Llama-2-7B shape)
@@ -85,19 +87,24 @@ for step in "$@"; do
       c=relay,noprefix; f=single_llama2; [ $step = single2r ] && c=$c,noprefix-relay && f=${f}_runners
       $bt --model "$m2" --prefix-len 2048 --num-prompts 1000 --max-model-len 5120 --repeat 2 \
           --configs $c --out "$out/$f.json" ;;
-    single2g|single2s|single2o|single2p)
+    single2g|single2s|single2o|single2p|single2u)
       a="--model $m2 --prefix-len 2048 --num-prompts 1000 --max-model-len 5120 --repeat 2"
-      v=VLLM_RELAY_GRAPH_LEVELS; f=single_llama2_graph_levels
+      v=VLLM_RELAY_GRAPH_LEVELS; f=single_llama2_graph_levels; x=0
       [ $step = single2s ] && v=VLLM_RELAY_GRAPH_ONE_SPLIT && f=single_llama2_one_split
       [ $step = single2o ] && v=VLLM_RELAY_LEVEL_STREAM && f=single_llama2_level_stream
       [ $step = single2p ] && v=VLLM_RELAY_LEVEL_STREAM_PRIORITY && f=single_llama2_stream_priority
-      $bt $a --configs relay,noprefix --out "$out/$f.json" && env $v=0 $bt $a --configs relay --out "$out/${f}0.json" ;;
+      [ $step = single2u ] && v=VLLM_RELAY_LEVEL_SPLITS && f=single_llama2_level_splits && x=1
+      $bt $a --configs relay,noprefix --out "$out/$f.json" && env $v=$x $bt $a --configs relay --out "$out/$f$x.json" ;;
     multi2|multi3)
       m=$m2; [ $step = multi3 ] && m=$m3
       $bt --model "$m" --prefix-len 2048 --num-prompts 1000 --max-model-len 5120 --workloads multi --repeat 2 \
           --configs relay,noprefix,default --out "$out/multi_llama${step#multi}.json" ;;
     l2_8192) $bt --model "$m2" --prefix-len 8192 --num-prompts "$N" --max-model-len 9000 --repeat "${REPEAT:-1}" \
           --configs "${CONFIGS:-default,relay,noprefix}" --out "$out/e2e_llama2_8192.json" ;;
+    l2_8192u)
+      a="--model $m2 --prefix-len 8192 --num-prompts 1000 --max-model-len 9000 --repeat 2"
+      $bt $a --configs relay,noprefix --out "$out/e2e_llama2_8192_splits.json" \
+        && VLLM_RELAY_LEVEL_SPLITS=1 $bt $a --configs relay --out "$out/e2e_llama2_8192_splits1.json" ;;
     serve2) $bs --model "$m2" --rates "$RATES" --duration "$DUR" --out "$out/serving_llama2.json" ;;
     serve3) $bs --model "$m3" --rates "$RATES" --duration "$DUR" --out "$out/serving_llama3.json" ;;
     tp2048) $bt --model "$m2" --prefix-len 2048 --num-prompts 1000 --max-model-len 4096 \
