@@ -35,7 +35,8 @@
 #   single2u         the same with every level unsplit (VLLM_RELAY_LEVEL_SPLITS=1: no split combine captured)
 #   l2_8192u         N=1000 REPEAT=2 l2_8192 of relay and no prompt, then relay with VLLM_RELAY_LEVEL_SPLITS=1
 #   multi2 multi3    the multi-prompt workload (four system prompts, 20% plain requests), 1000 requests, each
-#                    engine run twice: relay, no system prompt, vLLM's default (Llama-2-7B / Llama-3-8B shapes)
+#                    engine run twice: relay, no system prompt, vLLM's default (Llama-2-7B / Llama-3-8B shapes;
+#                    CONFIGS=relay,noprefix leaves the default out: on the H100 the three outgrow a 570 s call)
 #   l2_8192          throughput, P = 8192, default / relay / no system prompt (Llama-2-7B shape)
 #   serve2 serve3    serving through the OpenAI server at Poisson rates, default vs relay
 #   tp2048 tp8192 ref2048 noprefix   the earlier single-workload runs (see benchmarks/README.md)
@@ -98,7 +99,7 @@ for step in "$@"; do
     multi2|multi3)
       m=$m2; [ $step = multi3 ] && m=$m3
       $bt --model "$m" --prefix-len 2048 --num-prompts 1000 --max-model-len 5120 --workloads multi --repeat 2 \
-          --configs relay,noprefix,default --out "$out/multi_llama${step#multi}.json" ;;
+          --configs "${CONFIGS:-relay,noprefix,default}" --out "$out/multi_llama${step#multi}.json" ;;
     l2_8192) $bt --model "$m2" --prefix-len 8192 --num-prompts "$N" --max-model-len 9000 --repeat "${REPEAT:-1}" \
           --configs "${CONFIGS:-default,relay,noprefix}" --out "$out/e2e_llama2_8192.json" ;;
     l2_8192u)
