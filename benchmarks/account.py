@@ -16,7 +16,11 @@ This splits the difference of the two profiled runs' times into rows that add up
                    step (which has no next start), and the host's work after it
 
 Usage: python3 benchmarks/account.py RESULT.json [--a relay --b noprefix] [--workload single] [--out F]
-(RESULT.json is bench_throughput.py's --out; the profiles lie beside it, as it leaves them.)
+       [--unprofiled MORE.json ...]
+(RESULT.json is bench_throughput.py's --out; the profiles lie beside it, as it leaves them. MORE.json:
+more runs of both configurations without the profiler, e.g. from the next call on the same machine;
+their runs join the later runs of RESULT.json in the unprofiled gap's medians. One run a side is 1-2%
+of noise on a gap of a few percent.)
 """
 
 import argparse
@@ -66,7 +70,8 @@ def account(rows_a: list[dict], elapsed_a: float, rows_b: list[dict], elapsed_b:
     return table
 
 
-def markdown(table: list[dict], names: tuple[str, str], unprofiled: tuple[float, float] | None) -> str:
+def markdown(table: list[dict], names: tuple[str, str], unprofiled: tuple[float, float] | None,
+             runs: tuple[int, int] | None = None) -> str:
     a, b = names
     gap = table[-1]["diff"]
     lines = [f"| row | {a} | {b} | {a} - {b} | share of the gap |", "|---|---|---|---|---|"]
@@ -81,7 +86,9 @@ def markdown(table: list[dict], names: tuple[str, str], unprofiled: tuple[float,
     lines.append(f"The rows add up to {parts * 1e3:+.0f} ms; the profiled runs' gap is {gap * 1e3:+.0f} ms.")
     if unprofiled:
         ua, ub = unprofiled
-        line = f"Without the profiler (the median of each engine's later runs): {a} {ua:.3f} s, {b} {ub:.3f} s, "
+        count = f": {runs[0]} and {runs[1]}" if runs else ""
+        line = (f"Without the profiler (the median of each engine's unprofiled runs{count}): "
+                f"{a} {ua:.3f} s, {b} {ub:.3f} s, ")
         if ua == ub:
             line += "no gap."
         else:
@@ -94,17 +101,27 @@ def markdown(table: list[dict], names: tuple[str, str], unprofiled: tuple[float,
 def load(result_path: str, config: str, workload: str) -> tuple[list[dict], float, float | None]:
     """(step rows of the profiled run, its seconds, the median seconds of the later, unprofiled runs
     or None)."""
-    result = json.load(open(result_path))
-    if config not in result:
-        raise SystemExit(f"{result_path} has no run of {config} (configs: {', '.join(k for k in result if k != 'args')})")
-    run = result[config][workload]
+    later = run_seconds(result_path, config, workload, profiled=True)
+    run = json.load(open(result_path))[config][workload]
     folder = profile_dir(SimpleNamespace(out=result_path), config)
     steps = json.load(open(os.path.join(folder, "steps_0.json")))
     if "steps" not in steps:
         raise SystemExit(f"{folder}/steps_0.json holds no steps: {steps.get('error', steps)}")
+    return steps["steps"], run["elapsed_s"], float(np.median(later)) if later else None
+
+
+def run_seconds(result_path: str, config: str, workload: str, profiled: bool | None = None) -> list[float]:
+    """The seconds of each unprofiled run of `config` in a bench_throughput result: its first run is
+    left out when it was profiled (`profiled`; None: when the result's arguments name a profile)."""
+    result = json.load(open(result_path))
+    if config not in result:
+        configs = ", ".join(k for k in result if k != "args")
+        raise SystemExit(f"{result_path} has no run of {config} (configs: {configs})")
+    run = result[config][workload]
     runs = run.get("runs_requests_per_s", [])
-    later = float(np.median([run["requests"] / r for r in runs[1:]])) if len(runs) > 1 else None
-    return steps["steps"], run["elapsed_s"], later
+    if profiled is None:
+        profiled = bool(result.get("args", {}).get("profile"))  # bench_throughput profiles the first run
+    return [run["requests"] / r for r in runs[1 if profiled else 0:]]
 
 
 def main():
@@ -115,17 +132,23 @@ def main():
     p.add_argument("--workload", default="single")
     p.add_argument("--out", help="markdown here, and the rows as JSON beside it (<stem>.rows.json: "
                                  "<stem>.json is bench_throughput's result)")
+    p.add_argument("--unprofiled", nargs="*", default=[], help="more bench_throughput results of both "
+                   "configs, run without the profiler: their runs join the unprofiled medians")
     args = p.parse_args()
-    rows_a, ea, ua = load(args.result, args.a, args.workload)
-    rows_b, eb, ub = load(args.result, args.b, args.workload)
+    rows_a, ea, _ = load(args.result, args.a, args.workload)
+    rows_b, eb, _ = load(args.result, args.b, args.workload)
+    sa, sb = ([t for path, profiled in ((args.result, True), *((u, None) for u in args.unprofiled))
+               for t in run_seconds(path, c, args.workload, profiled)] for c in (args.a, args.b))
+    ua, ub = (float(np.median(s)) if s else None for s in (sa, sb))
     table = account(rows_a, ea, rows_b, eb)
-    md = markdown(table, (args.a, args.b), (ua, ub) if ua and ub else None)
+    md = markdown(table, (args.a, args.b), (ua, ub) if ua and ub else None, (len(sa), len(sb)))
     print(md)
     if args.out:
         with open(args.out, "w") as f:
             f.write(md)
         with open(os.path.splitext(args.out)[0] + ".rows.json", "w") as f:
-            json.dump({"a": args.a, "b": args.b, "rows": table, "unprofiled_s": [ua, ub]}, f, indent=1)
+            json.dump({"a": args.a, "b": args.b, "rows": table, "unprofiled_s": [ua, ub],
+                       "unprofiled_runs_s": [sa, sb]}, f, indent=1)
 
 
 if __name__ == "__main__":

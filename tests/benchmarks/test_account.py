@@ -74,3 +74,33 @@ def test_markdown_states_the_sum_and_the_unprofiled_gap():
     assert "| decode: attention | 0.002 s | 0.001 s | +1 ms |" in md
     assert "The rows add up to +8 ms; the profiled runs' gap is +8 ms." in md
     assert "gap +100 ms (1.100x the time); the rows add up to 8.0% of it." in md
+
+
+def test_more_unprofiled_runs_join_the_medians(tmp_path, capsys, monkeypatch):
+    """--unprofiled: another result's runs (none profiled) join the later runs of the profiled one."""
+    def result(profile, relay_runs, noprefix_runs):
+        return {"args": {"profile": profile},
+                "relay": {"single": {"requests": 100, "elapsed_s": 2.0, "runs_requests_per_s": relay_runs}},
+                "noprefix": {"single": {"requests": 100, "elapsed_s": 1.2,
+                                        "runs_requests_per_s": noprefix_runs}}}
+
+    profiled = result("0,0", [50.0, 40.0], [80.0, 50.0])
+    more = result(None, [25.0, 20.0], [100.0, 40.0])
+    (tmp_path / "r.json").write_text(json.dumps(profiled))
+    (tmp_path / "m.json").write_text(json.dumps(more))
+    for config, rows in (("relay", A), ("noprefix", B)):
+        (tmp_path / f"r.{config}.profile").mkdir()
+        (tmp_path / f"r.{config}.profile" / "steps_0.json").write_text(json.dumps({"steps": rows}))
+    assert account.run_seconds(str(tmp_path / "m.json"), "relay", "single") == [4.0, 5.0]  # none profiled
+    assert account.run_seconds(str(tmp_path / "r.json"), "relay", "single") == [2.5]  # the first was
+    out = tmp_path / "acct.md"
+    argv = ["account.py", str(tmp_path / "r.json"), "--unprofiled", str(tmp_path / "m.json"),
+            "--out", str(out)]
+    monkeypatch.setattr("sys.argv", argv)
+    account.main()
+    # relay: 2.5, 4, 5 s (median 4); noprefix: 2, 1, 2.5 s (median 2)
+    md = out.read_text()
+    assert "unprofiled runs: 3 and 3): relay 4.000 s, noprefix 2.000 s, gap +2000 ms" in md
+    saved = json.loads((tmp_path / "acct.rows.json").read_text())
+    assert saved["unprofiled_s"] == [4.0, 2.0]
+    assert saved["unprofiled_runs_s"] == [[2.5, 4.0, 5.0], [2.0, 1.0, 2.5]]
