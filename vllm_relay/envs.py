@@ -61,7 +61,8 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # every step (unset or 1: one split when their rows fill the GPU, attention.planner.graph_one_split).
     "VLLM_RELAY_GRAPH_ONE_SPLIT": lambda: _int("VLLM_RELAY_GRAPH_ONE_SPLIT"),
     # Tuning knob for benchmarks: 0 runs the levels in vLLM's stream after the context call (unset
-    # or 1: on a second stream, concurrently; attention.backend.level_stream). Same results.
+    # or 1: on a second stream, concurrently; attention.backend.level_stream; 2: on it in
+    # full-CUDA-graph steps only, eager steps in vLLM's stream). Same results.
     "VLLM_RELAY_LEVEL_STREAM": lambda: _int("VLLM_RELAY_LEVEL_STREAM"),
     # Tuning knob for benchmarks: that stream's CUDA priority (lower is higher; unset:
     # attention.backend.LEVEL_STREAM_PRIORITY).

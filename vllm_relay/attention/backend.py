@@ -81,6 +81,7 @@ class RelayMetadataBuilder(FlashAttentionMetadataBuilder):
         self.planner = RelayPlanner(vllm_config, kv_cache_spec, device, num_layers=len(layer_names))
         self.level_splits = envs.VLLM_RELAY_LEVEL_SPLITS or 0
         self.level_stream = level_stream(device)
+        self.level_stream_eager = level_stream_mode() == "all"
         self.level_scheduler_metadata = None
         if self.use_full_cuda_graph and self.aot_schedule:
             self.level_scheduler_metadata = torch.zeros(1 + round_up(self.planner.max_groups, 4) * 4,
@@ -123,8 +124,8 @@ class RelayMetadataBuilder(FlashAttentionMetadataBuilder):
                        max_seqlen_q=meta.max_query_len, max_seqlen_k=meta.max_seq_len,
                        block_table=meta.block_table, scheduler_metadata=meta.scheduler_metadata,
                        num_splits=meta.max_num_splits)
-        meta.relay = RelayPlan(context=context, shared=[level] if plan.run_level else [],
-                               level_stream=self.level_stream)
+        stream = self.level_stream if plan.graph or self.level_stream_eager else None
+        meta.relay = RelayPlan(context=context, shared=[level] if plan.run_level else [], level_stream=stream)
         return meta
 
     def _schedule_level(self, call: dict, num_splits: int, fast_build: bool):
@@ -156,10 +157,21 @@ LEVEL_STREAM_PRIORITY = -1
 
 def level_stream(device) -> torch.cuda.Stream | None:
     """The stream the levels run on (VLLM_RELAY_LEVEL_STREAM=0: none, all in vLLM's stream)."""
-    if envs.VLLM_RELAY_LEVEL_STREAM == 0 or torch.device(device).type != "cuda":
+    if level_stream_mode() == "off" or torch.device(device).type != "cuda":
         return None
     priority = envs.VLLM_RELAY_LEVEL_STREAM_PRIORITY
     return torch.cuda.Stream(device, priority=LEVEL_STREAM_PRIORITY if priority is None else priority)
+
+
+def level_stream_mode() -> str:
+    """Which steps run their levels on the level stream (VLLM_RELAY_LEVEL_STREAM): "all" (unset or
+    1), "graphs" (2: full-CUDA-graph steps only; eager steps keep them in vLLM's stream) or "off" (0)."""
+    modes = {None: "all", 1: "all", 2: "graphs", 0: "off"}
+    value = envs.VLLM_RELAY_LEVEL_STREAM
+    if value not in modes:
+        raise ValueError(f"VLLM_RELAY_LEVEL_STREAM={value}: expected 0 (off), 1 (every step with levels) "
+                         "or 2 (full-CUDA-graph steps only)")
+    return modes[value]
 
 
 class RelayAttentionImpl(FlashAttentionImpl):
