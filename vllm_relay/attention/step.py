@@ -13,6 +13,7 @@ records each fill's pages here, per slot, so relay requests of that slot can rea
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 import numpy as np
@@ -135,6 +136,37 @@ def _tag(state):
         return tag
 
 
+@dataclass
+class _BatchRows:
+    """The relay facts of a batch's requests, in batch order, kept while the batch holds the same
+    request states in the same rows (most decode steps): a step then reads no request's tag."""
+
+    states: tuple
+    req_slot: np.ndarray  # int32 [B], read-only: steps share it
+    req_shift: np.ndarray
+    fills: list  # (row, slot, system pages) of each fill request
+
+
+def _batch_rows(runner, num_reqs: int, page_size: int) -> _BatchRows:
+    states = tuple(map(runner.requests.__getitem__, runner.input_batch.req_ids[:num_reqs]))
+    rows = getattr(runner, "_relay_rows", None)
+    if rows is not None and len(rows.states) == num_reqs and all(map(operator.is_, rows.states, states)):
+        return rows
+    req_slot = np.full(num_reqs, -1, dtype=np.int32)
+    req_shift = np.zeros(num_reqs, dtype=np.int32)
+    fills = []
+    for i, t in enumerate(map(_tag, states)):
+        if t is None:
+            continue
+        if t.fill:  # its pages become the slot's; it is an ordinary request otherwise
+            fills.append((i, t.slot, t.system_len // page_size))
+        else:
+            req_slot[i], req_shift[i] = t.slot, t.system_len
+    req_slot.flags.writeable = req_shift.flags.writeable = False
+    rows = runner._relay_rows = _BatchRows(states, req_slot, req_shift, fills)
+    return rows
+
+
 def _shift_buffer(runner):
     """The runner's pinned per-token shift buffer and its device twin (vLLM's CpuGpuBuffer, made
     once). A pageable source would make the copy synchronous with the stream on CUDA for large
@@ -158,28 +190,20 @@ def prepare(runner, num_scheduled_tokens: np.ndarray, pages: SlotPages, page_siz
     global _current
     batch = runner.input_batch
     num_reqs = batch.num_reqs
-    states = [runner.requests[rid] for rid in batch.req_ids[:num_reqs]]
-    tags = [_tag(s) for s in states]
+    rows = _batch_rows(runner, num_reqs, page_size)
+    for i, slot, n in rows.fills:
+        pages.record(slot, rows.states[i].block_ids[0][:n])
     counts = num_scheduled_tokens[:num_reqs].astype(np.int32)
     tables = None
     if auto_levels:  # vLLM's host block table of the one KV-cache group relay serves
         tables = (batch.block_table.block_tables[0].block_table.np,
                   (batch.num_computed_tokens_cpu[:num_reqs] + counts).astype(np.int32))
-    elif not any(tags):
+    elif not rows.fills and not (rows.req_slot >= 0).any():
         _current = None
         return
-    req_slot = np.full(num_reqs, -1, dtype=np.int32)
-    req_shift = np.zeros(num_reqs, dtype=np.int32)
-    for i, t in enumerate(tags):
-        if t is None:
-            continue
-        if t.fill:  # its pages become the slot's; it is an ordinary request otherwise
-            pages.record(t.slot, states[i].block_ids[0][: t.system_len // page_size])
-        else:
-            req_slot[i], req_shift[i] = t.slot, t.system_len
     total = int(counts.sum())
-    if req_shift.any():
+    if rows.req_shift.any():
         shift = _shift_buffer(runner)
-        shift.np[:total] = np.repeat(req_shift, counts)
+        shift.np[:total] = np.repeat(rows.req_shift, counts)
         runner.positions[:total] += shift.copy_to_gpu(total)
-    _current = RelayStep(num_reqs, total, req_slot, req_shift, counts, *(tables or (None, None)))
+    _current = RelayStep(num_reqs, total, rows.req_slot, rows.req_shift, counts, *(tables or (None, None)))
