@@ -4,7 +4,7 @@ permissive rule the levels read each shared page once per step (checked against 
 import numpy as np
 import pytest
 
-from vllm_relay.ops.level_tree import LevelRule, find_levels, level_rows
+from vllm_relay.ops.level_tree import LevelRule, _nodes, find_levels, level_rows
 
 PERMISSIVE = LevelRule(min_rows_root=1, min_rows=2, min_saved_pages=0, max_depth=64)
 
@@ -153,3 +153,36 @@ def test_level_rows_against_a_naive_loop(multi):
                     assert row_index[k, t] == cu[g] + before + i
     listed = [t for r in range(50) for t in own_tokens[r]]
     assert (np.delete(row_index, listed, axis=1) == -1).all()
+
+
+@pytest.mark.parametrize("kind", ["mixed", "distinct", "equal", "one", "empty"])
+def test_nodes_equal_numpy_unique(kind):
+    """The tree's grouping of rows by key: numpy's `unique` (first row, each row's node, counts)."""
+    rng = np.random.default_rng(len(kind))
+    n = {"one": 1, "empty": 0}.get(kind, 300)
+    key = {"mixed": rng.integers(0, 40, n) << 32 | rng.integers(0, 3, n),
+           "distinct": rng.permutation(10**6)[:n], "equal": np.full(n, 7)}.get(kind, rng.integers(0, 5, n))
+    key = key.astype(np.int64)
+    _, first, node, counts = np.unique(key, return_index=True, return_inverse=True, return_counts=True)
+    got = _nodes(key)
+    for want, have in zip((first, node.reshape(-1), counts), got):
+        assert have.dtype.kind == "i" and have.tolist() == want.tolist()
+
+
+def test_a_large_decode_batch_under_one_prompt_with_samples_below():
+    """The shapes a server sees (1024 rows): one registered prompt over every row, and groups of 16
+    samples sharing a document's pages under it; each row's pages still read exactly once."""
+    rng = np.random.default_rng(3)
+    B, width = 1024, 48
+    table = rng.permutation(B * width).astype(np.int32).reshape(B, width)
+    table[:, :8] = table[np.arange(B) // 16 * 16, :8]  # 8 pages shared by each group of 16
+    n_own = rng.integers(9, width, B)
+    root, root_pages = np.zeros(B, dtype=np.int64), np.array([128])
+    rule = LevelRule(min_rows_root=2, min_rows=2, min_saved_pages=1)
+    tree = find_levels(table, n_own, root, root_pages, rule)
+    assert tree.num_groups == 1 + B // 16 and tree.size.tolist() == [B] + [16] * (B // 16)
+    assert tree.front.tolist() == [128] + [0] * (B // 16) and set(tree.pages[1:].tolist()) == {8}
+    slot_pages = [[-(i + 1) for i in range(128)]]
+    for r in rng.choice(B, 64, replace=False):
+        want = slot_pages[0] + table[r, : n_own[r]].tolist()
+        assert pages_read(tree, table, r, n_own, slot_pages, root) == want

@@ -139,15 +139,13 @@ def find_levels(block_table: np.ndarray, shareable: np.ndarray, root: np.ndarray
     at_root = has_root[act]  # rows whose node is their slot's (at depth 0)
 
     while act.size:
-        _, first, node, counts = np.unique(key, return_index=True, return_inverse=True, return_counts=True)
-        size = counts[node.reshape(-1)]
-        keep = size >= np.where(at_root, rule.min_rows_root, rule.min_rows)
+        first, node, counts = _nodes(key)
+        keep = counts[node] >= np.where(at_root, rule.min_rows_root, rule.min_rows)
         if not keep.all():
             act, c0, run0, front, cuts, key = (x[keep] for x in (act, c0, run0, front, cuts, key))
             if not act.size:
                 break
-            _, first, node, counts = np.unique(key, return_index=True, return_inverse=True, return_counts=True)
-        node = node.reshape(-1)
+            first, node, counts = _nodes(key)
         size = counts[node]
         # The node's run from c0: pages on which every row agrees with the node's first row.
         rep = act[first[node]]
@@ -158,9 +156,11 @@ def find_levels(block_table: np.ndarray, shareable: np.ndarray, root: np.ndarray
         acc = front + end - run0  # pages the node's level would read
         worth = ((size - 1) * acc >= rule.min_saved_pages) & (acc > 0) & (cuts < rule.max_depth)
         # Record the levels (node order: one group per node), shallowest first, within capacity.
-        cut_nodes = np.unique(node[worth])
-        cut_nodes = cut_nodes[: max(rule.max_groups - num_groups, 0)]
-        cut = np.isin(node, cut_nodes)
+        # `worth` is the same for every row of a node: read it at the node's first row.
+        cut_nodes = np.flatnonzero(worth[first])[: max(rule.max_groups - num_groups, 0)]
+        node_cut = np.zeros(first.shape[0], dtype=bool)
+        node_cut[cut_nodes] = True
+        cut = node_cut[node]
         if cut_nodes.size:
             f = first[cut_nodes]
             r = act[f]
@@ -188,19 +188,42 @@ def find_levels(block_table: np.ndarray, shareable: np.ndarray, root: np.ndarray
                      row_front=row_front.astype(np.int32))
 
 
+def _nodes(key: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`np.unique(key, return_index, return_inverse, return_counts)` without the unique values:
+    (each node's first row, each row's node, each node's rows), nodes in key order. A step whose
+    keys are all distinct (nothing shared at this depth) costs one sort and one comparison."""
+    order = np.argsort(key, kind="stable")
+    sk = key[order]
+    new = np.empty(key.shape[0], dtype=bool)
+    new[:1] = True
+    np.not_equal(sk[1:], sk[:-1], out=new[1:])
+    if new.all():
+        node = np.empty(key.shape[0], dtype=np.int64)
+        node[order] = np.arange(key.shape[0])
+        return order, node, np.ones(key.shape[0], dtype=np.int64)
+    starts = np.flatnonzero(new)
+    node = np.empty(key.shape[0], dtype=np.int64)
+    node[order] = np.cumsum(new) - 1
+    return order[starts], node, np.diff(starts, append=key.shape[0])
+
+
 def _agreement(block_table, rows, rep, c0, lim) -> np.ndarray:
     """For each row: how many pages from its c0 on (at most `lim`) equal those of its `rep` row.
 
     Rows are compared in batches of one start page, with row gathers and slices: numpy copies a
     row's span at memory speed, where a 2-D fancy index costs about 30x more (1024 rows x 1024
-    pages: 0.35 against 10 ms here).
+    pages: 0.35 against 10 ms here). Only rows that agree on their first page are compared further
+    (requests under one system prompt with nothing else shared: the rep row alone).
     """
     agree = np.zeros(rows.shape[0], dtype=np.int64)
-    for start in np.unique(c0).tolist():
-        sel = np.flatnonzero(c0 == start)
-        width = int(lim[sel].max(initial=0))
-        if width <= 0:
+    lo = int(c0.min(initial=0))
+    starts = [lo] if lo == int(c0.max(initial=0)) else np.unique(c0).tolist()  # one start: the usual root
+    for start in starts:
+        sel = np.flatnonzero(c0 == start) if len(starts) > 1 else np.arange(rows.shape[0])
+        sel = sel[(lim[sel] > 0) & (block_table[rows[sel], start] == block_table[rep[sel], start])]
+        if not sel.size:
             continue
+        width = int(lim[sel].max())
         reps = rep[sel]
         ref = block_table[reps[0], start: start + width] if (reps == reps[0]).all() else \
             block_table[reps, start: start + width]  # one node (the usual root): no second gather
