@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU-host session after the staging protocol (DEVELOPERS.md): install this project offline into
 # /tmp/site, then run the serving smoke test, the `gpu` tests and the benchmarks, with logs in $OUT.
-# Usage: bash benchmarks/gpu/run_all.sh [smoke] [tests] [bench] [bench-quick] [layer] [layer-quick] [kernels] [tune]
+# Usage: bash benchmarks/gpu/run_all.sh [smoke] [tests] [bench] [bench-quick] [layer] [layer-quick] [kernels] [tune] [host]
 #   tests: the `gpu` tests, TESTS (default: tests) within TESTS_TIMEOUT seconds (default 540); the whole
 #   suite outgrew one call on the H100 (2026-11-26): run TESTS="tests/ops tests/attention" (about 1 min),
 #   then tests/e2e/test_gpu_relay.py in parts, each test starting engines for minutes (2 in 570 s):
@@ -10,6 +10,8 @@
 #   tune: benchmarks/tune_level.py (the fused Triton level's tile sweep, against the FA level)
 #   layer: benchmarks/bench_layer.py (the planner's rule, host cost per layer; with .old/ as the
 #   previous implementation when present: `git archive 3c09a6c vllm_relay | tar -x -C .old`)
+#   host: benchmarks/bench_host.py (relay's host work per decode step; with .old/ present, the same
+#   for that implementation, in $OUT/host_old: `git archive 3be1b41 vllm_relay | tar -x -C .old`)
 set -uo pipefail
 export PYTHONPATH=/tmp/site VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
 out=${OUT:-/tmp/out}; mkdir -p "$out"
@@ -26,6 +28,9 @@ for step in "$@"; do
     layer) timeout 540 python3 benchmarks/bench_layer.py $old --out "$out" 2>&1 | tee "$out/layer.txt" | tail -70 ;;
     kernels) timeout 300 python3 benchmarks/layer_kernels.py --out "$out" 2>&1 | tee "$out/kernels.txt" | tail -30 ;;
     tune) timeout 540 python3 benchmarks/tune_level.py --out "$out" 2>&1 | tee "$out/tune.txt" | tail -20 ;;
+    host) timeout 240 python3 benchmarks/bench_host.py --device cuda --out "$out" 2>&1 | tee "$out/host.txt" | tail -12
+          [ -d .old/vllm_relay ] && PYTHONPATH=.old:$PYTHONPATH timeout 240 python3 benchmarks/bench_host.py \
+            --device cuda --out "$out/host_old" 2>&1 | tail -12 ;;
     layer-quick) timeout 300 python3 benchmarks/bench_layer.py --quick $old --out "$out" 2>&1 | tee "$out/layer.txt" | tail -40 ;;
   esac
 done
