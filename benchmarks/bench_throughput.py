@@ -194,6 +194,20 @@ def sampling_params(out_lens: list[int]) -> list:
     return [SamplingParams(temperature=1.0, top_p=1.0, ignore_eos=True, max_tokens=n) for n in out_lens]
 
 
+ALLOCATOR_KEYS = ("num_alloc_retries", "num_ooms", "num_sync_all_streams", "num_device_alloc", "num_device_free")
+
+
+def allocator_stats(_worker=None) -> dict:
+    """A worker's CUDA caching-allocator events so far ({} without CUDA). A retry frees cached
+    blocks and synchronises the device: the GPU idles while the host catches up."""
+    import torch
+
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return {}
+    stats = torch.cuda.memory_stats()
+    return {k: stats.get(k, 0) for k in ALLOCATOR_KEYS}
+
+
 def worker(args):
     """One configuration in this process; prints one JSON line."""
     select_runner(args.worker)
@@ -243,6 +257,8 @@ def worker(args):
         result[name] = r
         print(f"  {args.worker} {name}: {', '.join(f'{x:.2f}' for x in r['runs_requests_per_s'])} requests/s; "
               f"Triton kernels compiled during the runs: {r['triton_compiled']}", flush=True)
+    result["allocator"] = llm.collective_rpc(allocator_stats)
+    print(f"  {args.worker} allocator: {result['allocator']}", flush=True)
     if args.latency and not accuracy:
         system_ids = [] if args.worker.startswith("noprefix") else loads[names[0]][0][0]
         result["latency"] = decode_latency(llm, system_ids, args)
@@ -269,7 +285,7 @@ def run_config(args, config):
                "--seed", str(args.seed), "--tensor-parallel-size", str(args.tensor_parallel_size)]
     else:
         cmd = [sys.executable, __file__, *sys.argv[1:], "--worker", config]
-    env = dict(os.environ)
+    env = dict(os.environ, VLLM_ALLOW_INSECURE_SERIALIZATION="1")  # collective_rpc(allocator_stats)
     if args.triton_cache:  # a fresh cache per configuration: every compilation is seen (and paid)
         env["TRITON_CACHE_DIR"] = os.path.join(args.triton_cache, config)
     log, rc = run_logged(cmd, args, config, env)
