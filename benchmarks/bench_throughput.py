@@ -35,6 +35,7 @@ import functools
 import glob
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -292,6 +293,10 @@ def run_config(args, config):
     for line in log.splitlines():
         if line.startswith("RESULT "):
             result = json.loads(line[7:])
+            # The KV cache each engine got: a pinned system prompt and larger graphs leave fewer
+            # tokens, and at 1000 requests both engines preempt and recompute (their step traces).
+            kv = re.findall(r"GPU KV cache size: ([\d,]+) tokens", log)
+            result["kv_cache_tokens"] = [int(x.replace(",", "")) for x in kv]
             if args.iteration_details:
                 result["iterations"] = iteration_summary(log)
             return result
