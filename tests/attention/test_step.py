@@ -1,6 +1,6 @@
 """The runner hook's per-step facts (`step.prepare`) on a stand-in of vLLM's V1 model runner: each
 request's slot and shift, positions shifted, fills' pages recorded, and the batch's facts kept only
-while the batch holds the very same request states in the same rows."""
+while the batch holds the same request ids in the same rows."""
 
 from types import SimpleNamespace
 
@@ -55,13 +55,13 @@ def test_prepare_records_slots_shifts_positions_and_fill_pages():
         step.req_slot[0] = 5  # shared by the steps that reuse it: read-only
 
 
-def test_batch_facts_follow_request_states_not_ids():
+def test_batch_facts_follow_the_rows_request_ids():
     pages = relay_step.SlotPages(num_slots=3, max_pages=4)
     states = {"a": state(0, 32), "b": state(), "f": state(1, 48, fill=True, block_ids=[7])}
     r = runner(states, ["a", "b", "f"])
     first = facts(r, [1, 1, 1], pages)
     again = facts(r, [1, 1, 1], pages)
-    assert again.req_slot is first.req_slot  # the same states in the same rows: nothing re-read
+    assert again.req_slot is first.req_slot  # the same ids in the same rows: nothing re-read
     states["f"].block_ids[0][:] = [7, 8, 9]  # the fill's blocks grow: recorded on every step
     facts(r, [1, 1, 1], pages)
     assert pages.pages[1, :3].tolist() == [7, 8, 9]
@@ -70,9 +70,10 @@ def test_batch_facts_follow_request_states_not_ids():
     swapped = facts(r, [1, 1, 1], pages)
     assert swapped.req_slot.tolist() == [-1, 0, -1] and swapped.req_shift.tolist() == [0, 32, 0]
 
-    states["a"] = state(2, 64)  # a new request under a finished one's id
-    reused = facts(r, [1, 1, 1], pages)
-    assert reused.req_slot.tolist() == [-1, 2, -1] and reused.req_shift.tolist() == [0, 64, 0]
+    states["n"] = state(2, 64)  # a new request in a finished one's row
+    r.input_batch.req_ids[1] = "n"
+    replaced = facts(r, [1, 1, 1], pages)
+    assert replaced.req_slot.tolist() == [-1, 2, -1] and replaced.req_shift.tolist() == [0, 64, 0]
 
     r.input_batch.num_reqs = 2  # the last request finished
     fewer = facts(r, [1, 1], pages)

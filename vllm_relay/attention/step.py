@@ -13,7 +13,6 @@ records each fill's pages here, per slot, so relay requests of that slot can rea
 
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass
 
 import numpy as np
@@ -139,23 +138,25 @@ def _tag(state):
 @dataclass
 class _BatchRows:
     """The relay facts of a batch's requests, in batch order, kept while the batch holds the same
-    request states in the same rows (most decode steps): a step then reads no request's tag."""
+    request ids in the same rows (most decode steps): a step then reads no request's state. An id
+    is one request while it lives (vLLM makes every request's id unique; a fill's names its
+    prompt's registration), and a request's tag never changes."""
 
-    states: tuple
+    ids: list
     req_slot: np.ndarray  # int32 [B], read-only: steps share it
     req_shift: np.ndarray
     fills: list  # (row, slot, system pages) of each fill request
 
 
 def _batch_rows(runner, num_reqs: int, page_size: int) -> _BatchRows:
-    states = tuple(map(runner.requests.__getitem__, runner.input_batch.req_ids[:num_reqs]))
+    ids = runner.input_batch.req_ids[:num_reqs]
     rows = getattr(runner, "_relay_rows", None)
-    if rows is not None and len(rows.states) == num_reqs and all(map(operator.is_, rows.states, states)):
+    if rows is not None and rows.ids == ids:  # compares the id objects first: no string is read
         return rows
     req_slot = np.full(num_reqs, -1, dtype=np.int32)
     req_shift = np.zeros(num_reqs, dtype=np.int32)
     fills = []
-    for i, t in enumerate(map(_tag, states)):
+    for i, t in enumerate(map(_tag, map(runner.requests.__getitem__, ids))):
         if t is None:
             continue
         if t.fill:  # its pages become the slot's; it is an ordinary request otherwise
@@ -163,7 +164,7 @@ def _batch_rows(runner, num_reqs: int, page_size: int) -> _BatchRows:
         else:
             req_slot[i], req_shift[i] = t.slot, t.system_len
     req_slot.flags.writeable = req_shift.flags.writeable = False
-    rows = runner._relay_rows = _BatchRows(states, req_slot, req_shift, fills)
+    rows = runner._relay_rows = _BatchRows(ids, req_slot, req_shift, fills)
     return rows
 
 
@@ -191,8 +192,8 @@ def prepare(runner, num_scheduled_tokens: np.ndarray, pages: SlotPages, page_siz
     batch = runner.input_batch
     num_reqs = batch.num_reqs
     rows = _batch_rows(runner, num_reqs, page_size)
-    for i, slot, n in rows.fills:
-        pages.record(slot, rows.states[i].block_ids[0][:n])
+    for i, slot, n in rows.fills:  # a fill's blocks grow as it runs: read them every step
+        pages.record(slot, runner.requests[rows.ids[i]].block_ids[0][:n])
     counts = num_scheduled_tokens[:num_reqs].astype(np.int32)
     tables = None
     if auto_levels:  # vLLM's host block table of the one KV-cache group relay serves
