@@ -35,13 +35,15 @@ from unittest import mock
 import numpy as np
 import torch
 
+# vllm_relay first, from the path (PYTHONPATH=.old for an earlier one): bench_layer puts this
+# checkout first on sys.path.
+from vllm_relay import protocol
+from vllm_relay.attention import planner as planner_module
+from vllm_relay.attention import step as relay_step
+from vllm_relay.attention.planner import RelayPlanner
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_layer import write_results  # noqa: E402
-
-from vllm_relay import protocol  # noqa: E402
-from vllm_relay.attention import planner as planner_module  # noqa: E402
-from vllm_relay.attention import step as relay_step  # noqa: E402
-from vllm_relay.attention.planner import RelayPlanner  # noqa: E402
 
 PAGE, HEADS, HEAD_SIZE, OWN_IN, OWN_OUT = 16, 32, 128, 128, 256
 MAX_REQS, MAX_MODEL_LEN = 1024, 20480
@@ -189,7 +191,8 @@ def main(argv=None):
     import platform
 
     env = dict(device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-               cpu=platform.processor() or platform.machine(), torch=torch.__version__)
+               cpu=platform.processor() or platform.machine(), torch=torch.__version__,
+               vllm_relay=os.path.dirname(relay_step.__file__))
     md = markdown(env, rows)
     write_results(args.out, "host", dict(env=env, rows=rows), md)
     print(md)

@@ -226,6 +226,41 @@ def test_prompt_chunks_over_a_cached_prefix_read_it_as_a_level():
     assert planner.stats["shared_tokens"] == int((plan.level.row_index >= 0).sum())
 
 
+def test_decode_steps_with_the_same_rows_reuse_a_tree_of_system_prompts_only():
+    """The runner hook hands over the same row facts while a batch keeps its rows. A decode step
+    then gets the last step's tree when no two rows start with the same page (its levels are the
+    system prompts alone, fixed while the rows are); otherwise, or with other rows, it searches again,
+    and every tree equals a fresh planner's."""
+
+    def tree_of(planner, step):
+        planner.levels_for(step)
+        return step.tree
+
+    def same(a, b):
+        fields = ("row", "front", "size", "row_groups", "row_skip", "row_front")
+        return all(np.array_equal(getattr(a, f), getattr(b, f)) for f in fields)
+
+    def later(step, rows=None):  # the next decode step: one more KV token per request
+        rows = step.req_slot if rows is None else rows
+        return relay_step.RelayStep(step.num_reqs, step.num_tokens, rows, step.req_shift, step.q_lens,
+                                    step.block_table, step.seq_lens + 1)
+
+    registered = World([(0, 50, 1, -1, 0), (0, 60, 1, -1, 0), (1, 70, 1, -1, 0), (-1, 80, 1, -1, 0)],
+                       torch.float32, "cpu", 7)
+    samples = World([(0, 50, 1, -1, 0), (0, 66, 1, 0, 3), (-1, 70, 1, -1, 0)], torch.float32, "cpu", 8)
+    for world, reused in ((registered, True), (samples, False)):
+        world.record_fills()
+        planner = make_planner(shared_path="always")
+        first = world.step()
+        tree = tree_of(planner, first)
+        assert tree.num_groups >= 1
+        step = later(first)
+        assert (tree_of(planner, step) is tree) == reused
+        assert same(step.tree, tree_of(make_planner(shared_path="always"), later(first)))
+        other = later(first, rows=first.req_slot.copy())  # the batch's rows changed
+        assert tree_of(planner, other) is not tree and same(other.tree, tree)
+
+
 def test_auto_levels_off_reads_only_registered_prompts_as_levels():
     batch = [(0, 50, 1, -1, 0), (0, 60, 1, 0, 2), (-1, 70, 1, -1, 0), (-1, 80, 1, 2, 4)]
     world = World(batch, torch.float32, "cpu", 4)

@@ -26,7 +26,7 @@ from vllm_relay import envs
 from vllm_relay.attention import step as relay_step
 from vllm_relay.config import RelayConfig
 from vllm_relay.ops import SharedLevel, prefix_block_table
-from vllm_relay.ops.level_attention import max_tiles, plan_tiles, tile_tokens, workspace
+from vllm_relay.ops.level_attention import level_splits, max_tiles, plan_tiles, workspace
 from vllm_relay.ops.level_tree import LevelRule, LevelTree, find_levels, level_rows
 from vllm_relay.ops.relay_fusion import warm_up_fuse_in_place
 from vllm_relay.stats import sum_stats
@@ -65,19 +65,9 @@ GRAPH_LEVELS = 64
 # kernel at S=16000, n=256: 470 / 392). benchmarks/results/ceiling_h100/splits_one_split_h100.md.
 ONE_SPLIT_FILL = 0.6
 LEVEL_TILE_ROWS = 128  # FA3's query tile at head size 128; a split call packs a KV head's query heads
-# The fused level kernel splits a tile's keys into at most this many slices, so that few rows
-# still give the GPU about two programs per multiprocessor.
-MAX_LEVEL_SPLITS = 8
 STATS = ("planned_steps", "graph_steps", "level_graph_steps", "one_split_steps", "prefix_requests", "shared_tokens",
          "level_groups", "saved_kv_tokens", "saved_kv_bytes", *(f"tokens_under_{k}_levels" for k in range(1, MAX_LEVELS + 1)),
          "max_level_rows")
-
-
-def level_splits(rows: int, gqa: int, num_kv_heads: int, num_sms: int) -> int:
-    """Key slices per tile of the fused level kernel for `rows` grouped tokens (about two
-    programs per multiprocessor, at most MAX_LEVEL_SPLITS)."""
-    tiles = max(1, -(-rows // tile_tokens(gqa)))
-    return max(1, min(MAX_LEVEL_SPLITS, -(-2 * num_sms // (tiles * num_kv_heads))))
 
 
 def graph_one_split(group_rows: np.ndarray, gqa: int, num_kv_heads: int, num_sms: int) -> bool:
@@ -194,6 +184,7 @@ class RelayPlanner:
         self.ctx_lens = torch.zeros(max_reqs, dtype=torch.int32, device=self.device)
         self._level_lens = torch.zeros(G, dtype=torch.int32, device=self.device)  # written, not read
         self.stats = dict.fromkeys(STATS, 0)
+        self._last = None  # (row facts, tokens, tree) of the last decode step, while reusable
         _planners.append(self)
 
     def graph_capacity(self, num_tokens: int) -> tuple[int, int]:
@@ -225,15 +216,29 @@ class RelayPlanner:
 
     def levels_for(self, step: relay_step.RelayStep) -> None:
         """Find the step's levels into `step.tree` (None: none worth running). The runner hook calls
-        this as soon as the step's inputs are prepared: vLLM then picks the CUDA graph by it."""
-        step.tree, step.levels_planned = None, True
+        this as soon as the step's inputs are prepared: vLLM then picks the CUDA graph by it. A
+        decode step over the last decode step's rows (the hook's same row facts) reuses its tree
+        when no two rows start with the same page: its levels are system prompts alone, fixed while
+        the rows are (a request's first page never changes)."""
+        step.levels_planned = True
+        decode = int(step.q_lens.max(initial=0)) == 1
+        last = self._last
+        if decode and last is not None and last[0] is step.req_slot and last[1] == step.num_tokens:
+            step.tree = last[2]
+            return
+        step.tree = self._find(step)
+        first = None if step.block_table is None else step.block_table[: step.num_reqs, 0]
+        unshared = first is None or np.unique(first).shape[0] == first.shape[0]
+        self._last = (step.req_slot, step.num_tokens, step.tree) if decode and unshared else None
+
+    def _find(self, step: relay_step.RelayStep) -> LevelTree | None:
         # A decode batch that a full graph will run: as many levels as the graph holds (the
         # graph's capacity for this batch, which the padded batch's graph can only exceed).
         graph = self.runs_as_graph(step.num_tokens, int(step.q_lens.max(initial=0)))
         rule = self.rule(self.graph_capacity(step.num_tokens)[1] if graph else None)
         least = MIN_SAVED_TOKENS["cuda" if self.device.type == "cuda" else "cpu", self.gqa > 1]
         if rule is None or (self.shared_path == "auto" and least == float("inf")):
-            return
+            return None
         can = self._can_share(step)
         root = np.where(can, step.req_slot, -1)
         if self.auto_levels and step.block_table is not None:
@@ -242,13 +247,13 @@ class RelayPlanner:
         else:
             shareable, table = np.zeros(step.num_reqs, dtype=np.int32), np.zeros((step.num_reqs, 1), np.int32)
         if not (root >= 0).any() and not (shareable > 0).any():
-            return
+            return None
         tree = find_levels(table, shareable, root, self._root_pages(step), rule)
         if tree.num_groups == 0:
-            return
+            return None
         if self.shared_path == "auto" and tree.saved_pages() * self.page_size < least:
-            return  # too little to pay the levels' launches: every request reads its own pages
-        step.tree = tree
+            return None  # too little to pay the levels' launches: every request reads its own pages
+        return tree
 
     def _can_share(self, step) -> np.ndarray:
         """Rows that may read levels: any row, as a level's pages all precede its first query token

@@ -40,6 +40,18 @@ def max_tiles(max_rows: int, num_groups: int, gqa: int) -> int:
     return -(-max_rows // tile_tokens(gqa)) + num_groups
 
 
+# A tile's keys are split into at most this many slices, so that few rows still give the GPU
+# about two programs per multiprocessor.
+MAX_LEVEL_SPLITS = 8
+
+
+def level_splits(rows: int, gqa: int, num_kv_heads: int, num_sms: int) -> int:
+    """Key slices per tile for `rows` grouped tokens (about two programs per multiprocessor, at
+    most MAX_LEVEL_SPLITS)."""
+    tiles = max(1, -(-rows // tile_tokens(gqa)))
+    return max(1, min(MAX_LEVEL_SPLITS, -(-2 * num_sms // (tiles * num_kv_heads))))
+
+
 def plan_tiles(cu: np.ndarray, num_tiles: int, gqa: int) -> np.ndarray:
     """int32 [num_tiles, 3] (group, first grouped row, rows) from the level's group offsets `cu`
     ([G + 1], rows of group g are cu[g]:cu[g+1]); tiles past the last are (0, 0, 0).
