@@ -184,7 +184,7 @@ class RelayPlanner:
         self.ctx_lens = torch.zeros(max_reqs, dtype=torch.int32, device=self.device)
         self._level_lens = torch.zeros(G, dtype=torch.int32, device=self.device)  # written, not read
         self.stats = dict.fromkeys(STATS, 0)
-        self._last = None  # (row facts, tokens, tree) of the last decode step, while reusable
+        self._last = None  # (row facts, tree) of the last decode step, while reusable
         _planners.append(self)
 
     def graph_capacity(self, num_tokens: int) -> tuple[int, int]:
@@ -221,15 +221,16 @@ class RelayPlanner:
         when no two rows start with the same page: its levels are system prompts alone, fixed while
         the rows are (a request's first page never changes)."""
         step.levels_planned = True
-        decode = int(step.q_lens.max(initial=0)) == 1
-        last = self._last
-        if decode and last is not None and last[0] is step.req_slot and last[1] == step.num_tokens:
-            step.tree = last[2]
+        decode = step.num_reqs > 0 and bool((step.q_lens == 1).all())  # a token per row
+        if decode and self._last is not None and self._last[0] is step.req_slot:
+            step.tree = self._last[1]
             return
         step.tree = self._find(step)
-        first = None if step.block_table is None else step.block_table[: step.num_reqs, 0]
-        unshared = first is None or np.unique(first).shape[0] == first.shape[0]
-        self._last = (step.req_slot, step.num_tokens, step.tree) if decode and unshared else None
+        self._last = None
+        if decode:
+            first = None if step.block_table is None else step.block_table[: step.num_reqs, 0]
+            if first is None or np.unique(first).shape[0] == first.shape[0]:
+                self._last = (step.req_slot, step.tree)
 
     def _find(self, step: relay_step.RelayStep) -> LevelTree | None:
         # A decode batch that a full graph will run: as many levels as the graph holds (the
