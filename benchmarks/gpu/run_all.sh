@@ -10,19 +10,21 @@
 #   tune: benchmarks/tune_level.py (the fused Triton level's tile sweep, against the FA level)
 #   layer: benchmarks/bench_layer.py (the planner's rule, host cost per layer; with .old/ as the
 #   previous implementation when present: `git archive 3c09a6c vllm_relay | tar -x -C .old`)
+#   TESTS may list paths with commas (an on_gpus.sh job's words hold no spaces); RELAY_INSTALLED=1 skips the
+#   install (jobs beside others that import /tmp/site: installing again replaces it under them)
 #   host: benchmarks/bench_host.py (relay's host work per decode step; with .old/ present, the same
 #   for that implementation, in $OUT/host_old: `git archive 3be1b41 vllm_relay | tar -x -C .old`)
 set -uo pipefail
 export PYTHONPATH=/tmp/site VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
-out=${OUT:-/tmp/out}; mkdir -p "$out"
-python3 -m pip install -q --no-index --no-deps --no-build-isolation --upgrade --target /tmp/site . \
-  >"$out/install.log" 2>&1 || { cat "$out/install.log"; exit 1; }
+out=${OUT:-/tmp/out}; mkdir -p "$out"; TESTS=${TESTS:-tests}
+[ "${RELAY_INSTALLED:-0}" = 1 ] || python3 -m pip install -q --no-index --no-deps --no-build-isolation --upgrade \
+  --target /tmp/site . >"$out/install.log" 2>&1 || { cat "$out/install.log"; exit 1; }
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv | tee "$out/gpu.txt"
 old=""; [ -d .old/vllm_relay ] && old="--old-src .old"
 for step in "$@"; do
   case $step in
     smoke) timeout 420 bash benchmarks/gpu/serve_smoke.sh llama-2-7b-shape "$out/serve_smoke.log" 2>&1 | tee "$out/smoke.txt" ;;
-    tests) timeout "${TESTS_TIMEOUT:-540}" python3 -m pytest -m gpu -q -s -p no:cacheprovider ${TESTS:-tests} 2>&1 | tee "$out/gpu_tests.txt" | grep -E "relay vs FA|graphs vs|worker stats|passed|failed|Error" | tail -25 ;;
+    tests) timeout "${TESTS_TIMEOUT:-540}" python3 -m pytest -m gpu -q -s -p no:cacheprovider ${TESTS//,/ } 2>&1 | tee "$out/gpu_tests.txt" | grep -E "relay vs FA|graphs vs|worker stats|passed|failed|Error" | tail -25 ;;
     bench) timeout 500 python3 benchmarks/bench_ops.py --out "$out" 2>&1 | tee "$out/bench.txt" | tail -60 ;;
     bench-quick) timeout 300 python3 benchmarks/bench_ops.py --quick --out "$out" 2>&1 | tee "$out/bench.txt" | tail -60 ;;
     layer) timeout 540 python3 benchmarks/bench_layer.py $old --out "$out" 2>&1 | tee "$out/layer.txt" | tail -70 ;;
