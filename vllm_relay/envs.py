@@ -60,9 +60,9 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # Tuning knob for benchmarks: 0 leaves a graph's levels to FlashAttention-3's own split choice
     # every step (unset or 1: one split when their rows fill the GPU, attention.planner.graph_one_split).
     "VLLM_RELAY_GRAPH_ONE_SPLIT": lambda: _int("VLLM_RELAY_GRAPH_ONE_SPLIT"),
-    # Tuning knob for benchmarks: 0 runs the levels in vLLM's stream after the context call (unset
-    # or 1: on a second stream, concurrently; attention.backend.level_stream; 2: on it in
-    # full-CUDA-graph steps only, eager steps in vLLM's stream). Same results.
+    # Tuning knob for benchmarks: 0 runs the levels in vLLM's stream after the context call; 1 on a
+    # second stream, concurrently, in every step; unset or 2 on it in full-CUDA-graph steps only,
+    # eager steps in vLLM's stream (attention.backend.level_stream_mode). Same results.
     "VLLM_RELAY_LEVEL_STREAM": lambda: _int("VLLM_RELAY_LEVEL_STREAM"),
     # Tuning knob for benchmarks: that stream's CUDA priority (lower is higher; unset:
     # attention.backend.LEVEL_STREAM_PRIORITY).

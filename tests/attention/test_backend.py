@@ -6,7 +6,7 @@ import pytest
 from vllm_relay.attention import backend
 
 
-@pytest.mark.parametrize("value, mode", [(None, "all"), ("1", "all"), ("2", "graphs"), ("0", "off")])
+@pytest.mark.parametrize("value, mode", [(None, "graphs"), ("1", "all"), ("2", "graphs"), ("0", "off")])
 def test_level_stream_mode_reads_the_knob(monkeypatch, value, mode):
     if value is None:
         monkeypatch.delenv("VLLM_RELAY_LEVEL_STREAM", raising=False)

@@ -164,9 +164,11 @@ def level_stream(device) -> torch.cuda.Stream | None:
 
 
 def level_stream_mode() -> str:
-    """Which steps run their levels on the level stream (VLLM_RELAY_LEVEL_STREAM): "all" (unset or
-    1), "graphs" (2: full-CUDA-graph steps only; eager steps keep them in vLLM's stream) or "off" (0)."""
-    modes = {None: "all", 1: "all", 2: "graphs", 0: "off"}
+    """Which steps run their levels on the level stream (VLLM_RELAY_LEVEL_STREAM): "graphs" (unset or
+    2: full-CUDA-graph steps only; eager steps keep them in vLLM's stream), "all" (1) or "off" (0).
+    Graphs only by default: on the H100 the stream in eager steps cost 2% end to end against it
+    (benchmarks/results/ceiling_h100/README.md, seventh session)."""
+    modes = {None: "graphs", 1: "all", 2: "graphs", 0: "off"}
     value = envs.VLLM_RELAY_LEVEL_STREAM
     if value not in modes:
         raise ValueError(f"VLLM_RELAY_LEVEL_STREAM={value}: expected 0 (off), 1 (every step with levels) "
