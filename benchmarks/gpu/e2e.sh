@@ -19,6 +19,9 @@
 #   gap_l2r          after acct_l2r on the same machine, its folder kept as ACCT_DIR (each call's $OUT starts
 #                    empty: copy it to /tmp first): three more unprofiled runs of each engine, then account.py
 #                    again with them (--unprofiled): the gap's medians from four runs a side, not one
+#   gap_l2r_runs     gap_l2r's runs alone, beside `ACCT_REPEAT=1 e2e.sh acct_l2r` on another GPU of one host (on
+#                    a 4-GPU host under load, acct_l2r's two runs a side outgrew a 555 s job): then
+#                    account.py ACCT.json --b noprefix-relay --unprofiled GAP.json on the host
 #   acct_plain3      the same for plain traffic (Llama-3-8B, no prompt anywhere): the relay backend and vLLM's
 #                    backend on the V1 runner, each against vLLM's default (<out>/acct_plain3_{relay,v1}.md)
 #   graphs_l3        Llama-3-8B, P=2048, 1000 requests: vLLM's default and relay with vLLM's largest CUDA graph
@@ -81,12 +84,13 @@ for step in "$@"; do
       b=noprefix; f="$out/acct_llama${step#acct_l}"; [ $step = acct_l2r ] && b=noprefix-relay && f="$out/acct_llama2_r"
       $bt --model "$m" --prefix-len 2048 --num-prompts 1000 --max-model-len $len --profile 0,0 --repeat "${ACCT_REPEAT:-2}" \
           --configs relay,$b --out "$f.json" && python3 benchmarks/account.py "$f.json" --b $b --out "$f.md" ;;
-    gap_l2r)
-      f="${ACCT_DIR:-$out}/acct_llama2_r.json"; [ -f "$f" ] || { echo "gap_l2r: no $f (run acct_l2r first)"; exit 2; }
+    gap_l2r|gap_l2r_runs)
+      f="${ACCT_DIR:-$out}/acct_llama2_r.json"
+      [ $step = gap_l2r_runs ] || [ -f "$f" ] || { echo "gap_l2r: no $f (run acct_l2r first)"; exit 2; }
       $bt --model "$m2" --prefix-len 2048 --num-prompts 1000 --max-model-len 5120 --repeat 3 \
-          --configs relay,noprefix-relay --out "$out/acct_llama2_r_gap.json" \
-        && python3 benchmarks/account.py "$f" --b noprefix-relay --unprofiled "$out/acct_llama2_r_gap.json" \
-             --out "$out/acct_llama2_r.md" ;;
+          --configs relay,noprefix-relay --out "$out/acct_llama2_r_gap.json" || exit 1
+      [ $step = gap_l2r_runs ] || python3 benchmarks/account.py "$f" --b noprefix-relay \
+          --unprofiled "$out/acct_llama2_r_gap.json" --out "$out/acct_llama2_r.md" ;;
     acct_plain3)
       $bt --model "$m3" --prefix-len 2048 --num-prompts 1000 --max-model-len 4096 --profile 0,0 --repeat 2 \
           --configs noprefix,noprefix-relay,noprefix-v1 --out "$out/acct_plain3.json"  # each kept as it ends

@@ -166,8 +166,10 @@ def level_stream(device) -> torch.cuda.Stream | None:
 def level_stream_mode() -> str:
     """Which steps run their levels on the level stream (VLLM_RELAY_LEVEL_STREAM): "graphs" (unset or
     2: full-CUDA-graph steps only; eager steps keep them in vLLM's stream), "all" (1) or "off" (0).
-    Graphs only by default: on the H100 the stream in eager steps cost 2% end to end against it
-    (benchmarks/results/ceiling_h100/README.md, seventh session)."""
+    Graphs only by default: eager steps on the stream allocate from its own pool (the caching
+    allocator retried, freeing and synchronising, 1-2 times a run on the H100; never without), and
+    end to end it measured +2.0% and -0.7% in two jobs (benchmarks/results/ceiling_h100/README.md,
+    seventh session): no gain to keep the extra pool for."""
     modes = {None: "graphs", 1: "all", 2: "graphs", 0: "off"}
     value = envs.VLLM_RELAY_LEVEL_STREAM
     if value not in modes:
