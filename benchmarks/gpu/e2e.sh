@@ -16,6 +16,7 @@
 #                    into rows (<out>/acct_llama{2,3}.md), about 7 min each
 #   acct_l2r         acct_l2 against the relay backend with no prompt (noprefix-relay: the same V1 runner as relay,
 #                    so the profiler costs both sides alike; vLLM's default runner slowed 1.33 s under it, relay 0.18 s)
+#   acct_l2r8        acct_l2r at P=8192 (max-model-len 9000; with ACCT_REPEAT=1 beside other jobs)
 #   gap_l2r          after acct_l2r on the same machine, its folder kept as ACCT_DIR (each call's $OUT starts
 #                    empty: copy it to /tmp first): three more unprofiled runs of each engine, then account.py
 #                    again with them (--unprofiled): the gap's medians from four runs a side, not one
@@ -79,10 +80,11 @@ for step in "$@"; do
           --configs relay,noprefix --out "$out/prof_llama2.json" ;;
     prof_l3) $bt --model "$m3" --prefix-len 2048 --num-prompts 1000 --max-model-len 4096 --profile 100,8 \
           --configs relay,noprefix --out "$out/prof_llama3.json" ;;
-    acct_l2|acct_l3|acct_l2r)
-      m=$m2; len=5120; [ $step = acct_l3 ] && m=$m3 && len=4096
+    acct_l2|acct_l3|acct_l2r|acct_l2r8)
+      m=$m2; len=5120; p=2048; [ $step = acct_l3 ] && m=$m3 && len=4096
       b=noprefix; f="$out/acct_llama${step#acct_l}"; [ $step = acct_l2r ] && b=noprefix-relay && f="$out/acct_llama2_r"
-      $bt --model "$m" --prefix-len 2048 --num-prompts 1000 --max-model-len $len --profile 0,0 --repeat "${ACCT_REPEAT:-2}" \
+      [ $step = acct_l2r8 ] && b=noprefix-relay && f="$out/acct_llama2_r8192" && p=8192 && len=9000
+      $bt --model "$m" --prefix-len $p --num-prompts 1000 --max-model-len $len --profile 0,0 --repeat "${ACCT_REPEAT:-2}" \
           --configs relay,$b --out "$f.json" && python3 benchmarks/account.py "$f.json" --b $b --out "$f.md" ;;
     gap_l2r|gap_l2r_runs)
       f="${ACCT_DIR:-$out}/acct_llama2_r.json"
