@@ -226,11 +226,12 @@ def test_prompt_chunks_over_a_cached_prefix_read_it_as_a_level():
     assert planner.stats["shared_tokens"] == int((plan.level.row_index >= 0).sum())
 
 
-def test_decode_steps_with_the_same_rows_reuse_a_tree_of_system_prompts_only():
+def test_decode_steps_with_the_same_rows_reuse_their_tree():
     """The runner hook hands over the same row facts while a batch keeps its rows. A decode step
-    then gets the last step's tree when no two rows start with the same page (its levels are the
-    system prompts alone, fixed while the rows are); otherwise, or with other rows, it searches again,
-    and every tree equals a fresh planner's."""
+    then gets the last decode step's tree when each level has two rows or more (registered prompts,
+    samples sharing pages below them): the rows' pages stay, and what they add while decoding is
+    their own. A level of one row grows with its row's pages: searched again. Every tree equals a
+    fresh planner's, also after each row has written a page more; other rows search again."""
 
     def tree_of(planner, step):
         planner.levels_for(step)
@@ -240,25 +241,40 @@ def test_decode_steps_with_the_same_rows_reuse_a_tree_of_system_prompts_only():
         fields = ("row", "front", "size", "row_groups", "row_skip", "row_front")
         return all(np.array_equal(getattr(a, f), getattr(b, f)) for f in fields)
 
-    def later(step, rows=None):  # the next decode step: one more KV token per request
+    def later(step, rows=None, tokens=1):  # a later decode step: `tokens` more KV tokens per request
         rows = step.req_slot if rows is None else rows
+        table, seq = step.block_table.copy(), step.seq_lens + tokens
+        fresh = iter(range(int(table.max()) + 1, 1 << 30))
+        for r in range(step.num_reqs):  # the pages it starts are its own (new page ids)
+            for page in range(-(-int(step.seq_lens[r]) // BLOCK), -(-int(seq[r]) // BLOCK)):
+                table[r, page] = next(fresh)
         return relay_step.RelayStep(step.num_reqs, step.num_tokens, rows, step.req_shift, step.q_lens,
-                                    step.block_table, step.seq_lens + 1)
+                                    table, seq)
 
-    registered = World([(0, 50, 1, -1, 0), (0, 60, 1, -1, 0), (1, 70, 1, -1, 0), (-1, 80, 1, -1, 0)],
-                       torch.float32, "cpu", 7)
-    samples = World([(0, 50, 1, -1, 0), (0, 66, 1, 0, 3), (-1, 70, 1, -1, 0)], torch.float32, "cpu", 8)
-    for world, reused in ((registered, True), (samples, False)):
+    registered = World([(0, 50, 1, -1, 0), (0, 60, 1, -1, 0), (1, 70, 1, -1, 0), (1, 80, 1, -1, 0),
+                        (-1, 90, 1, -1, 0)], torch.float32, "cpu", 7)
+    samples = World([(0, 50, 1, -1, 0), (0, 66, 1, 0, 3), (-1, 70, 1, -1, 0), (-1, 75, 1, 2, 4),
+                     (-1, 90, 1, 2, 4)], torch.float32, "cpu", 8)
+    alone = World([(0, 50, 1, -1, 0), (0, 60, 1, -1, 0), (1, 70, 1, -1, 0)], torch.float32, "cpu", 9)
+    for world, groups, reused in ((registered, 2, True), (samples, 2, True), (alone, 2, False)):
         world.record_fills()
         planner = make_planner(shared_path="always")
         first = world.step()
         tree = tree_of(planner, first)
-        assert tree.num_groups >= 1
-        step = later(first)
-        assert (tree_of(planner, step) is tree) == reused
-        assert same(step.tree, tree_of(make_planner(shared_path="always"), later(first)))
+        assert tree.num_groups == groups
+        for tokens in (1, BLOCK + 3):
+            step = later(first, tokens=tokens)
+            assert (tree_of(planner, step) is tree) == reused
+            assert same(step.tree, tree_of(make_planner(shared_path="always"), later(first, tokens=tokens)))
+        if not reused:
+            assert not same(step.tree, tree)  # slot 1's one row: its level ran on over its new page
+            continue
         other = later(first, rows=first.req_slot.copy())  # the batch's rows changed
         assert tree_of(planner, other) is not tree and same(other.tree, tree)
+        prompt = relay_step.RelayStep(first.num_reqs, first.num_tokens + 1, first.req_slot, first.req_shift,
+                                      first.q_lens + np.eye(first.num_reqs, dtype=np.int32)[0],
+                                      first.block_table, first.seq_lens + 1)
+        assert tree_of(planner, prompt) is not tree  # not a decode step: searched
 
 
 def test_auto_levels_off_reads_only_registered_prompts_as_levels():

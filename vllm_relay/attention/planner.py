@@ -218,19 +218,18 @@ class RelayPlanner:
         """Find the step's levels into `step.tree` (None: none worth running). The runner hook calls
         this as soon as the step's inputs are prepared: vLLM then picks the CUDA graph by it. A
         decode step over the last decode step's rows (the hook's same row facts) reuses its tree
-        when no two rows start with the same page: its levels are system prompts alone, fixed while
-        the rows are (a request's first page never changes)."""
+        when every level has two rows or more: a running request's pages never change and those it
+        adds while decoding are its own (the prefix cache shares only full pages, found when a
+        prompt is scheduled), so what two rows share stays as it is. A level of one row (a system
+        prompt with `shared_path: always`) runs on over its row's pages as they fill: searched."""
         step.levels_planned = True
         decode = step.num_reqs > 0 and bool((step.q_lens == 1).all())  # a token per row
         if decode and self._last is not None and self._last[0] is step.req_slot:
             step.tree = self._last[1]
             return
         step.tree = self._find(step)
-        self._last = None
-        if decode:
-            first = None if step.block_table is None else step.block_table[: step.num_reqs, 0]
-            if first is None or np.unique(first).shape[0] == first.shape[0]:
-                self._last = (step.req_slot, step.tree)
+        fixed = step.tree is None or bool((step.tree.size >= 2).all())
+        self._last = (step.req_slot, step.tree) if decode and fixed else None
 
     def _find(self, step: relay_step.RelayStep) -> LevelTree | None:
         # A decode batch that a full graph will run: as many levels as the graph holds (the
