@@ -42,6 +42,8 @@
 #   single2u         the same with every level unsplit (VLLM_RELAY_LEVEL_SPLITS=1: no split combine captured)
 #   single2e         the same with the level stream in full-graph steps only (VLLM_RELAY_LEVEL_STREAM=2: the
 #                    default since the seventh session, so the A/B pair is now alike)
+#   single2k         the same with a graph's levels capped at one besides the system prompts' (VLLM_RELAY_GRAPH_LEVELS=1:
+#                    FA3's split combine runs a grid over every group the graph holds, 2 + 64 by default)
 #   single2a         the same with the level stream in every step (VLLM_RELAY_LEVEL_STREAM=1, the default before)
 #   single2m         the same with vLLM's V1 runner not taking its CUDA-graph estimate from the KV cache
 #                    (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0, as Model Runner V2 does: about 1% more KV)
@@ -108,7 +110,7 @@ for step in "$@"; do
       c=relay,noprefix; f=single_llama2; [ $step = single2r ] && c=$c,noprefix-relay && f=${f}_runners
       $bt --model "$m2" --prefix-len 2048 --num-prompts 1000 --max-model-len 5120 --repeat 2 \
           --configs $c --out "$out/$f.json" ;;
-    single2g|single2s|single2o|single2p|single2u|single2e|single2a|single2m)
+    single2g|single2s|single2o|single2p|single2u|single2e|single2a|single2k|single2m)
       a="--model $m2 --prefix-len 2048 --num-prompts 1000 --max-model-len 5120 --repeat 2"
       v=VLLM_RELAY_GRAPH_LEVELS; f=single_llama2_graph_levels; x=0
       [ $step = single2s ] && v=VLLM_RELAY_GRAPH_ONE_SPLIT && f=single_llama2_one_split
@@ -117,6 +119,7 @@ for step in "$@"; do
       [ $step = single2u ] && v=VLLM_RELAY_LEVEL_SPLITS && f=single_llama2_level_splits && x=1
       [ $step = single2e ] && v=VLLM_RELAY_LEVEL_STREAM && f=single_llama2_level_stream && x=2
       [ $step = single2a ] && v=VLLM_RELAY_LEVEL_STREAM && f=single_llama2_level_stream && x=1
+      [ $step = single2k ] && x=1
       [ $step = single2m ] && v=VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS && f=single_llama2_graph_estimate
       $bt $a --configs relay,noprefix --out "$out/$f.json" && env $v=$x $bt $a --configs relay --out "$out/$f$x.json" ;;
     multi2|multi3)
