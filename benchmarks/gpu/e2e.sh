@@ -48,6 +48,7 @@
 #   single2m         the same with vLLM's V1 runner not taking its CUDA-graph estimate from the KV cache
 #                    (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0, as Model Runner V2 does: about 1% more KV)
 #   l2_8192u         N=1000 REPEAT=2 l2_8192 of relay and no prompt, then relay with VLLM_RELAY_LEVEL_SPLITS=1
+#   l2_8192k         the same, then relay with VLLM_RELAY_GRAPH_LEVELS=1 (single2k at P=8192)
 #   multi2 multi3    the multi-prompt workload (four system prompts, 20% plain requests), 1000 requests, each
 #                    engine run twice: relay, no system prompt, vLLM's default (Llama-2-7B / Llama-3-8B shapes;
 #                    CONFIGS=relay,noprefix leaves the default out: on the H100 the three outgrow a 570 s call)
@@ -128,10 +129,11 @@ for step in "$@"; do
           --configs "${CONFIGS:-relay,noprefix,default}" --out "$out/multi_llama${step#multi}.json" ;;
     l2_8192) $bt --model "$m2" --prefix-len 8192 --num-prompts "$N" --max-model-len 9000 --repeat "${REPEAT:-1}" \
           --configs "${CONFIGS:-default,relay,noprefix}" --out "$out/e2e_llama2_8192.json" ;;
-    l2_8192u)
+    l2_8192u|l2_8192k)
       a="--model $m2 --prefix-len 8192 --num-prompts 1000 --max-model-len 9000 --repeat 2"
-      $bt $a --configs relay,noprefix --out "$out/e2e_llama2_8192_splits.json" \
-        && VLLM_RELAY_LEVEL_SPLITS=1 $bt $a --configs relay --out "$out/e2e_llama2_8192_splits1.json" ;;
+      v=VLLM_RELAY_LEVEL_SPLITS; f=e2e_llama2_8192_splits
+      [ $step = l2_8192k ] && v=VLLM_RELAY_GRAPH_LEVELS && f=e2e_llama2_8192_graph_levels
+      $bt $a --configs relay,noprefix --out "$out/$f.json" && env $v=1 $bt $a --configs relay --out "$out/${f}1.json" ;;
     serve2) $bs --model "$m2" --rates "$RATES" --duration "$DUR" --out "$out/serving_llama2.json" ;;
     serve3) $bs --model "$m3" --rates "$RATES" --duration "$DUR" --out "$out/serving_llama3.json" ;;
     tp2048) $bt --model "$m2" --prefix-len 2048 --num-prompts 1000 --max-model-len 4096 \
