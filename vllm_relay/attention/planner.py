@@ -28,7 +28,7 @@ from vllm_relay.config import RelayConfig
 from vllm_relay.ops import SharedLevel, prefix_block_table
 from vllm_relay.ops.level_attention import level_splits, max_tiles, plan_tiles, workspace
 from vllm_relay.ops.level_tree import LevelRule, LevelTree, find_levels, level_rows
-from vllm_relay.ops.relay_fusion import warm_up_fuse_in_place
+from vllm_relay.ops.fuse_in_place import warm_up_fuse_in_place
 from vllm_relay.stats import sum_stats
 
 # The measured rule: a step runs levels when they save at least MIN_SAVED_TOKENS of KV reads (tokens

@@ -2,7 +2,8 @@
 
 Public API (see each function's docstring for shapes and dtypes):
   * `relay_fusion` (+ `relay_fusion_torch`, `relay_fusion_triton`): LSE merge of a shared-level
-    attention output into the context attention output.
+    attention output into the context attention output; `fuse_in_place` (its module) merges every
+    level a token reads in one launch, as `relay_attention` does.
   * `prefix_block_table` (+ `_torch`, `_triton`): block tables of a slot's pages, then a span of a
     request's own pages.
   * `gather_rows` (+ `_torch`, `_triton`): the levels' query rows, their count read on the device.

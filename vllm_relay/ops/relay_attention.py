@@ -29,7 +29,7 @@ import torch
 
 from vllm_relay.ops.gather_rows import gather_rows
 from vllm_relay.ops.level_attention import level_attention
-from vllm_relay.ops.relay_fusion import fuse_in_place
+from vllm_relay.ops.fuse_in_place import fuse_in_place
 
 
 @dataclass
