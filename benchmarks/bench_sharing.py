@@ -204,9 +204,11 @@ def markdown(results, card, sh, args) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(path: str) -> str:
-    """<path>.png from a results file: output tokens/s against n, one panel per shared-prompt length,
-    every config and the bound (samples workload)."""
+def plot(path: str, sh: dict | None = None) -> str:
+    """<path>.png from a results file, a panel per shared-prompt length or context and one for the
+    tree: output tokens/s against n (samples, with the bound), ms per decode step against n
+    (latency), output tokens/s per config (tree, with the bound). `sh`: the model's shape (default:
+    the results' model, built locally)."""
     import re
     from types import SimpleNamespace
 
@@ -215,33 +217,56 @@ def plot(path: str) -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from vllm_relay.testing.models import get_model
-
     data = json.load(open(path))
     args = SimpleNamespace(**data["args"])
     name = re.sub(r"-[0-9a-f]{10}$", "", os.path.basename(args.model.rstrip("/")))
-    sh = shape(get_model(name))
+    if sh is None:
+        from vllm_relay.testing.models import get_model
+
+        sh = shape(get_model(name))
     configs = [c for c in data if c not in ("args", "card")]
     pts = points(args)
-    lens = sorted({p["P"] for p in pts if p["workload"] == "samples"})
-    fig, axes = plt.subplots(1, len(lens), figsize=(5 * len(lens), 4), squeeze=False)
-    for ax, P in zip(axes[0], lens):
-        idx = [i for i, p in enumerate(pts) if p["workload"] == "samples" and p["P"] == P]
-        ns = [pts[i]["n"] for i in idx]
-        for c in configs:
-            ax.plot(ns, [data[c]["rows"][i]["tokens_per_s"] for i in idx], marker="o", label=c)
-        if "ceiling" in data:
-            rows = [data["ceiling"]["rows"][i] for i in idx]
-            ax.plot(ns, [r["tokens_per_s"] * r["elapsed_s"] / bound_s(pts[i], r["elapsed_s"], data["card"], sh, args)
-                         for i, r in zip(idx, rows)], "k--", label="bound")
-        ax.set(xscale="log", yscale="log", xlabel="completions n of one prompt", ylabel="output tokens/s",
-               title=f"shared prompt of {P} tokens")
+    panels = [("samples", P) for P in sorted({p["P"] for p in pts if p["workload"] == "samples"})]
+    panels += [("latency", C) for C in sorted({p["C"] for p in pts if p["workload"] == "latency"})]
+    panels += [("tree", None)] * any(p["workload"] == "tree" for p in pts)
+
+    def bound_tokens_per_s(i):
+        r = data["ceiling"]["rows"][i]
+        return r["tokens_per_s"] * r["elapsed_s"] / bound_s(pts[i], r["elapsed_s"], data["card"], sh, args)
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
+    for ax, (w, x) in zip(axes[0], panels):
+        idx = [i for i, p in enumerate(pts) if p["workload"] == w and p.get("P" if w == "samples" else "C") == x]
+        if w == "tree":
+            idx = [i for i, p in enumerate(pts) if p["workload"] == "tree"][:1]
+            names = configs + ["bound"] * ("ceiling" in data)
+            speeds = [data[c]["rows"][idx[0]]["tokens_per_s"] for c in configs]
+            speeds += [bound_tokens_per_s(idx[0])] * ("ceiling" in data)
+            ax.bar(names, speeds, color=["C%d" % k for k in range(len(configs))] + ["k"] * ("ceiling" in data))
+            p = pts[idx[0]]
+            ax.set_ylabel("output tokens/s")
+            ax.set_title(f"a {p['S']}-token system prompt > {p['D']} documents of {p['doc']}\n"
+                         f"> {p['Q']} questions of {p['q']} each > {p['n']} samples each", fontsize=9)
+            ax.tick_params(axis="x", labelsize=7)
+        else:
+            ns = [pts[i]["n"] for i in idx]
+            key = "tokens_per_s" if w == "samples" else "ms_per_step"
+            for c in configs:
+                ax.plot(ns, [data[c]["rows"][i][key] for i in idx], marker="o", label=c)
+            if w == "samples" and "ceiling" in data:
+                ax.plot(ns, [bound_tokens_per_s(i) for i in idx], "k--", label="bound")
+            ax.set(xscale="log", yscale="log" if w == "samples" else "linear",
+                   xlabel=f"completions n of one {'prompt' if w == 'samples' else 'context'}",
+                   ylabel="output tokens/s" if w == "samples" else "ms per decode step",
+                   title=f"shared prompt of {x} tokens" if w == "samples" else f"context of {x} tokens")
+            ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.suptitle(f"{data['card']['device']}, {name}, {args.output_len} output tokens per completion", fontsize=9)
+    per = f", {args.output_len} output tokens per completion" if panels[0][0] == "samples" else ""
+    fig.suptitle(f"{data['card']['device']}, {name}{per}", fontsize=9)
     fig.tight_layout()
     png = os.path.splitext(path)[0] + ".png"
     fig.savefig(png, dpi=110)
+    plt.close(fig)
     return png
 
 

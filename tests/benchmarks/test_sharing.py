@@ -68,3 +68,25 @@ def test_markdown_table_has_a_row_per_point_with_the_ratios():
     assert lines[0].endswith("| 8.00 | 2.00 |")  # relay / default, relay / cascade
     assert all(line.count("|") == lines[0].count("|") for line in lines)
     assert lines[-1].split(" | ")[1:5] == ["0.10", "0.12", "1.00", "0.25"]  # latency: ms per step
+
+
+def test_plot_draws_a_panel_per_prompt_length_context_and_tree(tmp_path):
+    """One PNG per results file: a panel per shared-prompt length (samples), per context (latency)
+    and one for the tree, 5 inches at 110 dpi each."""
+    import json
+    import struct
+
+    import pytest
+
+    pytest.importorskip("matplotlib")
+    points = bench.points(ARGS)
+    card = {"copy_bytes_per_s": 4e12, "bf16_flop_per_s": 8e14, "device": "card"}
+    rows = {c: {"rows": [{**p, "elapsed_s": 1000 / v, "tokens_per_s": v, "ms_per_step": 100 / v} for p in points]}
+            for c, v in (("ceiling", 1000.0), ("relay", 800.0), ("default", 100.0))}
+    path = tmp_path / "sharing.json"
+    path.write_text(json.dumps({"args": {**vars(ARGS), "model": "/m/llama-2-7b-shape-0123456789"}, "card": card,
+                                **rows}))
+    png = Path(bench.plot(str(path), sh=SHAPE))
+    head = png.read_bytes()[:24]
+    assert png == tmp_path / "sharing.png" and head[:8] == b"\x89PNG\r\n\x1a\n"
+    assert struct.unpack(">I", head[16:20])[0] == 4 * 5 * 110  # 2 prompt lengths, 1 context, the tree
