@@ -236,14 +236,14 @@ def plot(path: str, sh: dict | None = None) -> str:
 
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
     for ax, (w, x) in zip(axes[0], panels):
-        idx = [i for i, p in enumerate(pts) if p["workload"] == w and p.get("P" if w == "samples" else "C") == x]
-        if w == "tree":
-            idx = [i for i, p in enumerate(pts) if p["workload"] == "tree"][:1]
-            names = configs + ["bound"] * ("ceiling" in data)
-            speeds = [data[c]["rows"][idx[0]]["tokens_per_s"] for c in configs]
-            speeds += [bound_tokens_per_s(idx[0])] * ("ceiling" in data)
-            ax.bar(names, speeds, color=["C%d" % k for k in range(len(configs))] + ["k"] * ("ceiling" in data))
-            p = pts[idx[0]]
+        by = "P" if w == "samples" else "C"
+        idx = [i for i, p in enumerate(pts) if p["workload"] == w and p.get(by) == x]
+        if w == "tree":  # its one point (no "C": x is None)
+            i, bound = idx[0], "ceiling" in data
+            speeds = [data[c]["rows"][i]["tokens_per_s"] for c in configs] + [bound_tokens_per_s(i)] * bound
+            colors = [f"C{k}" for k in range(len(configs))] + ["k"] * bound
+            ax.bar(configs + ["bound"] * bound, speeds, color=colors)
+            p = pts[i]
             ax.set_ylabel("output tokens/s")
             ax.set_title(f"a {p['S']}-token system prompt > {p['D']} documents of {p['doc']}\n"
                          f"> {p['Q']} questions of {p['q']} each > {p['n']} samples each", fontsize=9)
