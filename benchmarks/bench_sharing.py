@@ -15,6 +15,9 @@ Configs (`--configs`, each in its own process: a fresh engine runs every point o
   relay-sysonly  relay with auto_levels off (tree: the registered system prompt is the only level)
   cascade        vLLM's opt-in cascade attention (VLLM_USE_V2_MODEL_RUNNER=0, disable_cascade_attn=False)
   ceiling        the same completions with the shared part cut from every prompt (BOS only)
+  ceiling-v1     the ceiling on the V1 model runner (relay's and the cascade's; the ceiling runs Model Runner V2)
+With `--repeat R` each point runs R times, each with fresh ids (the same for every config), and its row
+holds every run and their median time.
 The bound of a point: the ceiling's time plus, per decode step, one read of every shared level's KV
 (a tree: its system prompt, every document and every question) at the card's measured copy
 bandwidth or the attention FLOPs of the rows over their shared paths at the measured bf16 matmul
@@ -84,10 +87,10 @@ def requests(point, config, rng, vocab, system):
     w = point["workload"]
     if w in ("samples", "latency"):
         ctx = point["P"] if w == "samples" else point["C"]
-        prompt = [1] if config == "ceiling" else [1] + ids(ctx - 1)
+        prompt = [1] if config.startswith("ceiling") else [1] + ids(ctx - 1)
         return [prompt], point["n"], ctx
     docs = [ids(point["doc"]) for _ in range(point["D"])]
-    prompts = [[1] if config == "ceiling" else system + doc + ids(point["q"]) for doc in docs
+    prompts = [[1] if config.startswith("ceiling") else system + doc + ids(point["q"]) for doc in docs
                for _ in range(point["Q"])]
     return prompts, point["n"], len(system) + point["doc"] + point["q"]
 
@@ -110,7 +113,7 @@ def engine_kwargs(args, config, system):
 
 def worker(args):
     """One configuration in this process; prints one RESULT line."""
-    if args.worker == "cascade":
+    if args.worker in ("cascade", "ceiling-v1"):
         os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
@@ -121,12 +124,10 @@ def worker(args):
     llm.generate([TokensPrompt(prompt_token_ids=[1, 2, 3])], SamplingParams(max_tokens=8), use_tqdm=False)
     rows = []
     for i, point in enumerate(points(args)):
-        rng = random.Random(1000 + i)  # the same ids for every config
         latency = point["workload"] == "latency"
-        prompts, n, _ = requests(point, args.worker, rng, sh["vocab"], system)
         steps = args.latency_steps if latency else args.output_len
 
-        def run(prompts, max_tokens):
+        def run(prompts, n, max_tokens):
             # No seed: the V1 runner (relay's, the cascade's) samples seeded requests one by one on
             # the host (aten::exponential_ per request, ~5 ms a step at 256), Model Runner V2 in a batch.
             params = SamplingParams(n=n, temperature=1.0, max_tokens=max_tokens, ignore_eos=True)
@@ -134,25 +135,49 @@ def worker(args):
             outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
             return time.perf_counter() - t0, outs
 
-        if args.profile and i == 0:  # (the profiler slows the steps it records: this point's time too)
-            llm.start_profile()
-        elapsed, outs = run(prompts, 1 + steps if latency else steps)
-        if args.profile and i == 0:
-            llm.stop_profile()
-        row = {**point, "elapsed_s": elapsed, "completions": sum(len(o.outputs) for o in outs),
-               "tokens_per_s": sum(len(c.token_ids) for o in outs for c in o.outputs) / elapsed}
-        if latency:  # minus the same prefill and first token, of another context of the same length
-            first, _ = run(requests(point, args.worker, rng, sh["vocab"], system)[0], 1)
-            row["ms_per_step"] = (elapsed - first) / steps * 1e3
+        runs = []
+        for r in range(args.repeat):
+            rng = random.Random(1000 + i + 100003 * r)  # the same ids for every config, fresh ones each run
+            prompts, n, _ = requests(point, args.worker, rng, sh["vocab"], system)
+            if args.profile and i == 0 and r == 0:  # (the profiler slows the steps it records: this run too)
+                llm.start_profile()
+            elapsed, outs = run(prompts, n, 1 + steps if latency else steps)
+            if args.profile and i == 0 and r == 0:
+                llm.stop_profile()
+            got = {"elapsed_s": elapsed, "completions": sum(len(o.outputs) for o in outs),
+                   "tokens": sum(len(c.token_ids) for o in outs for c in o.outputs)}
+            if latency:  # minus the same prefill and first token, of another context of the same length
+                first, _ = run(requests(point, args.worker, rng, sh["vocab"], system)[0], n, 1)
+                got["ms_per_step"] = (elapsed - first) / steps * 1e3
+            runs.append(got)
+        row = summarize(point, runs)
         rows.append(row)
-        print(f"  {args.worker} {point}: {elapsed:.2f} s, {row['tokens_per_s']:.0f} tok/s"
-              + (f", {row['ms_per_step']:.2f} ms/step" if "ms_per_step" in row else ""), flush=True)
+        print(f"  {args.worker} {point}: {row['elapsed_s']:.2f} s, {row['tokens_per_s']:.0f} tok/s"
+              + (f", {row['ms_per_step']:.2f} ms/step" if "ms_per_step" in row else "")
+              + (f" (median of {len(runs)})" if len(runs) > 1 else ""), flush=True)
     result = {"config": args.worker, "rows": rows}
     if args.worker.startswith("relay"):
         from vllm_relay.stats import relay_stats
 
         result["relay_stats"] = {k: v for k, v in relay_stats(llm).items() if k != "prompts"}
     print("RESULT " + json.dumps(result), flush=True)
+
+
+def summarize(point: dict, runs: list[dict]) -> dict:
+    """A point's row from its runs: the median run's time (the mean of the middle two for an even
+    count), tokens/s over it, the median ms per step, and every run's tokens/s (more than one run)."""
+    def median(xs):
+        xs = sorted(xs)
+        return (xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) / 2
+
+    elapsed = median([r["elapsed_s"] for r in runs])
+    row = {**point, "elapsed_s": elapsed, "completions": runs[0]["completions"],
+           "tokens_per_s": runs[0]["tokens"] / elapsed}
+    if "ms_per_step" in runs[0]:
+        row["ms_per_step"] = median([r["ms_per_step"] for r in runs])
+    if len(runs) > 1:
+        row["runs_tokens_per_s"] = [r["tokens"] / r["elapsed_s"] for r in runs]
+    return row
 
 
 def run_config(args, config) -> dict:
@@ -286,6 +311,7 @@ def main():
     p.add_argument("--tree-system", type=int, default=2048)
     p.add_argument("--max-model-len", type=int, default=16384)
     p.add_argument("--max-num-seqs", type=int, default=1024)
+    p.add_argument("--repeat", type=int, default=1, help="runs of each point, each with fresh ids (the median)")
     p.add_argument("--iteration-details", action="store_true", help="vLLM's per-step log in <out>.<config>.log")
     p.add_argument("--profile", help="DELAY,STEPS: vLLM's torch profiler over STEPS engine steps of the first "
                    "point, after DELAY; its kernel table lands in <out>.<config>.profile/profiler_out_0.txt")

@@ -20,18 +20,20 @@
 #   spy2        where the engine's host time goes on one samples point ($PS, $NS; each of $CONFIGS in
 #               turn, vLLM's per-step log on): py-spy over every process, idle stacks included, raw
 #               into $OUT/spy_CONFIG.txt (PYSPY: the py-spy binary)
-# CONFIGS (default ceiling,relay,default,cascade), PS, NS, CS tune the size.
+# CONFIGS (default ceiling,relay,default,cascade; also ceiling-v1: the ceiling on the V1 runner), PS, NS, CS tune
+# the size; REPEAT (default 1) runs each samples2 point that many times, with fresh ids each (the median).
 set -uo pipefail
 export PYTHONPATH=/tmp/site VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 PS=${PS:-1024,16000}; NS=${NS:-64,256}; CS=${CS:-8192}; CONFIGS=${CONFIGS:-ceiling,relay,default,cascade}
+REPEAT=${REPEAT:-1}
 m2=$(python3 -m vllm_relay.testing build llama-2-7b-shape | tail -1 | cut -f2)
 m3=$(python3 -m vllm_relay.testing build llama-3-8b-shape | tail -1 | cut -f2)
 sb="python3 benchmarks/bench_sharing.py"
 bt="python3 benchmarks/bench_throughput.py"
 for step in "$@"; do
   case $step in
-    samples2) $sb --model "$m2" --workloads samples --prefix-lens "$PS" --ns "$NS" --configs "$CONFIGS" \
+    samples2) $sb --model "$m2" --workloads samples --prefix-lens "$PS" --ns "$NS" --configs "$CONFIGS" --repeat "$REPEAT" \
                 --out "$out/sharing_samples_llama2.json" ;;
     samples3) $sb --model "$m3" --workloads samples --prefix-lens "$PS" --ns "$NS" --configs "$CONFIGS" \
                 --out "$out/sharing_samples_llama3.json" ;;

@@ -25,8 +25,24 @@ def test_points_and_requests():
     assert {tuple(p[50:150]) for p in prompts[:3]} == {tuple(prompts[0][50:150])}  # one document, 3 questions
     ceiling, n, _ = bench.requests(points[-1], "ceiling", random.Random(0), 32000, system)
     assert ceiling == [[1]] * 6 and n == 4  # the shared part cut
+    assert bench.requests(points[-1], "ceiling-v1", random.Random(0), 32000, system)[0] == ceiling  # its runner only
     prompts, n, shared = bench.requests(points[1], "relay", random.Random(0), 32000, system)
     assert len(prompts[0]) == 1024 == shared and n == 256
+
+
+def test_a_repeated_point_reports_its_median_run_and_every_run():
+    point = {"workload": "samples", "P": 1024, "n": 4}
+    runs = [{"elapsed_s": t, "completions": 4, "tokens": 512} for t in (3.0, 1.0, 2.0)]
+    row = bench.summarize(point, runs)
+    assert row["elapsed_s"] == 2.0 and row["tokens_per_s"] == 256.0 and row["P"] == 1024
+    assert row["runs_tokens_per_s"] == [512 / 3.0, 512.0, 256.0]
+    even = bench.summarize(point, runs[:2] + [{"elapsed_s": 4.0, "completions": 4, "tokens": 512}, runs[2]])
+    assert even["elapsed_s"] == 2.5  # the middle two of 1, 2, 3, 4
+    latency = bench.summarize({"workload": "latency", "C": 8192, "n": 1},
+                              [{"elapsed_s": 1.0, "completions": 1, "tokens": 33, "ms_per_step": m} for m in (7.0, 9.0, 6.0)])
+    assert latency["ms_per_step"] == 7.0
+    single = bench.summarize(point, runs[1:2])
+    assert single["elapsed_s"] == 1.0 and "runs_tokens_per_s" not in single  # one run: the row as before
 
 
 def test_bound_is_the_ceiling_plus_one_read_of_the_shared_kv_per_step():
