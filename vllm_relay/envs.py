@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     VLLM_RELAY_GRAPH_ONE_SPLIT: int | None = None
     VLLM_RELAY_LEVEL_STREAM: int | None = None
     VLLM_RELAY_LEVEL_STREAM_PRIORITY: int | None = None
+    VLLM_RELAY_DETOKENIZER_PRIME: int | None = None
     VLLM_RELAY_TEST_SERVER: str | None = None
     VLLM_RELAY_TEST_API_KEY: str | None = None
 
@@ -74,6 +75,9 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # Folder for the test fixtures' built models (vllm_relay.testing); unset: see
     # vllm_relay.testing.models.cache_root.
     "VLLM_RELAY_CACHE": lambda: _str("VLLM_RELAY_CACHE"),
+    # Prompt tokens a relay front end's incremental detokenizer is primed with (hooks/detokenizer.py;
+    # unset: 128; 0: the whole prompt, as vLLM does).
+    "VLLM_RELAY_DETOKENIZER_PRIME": lambda: _int("VLLM_RELAY_DETOKENIZER_PRIME"),
     # Base URL of an already running relay server (e.g. http://127.0.0.1:8000) for the endpoint
     # tests (tests/entrypoints/test_server.py) to run against instead of starting their own; the
     # server must run with the configuration of tests/entrypoints/server.py (benchmarks/gpu/endpoints.sh).

@@ -6,7 +6,8 @@ front end's process, before it launches an engine core. When that config selects
 `vllm_relay.validate.validate_engine_config` on it: keys, limits, the prompts file, each prompt
 tokenized with the model's tokenizer and chat template and checked against max_prompt_tokens,
 the vocabulary and max_model_len. A bad configuration then fails in seconds with the message the
-engine core would give only after loading the model, profiling memory and warming up.
+engine core would give only after loading the model, profiling memory and warming up. It also
+turns on this process's bounded detokenizer priming (`hooks/detokenizer.py`).
 """
 
 from vllm_relay.hooks._patch import original, patch
@@ -18,9 +19,11 @@ _EngineArgs = None
 def _create_engine_config(self, *args, **kwargs):
     vllm_config = original(_EngineArgs, "create_engine_config")(self, *args, **kwargs)
     if relay_enabled(vllm_config):
+        from vllm_relay.hooks import detokenizer
         from vllm_relay.validate import validate_engine_config
 
         validate_engine_config(vllm_config)
+        detokenizer.enable()
     return vllm_config
 
 
