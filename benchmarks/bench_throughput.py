@@ -127,13 +127,14 @@ def profile_dir(args, config) -> str:
 
 def drop_traces(args, config) -> None:
     """Keep vLLM's kernel table (profiler_out_0.txt) and each trace's steps (trace_steps.py: cycle,
-    GPU busy and idle time, busy time by kernel family), not the traces (large)."""
+    GPU busy and idle time, busy time by kernel family; --idle-host: the host's work in the longest
+    idles), not the traces (large)."""
     from trace_steps import load, steps, summary
 
     folder = profile_dir(args, config)
     for i, trace in enumerate(sorted(glob.glob(os.path.join(folder, "*.pt.trace.json*")))):
         try:
-            rows = steps(load(trace))
+            rows = steps(load(trace), getattr(args, "idle_host", 0))
             kept = {"trace": os.path.basename(trace), "summary": summary(rows), "steps": rows}
         except Exception as e:  # the run's figures stand without it: say so, keep going
             print(f"trace_steps failed on {trace}: {e!r}", file=sys.stderr, flush=True)
@@ -386,6 +387,8 @@ def main():
     p.add_argument("--profile", help="DELAY,STEPS: vLLM's torch profiler over STEPS engine steps of the first "
                    "run, after DELAY steps; its kernel table lands in <out>.<config>.profile/profiler_out_0.txt "
                    "(that run's time includes the profiler's cost)")
+    p.add_argument("--idle-host", type=int, default=0, help="with --profile: the N steps that idled longest "
+                   "also list the host's annotations and calls while their GPU waited (trace_steps.py)")
     p.add_argument("--out")
     p.add_argument("--worker")
     args = p.parse_args()

@@ -9,12 +9,15 @@ to the next) this reports:
   idle    cycle - busy (the GPU waiting on the host: scheduling, inputs, sampling, output)
   and busy time per kernel family (attention, relay's own kernels, GEMMs, the rest).
 The last annotated step has no next start and is left out. Without GPU-side annotations in the
-trace, the host's (`user_annotation`, launch times) mark the steps instead. Traces are large: run this on the GPU
-host and keep its JSON (bench_throughput.py does when it drops the traces).
-Usage: python3 benchmarks/trace_steps.py TRACE.json[.gz] [--out steps.json]
+trace, the host's (`user_annotation`, launch times) mark the steps instead. With `--idle-host N`, the N
+steps that idled longest also get `idle_host`: what the host was in while their GPU idled (vLLM's
+annotations, CUDA runtime calls, Python functions overlapping the idle spans, us per name, the longest).
+Traces are large: run this on the GPU host and keep its JSON (bench_throughput.py does when it drops the traces).
+Usage: python3 benchmarks/trace_steps.py TRACE.json[.gz] [--idle-host N] [--out steps.json]
 """
 
 import argparse
+import bisect
 import gzip
 import json
 import re
@@ -53,6 +56,41 @@ def union_length(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
+def idle_spans(spans: list[tuple[float, float]], t0: float, t1: float) -> list[tuple[float, float]]:
+    """The parts of [t0, t1) that no span covers."""
+    gaps, end = [], t0
+    for a, b in sorted(spans):
+        if a > end:
+            gaps.append((end, min(a, t1)))
+        end = max(end, b)
+    if end < t1:
+        gaps.append((end, t1))
+    return [(a, b) for a, b in gaps if b > a]
+
+
+HOST_CATS = ("user_annotation", "cuda_runtime", "python_function")
+
+
+def host_during(events: list[dict], windows: list[tuple[float, float]], top: int = 8) -> dict:
+    """Microseconds of each host event name (HOST_CATS) inside the windows, the `top` longest."""
+    windows = sorted(windows)
+    starts = [a for a, _ in windows]
+    out: dict[str, float] = {}
+    for e in events:
+        if e.get("ph") != "X" or e.get("cat") not in HOST_CATS:
+            continue
+        a = float(e["ts"])
+        b = a + float(e.get("dur", 0))
+        i = max(bisect.bisect_right(starts, a) - 1, 0)  # the windows that can overlap [a, b)
+        while i < len(windows) and windows[i][0] < b:
+            overlap = min(b, windows[i][1]) - max(a, windows[i][0])
+            if overlap > 0:
+                name = e.get("name", "")[:100]
+                out[name] = out.get(name, 0.0) + overlap
+            i += 1
+    return dict(sorted(out.items(), key=lambda kv: -kv[1])[:top])
+
+
 def step_marks(events: list[dict], cat: str) -> list[dict]:
     """The step annotations of one track. The profiler repeats a GPU-side annotation on every stream
     that ran kernels inside it, cut to those kernels (relay's levels run on a second stream): the
@@ -67,11 +105,12 @@ def step_marks(events: list[dict], cat: str) -> list[dict]:
     return sorted(marks, key=lambda e: e["ts"])
 
 
-def steps(events: list[dict]) -> list[dict]:
-    """One row per annotated step that has a next step (times in us)."""
+def steps(events: list[dict], idle_host: int = 0) -> list[dict]:
+    """One row per annotated step that has a next step (times in us); the `idle_host` steps that
+    idled longest also say what the host was in meanwhile (`host_during`)."""
     marks = step_marks(events, "gpu_user_annotation") or step_marks(events, "user_annotation")
     kernels = sorted((e for e in events if e.get("ph") == "X" and e.get("cat") == "kernel"), key=lambda e: e["ts"])
-    rows, k = [], 0
+    rows, gaps, k = [], [], 0
     for mark, nxt in zip(marks, marks[1:]):
         t0, t1 = float(mark["ts"]), float(nxt["ts"])
         while k < len(kernels) and kernels[k]["ts"] < t0:
@@ -89,6 +128,9 @@ def steps(events: list[dict]) -> list[dict]:
         busy = union_length(spans)
         rows.append({"ctx_reqs": ctx_reqs, "ctx_tokens": ctx_tokens, "gen_reqs": gen_reqs, "gen_tokens": gen_tokens,
                      "cycle_us": t1 - t0, "busy_us": busy, "idle_us": t1 - t0 - busy, "families_us": fams})
+        gaps.append(idle_spans(spans, t0, t1))
+    for i in sorted(range(len(rows)), key=lambda i: -rows[i]["idle_us"])[:idle_host]:
+        rows[i]["idle_host"] = host_during(events, gaps[i])
     return rows
 
 
@@ -107,9 +149,10 @@ def summary(rows: list[dict]) -> dict:
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("trace")
+    p.add_argument("--idle-host", type=int, default=0, help="the steps that idled longest, their host work")
     p.add_argument("--out")
     args = p.parse_args()
-    rows = steps(load(args.trace))
+    rows = steps(load(args.trace), args.idle_host)
     result = {"trace": args.trace, "summary": summary(rows), "steps": rows}
     print(json.dumps(result["summary"], indent=1))
     if args.out:
