@@ -71,24 +71,28 @@ def idle_spans(spans: list[tuple[float, float]], t0: float, t1: float) -> list[t
 HOST_CATS = ("user_annotation", "cuda_runtime", "python_function")
 
 
-def host_during(events: list[dict], windows: list[tuple[float, float]], top: int = 8) -> dict:
-    """Microseconds of each host event name (HOST_CATS) inside the windows, the `top` longest."""
+def host_during(events: list[dict], windows: list[tuple[float, float, int]], top: int = 8) -> dict:
+    """Microseconds of each host event name (HOST_CATS) inside the windows (start, end, label), per
+    label, the `top` longest: one pass over the events."""
     windows = sorted(windows)
-    starts = [a for a, _ in windows]
-    out: dict[str, float] = {}
+    starts = [w[0] for w in windows]
+    longest = max((b - a for a, b, _ in windows), default=0.0)
+    out: dict = {}
     for e in events:
         if e.get("ph") != "X" or e.get("cat") not in HOST_CATS:
             continue
         a = float(e["ts"])
         b = a + float(e.get("dur", 0))
-        i = max(bisect.bisect_right(starts, a) - 1, 0)  # the windows that can overlap [a, b)
+        i = bisect.bisect_left(starts, a - longest)  # no window starting earlier reaches a
         while i < len(windows) and windows[i][0] < b:
-            overlap = min(b, windows[i][1]) - max(a, windows[i][0])
+            w0, w1, label = windows[i]
+            overlap = min(b, w1) - max(a, w0)
             if overlap > 0:
                 name = e.get("name", "")[:100]
-                out[name] = out.get(name, 0.0) + overlap
+                per = out.setdefault(label, {})
+                per[name] = per.get(name, 0.0) + overlap
             i += 1
-    return dict(sorted(out.items(), key=lambda kv: -kv[1])[:top])
+    return {label: dict(sorted(per.items(), key=lambda kv: -kv[1])[:top]) for label, per in out.items()}
 
 
 def step_marks(events: list[dict], cat: str) -> list[dict]:
@@ -129,8 +133,10 @@ def steps(events: list[dict], idle_host: int = 0) -> list[dict]:
         rows.append({"ctx_reqs": ctx_reqs, "ctx_tokens": ctx_tokens, "gen_reqs": gen_reqs, "gen_tokens": gen_tokens,
                      "cycle_us": t1 - t0, "busy_us": busy, "idle_us": t1 - t0 - busy, "families_us": fams})
         gaps.append(idle_spans(spans, t0, t1))
-    for i in sorted(range(len(rows)), key=lambda i: -rows[i]["idle_us"])[:idle_host]:
-        rows[i]["idle_host"] = host_during(events, gaps[i])
+    chosen = sorted(range(len(rows)), key=lambda i: -rows[i]["idle_us"])[:idle_host]
+    during = host_during(events, [(a, b, i) for i in chosen for a, b in gaps[i]]) if chosen else {}
+    for i in chosen:
+        rows[i]["idle_host"] = during.get(i, {})
     return rows
 
 
