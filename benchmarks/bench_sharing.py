@@ -15,7 +15,8 @@ Configs (`--configs`, each in its own process: a fresh engine runs every point o
   relay-sysonly  relay with auto_levels off (tree: the registered system prompt is the only level)
   cascade        vLLM's opt-in cascade attention (VLLM_USE_V2_MODEL_RUNNER=0, disable_cascade_attn=False)
   ceiling        the same completions with the shared part cut from every prompt (BOS only)
-  ceiling-v1     the ceiling on the V1 model runner (relay's and the cascade's; the ceiling runs Model Runner V2)
+  ceiling-v1     the ceiling on the V1 model runner (relay's and the cascade's; `ceiling` runs Model
+                 Runner V2)
 With `--repeat R` each point runs R times, each with fresh ids (the same for every config), and its row
 holds every run and their median time.
 The bound of a point: the ceiling's time plus, per decode step, one read of every shared level's KV
@@ -311,7 +312,8 @@ def main():
     p.add_argument("--tree-system", type=int, default=2048)
     p.add_argument("--max-model-len", type=int, default=16384)
     p.add_argument("--max-num-seqs", type=int, default=1024)
-    p.add_argument("--repeat", type=int, default=1, help="runs of each point, each with fresh ids (the median)")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="runs of each point, each with fresh ids (the median)")
     p.add_argument("--iteration-details", action="store_true", help="vLLM's per-step log in <out>.<config>.log")
     p.add_argument("--profile", help="DELAY,STEPS: vLLM's torch profiler over STEPS engine steps of the first "
                    "point, after DELAY; its kernel table lands in <out>.<config>.profile/profiler_out_0.txt")

@@ -25,7 +25,8 @@ def test_points_and_requests():
     assert {tuple(p[50:150]) for p in prompts[:3]} == {tuple(prompts[0][50:150])}  # one document, 3 questions
     ceiling, n, _ = bench.requests(points[-1], "ceiling", random.Random(0), 32000, system)
     assert ceiling == [[1]] * 6 and n == 4  # the shared part cut
-    assert bench.requests(points[-1], "ceiling-v1", random.Random(0), 32000, system)[0] == ceiling  # its runner only
+    v1 = bench.requests(points[-1], "ceiling-v1", random.Random(0), 32000, system)[0]
+    assert v1 == ceiling  # only its runner differs
     prompts, n, shared = bench.requests(points[1], "relay", random.Random(0), 32000, system)
     assert len(prompts[0]) == 1024 == shared and n == 256
 
@@ -39,7 +40,8 @@ def test_a_repeated_point_reports_its_median_run_and_every_run():
     even = bench.summarize(point, runs[:2] + [{"elapsed_s": 4.0, "completions": 4, "tokens": 512}, runs[2]])
     assert even["elapsed_s"] == 2.5  # the middle two of 1, 2, 3, 4
     latency = bench.summarize({"workload": "latency", "C": 8192, "n": 1},
-                              [{"elapsed_s": 1.0, "completions": 1, "tokens": 33, "ms_per_step": m} for m in (7.0, 9.0, 6.0)])
+                              [{"elapsed_s": 1.0, "completions": 1, "tokens": 33, "ms_per_step": m}
+                               for m in (7.0, 9.0, 6.0)])
     assert latency["ms_per_step"] == 7.0
     single = bench.summarize(point, runs[1:2])
     assert single["elapsed_s"] == 1.0 and "runs_tokens_per_s" not in single  # one run: the row as before

@@ -50,10 +50,11 @@ def test_steps_split_busy_idle_and_families():
 
 
 def test_the_steps_that_idled_longest_say_what_the_host_was_in():
-    host = [{"ph": "X", "cat": "user_annotation", "name": "gpu_model_runner: preprocess", "ts": 140, "dur": 40},
+    host = [{"ph": "X", "cat": "user_annotation", "name": "gpu_model_runner: preprocess", "ts": 140,
+             "dur": 40},
             {"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "ts": 185, "dur": 30},
             {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 150, "dur": 20},  # not a host category
-            {"ph": "X", "cat": "user_annotation", "name": "sample", "ts": 320, "dur": 5}]  # after the last step
+            {"ph": "X", "cat": "user_annotation", "name": "sample", "ts": 320, "dur": 5}]  # after the steps
     rows = bench.steps(EVENTS + host, idle_host=1)
     assert "idle_host" not in rows[1]  # the other step idled less (5 against 45 us)
     # step 1 idles 100-110, 150-160, 170-175, 180-200: preprocess (140-180) covers 10 + 5 of them, the sync 15

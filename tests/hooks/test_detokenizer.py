@@ -52,10 +52,11 @@ def request(rng, tok, prompt):
     from vllm import SamplingParams
     from vllm.v1.engine import EngineCoreRequest
 
-    params = SamplingParams(skip_special_tokens=rng.random() < 0.7, spaces_between_special_tokens=rng.random() < 0.5)
-    return EngineCoreRequest(request_id="r", prompt_token_ids=prompt, mm_features=None, sampling_params=params,
-                             pooling_params=None, arrival_time=0.0, lora_request=None, cache_salt=None,
-                             data_parallel_rank=None)
+    params = SamplingParams(skip_special_tokens=rng.random() < 0.7,
+                            spaces_between_special_tokens=rng.random() < 0.5)
+    return EngineCoreRequest(request_id="r", prompt_token_ids=prompt, mm_features=None,
+                             sampling_params=params, pooling_params=None, arrival_time=0.0, lora_request=None,
+                             cache_salt=None, data_parallel_rank=None)
 
 
 def texts(tok, req, outputs):
@@ -94,15 +95,16 @@ def test_primed_with_the_tail_the_text_is_vllms(name, primed):
         want = texts(tok, req, outputs)
         primed.setenv("VLLM_RELAY_DETOKENIZER_PRIME", str(rng.choice([8, 32, 128])))
         assert texts(tok, req, outputs) == want, (prompt, outputs)
-        tails += len(prompt) > 128 and hook.tail_for(tok._tokenizer, prompt, req.sampling_params.skip_special_tokens,
-                                                     128) is not prompt
+        skip = req.sampling_params.skip_special_tokens
+        tails += len(prompt) > 128 and hook.tail_for(tok._tokenizer, prompt, skip, 128) is not prompt
     assert tails > 50  # most long prompts were primed with their tail, not all of them
 
 
 def test_the_tail_is_dropped_where_its_text_is_empty_or_ends_inside_a_character():
     inner = backends()["byte-level BPE"]._tokenizer
     words = inner.encode(" the quick brown fox jumps over the lazy dog" * 8, add_special_tokens=False).ids
-    assert hook.tail_for(inner, words, True, 0) is words and hook.tail_for(inner, words[:5], True, 8) == words[:5]
+    assert hook.tail_for(inner, words, True, 0) is words
+    assert hook.tail_for(inner, words[:5], True, 8) == words[:5]
     assert hook.tail_for(inner, words, True, 16) == words[-16:]
     specials = words + [2] * 20  # </s> x 20: no text once skipped
     assert hook.tail_for(inner, specials, True, 16) is specials
@@ -127,7 +129,8 @@ def test_only_a_relay_front_end_primes_with_the_tail(monkeypatch):
     model = get_model("tiny-llama-gqa")
     EngineArgs(model=model, max_model_len=512).create_engine_config()
     assert not hook._enabled
-    EngineArgs(model=model, max_model_len=512, block_size=16, attention_backend="relay").create_engine_config()
+    relay = EngineArgs(model=model, max_model_len=512, block_size=16, attention_backend="relay")
+    relay.create_engine_config()
     assert hook._enabled
     FastIncrementalDetokenizer(tok, req)
     assert primed_ids == [prompt]

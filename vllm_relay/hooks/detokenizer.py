@@ -56,7 +56,8 @@ def tail_for(tokenizer, prompt: list[int], skip_special_tokens: bool, keep: int)
 def _init(self, tokenizer, request):
     prompt = request.prompt_token_ids
     if _enabled and prompt is not None:  # vLLM's __init__ then primes with the tail (a copy of the request)
-        ids = tail_for(tokenizer._tokenizer, prompt, request.sampling_params.skip_special_tokens, prime_tokens())
+        skip = request.sampling_params.skip_special_tokens
+        ids = tail_for(tokenizer._tokenizer, prompt, skip, prime_tokens())
         if ids is not prompt:
             import msgspec
 
