@@ -31,6 +31,7 @@ import json
 import math
 import os
 import random
+import statistics
 import sys
 import time
 
@@ -167,15 +168,11 @@ def worker(args):
 def summarize(point: dict, runs: list[dict]) -> dict:
     """A point's row from its runs: the median run's time (the mean of the middle two for an even
     count), tokens/s over it, the median ms per step, and every run's tokens/s (more than one run)."""
-    def median(xs):
-        xs = sorted(xs)
-        return (xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) / 2
-
-    elapsed = median([r["elapsed_s"] for r in runs])
+    elapsed = statistics.median(r["elapsed_s"] for r in runs)
     row = {**point, "elapsed_s": elapsed, "completions": runs[0]["completions"],
            "tokens_per_s": runs[0]["tokens"] / elapsed}
     if "ms_per_step" in runs[0]:
-        row["ms_per_step"] = median([r["ms_per_step"] for r in runs])
+        row["ms_per_step"] = statistics.median(r["ms_per_step"] for r in runs)
     if len(runs) > 1:
         row["runs_tokens_per_s"] = [r["tokens"] / r["elapsed_s"] for r in runs]
     return row

@@ -115,7 +115,7 @@ def steps(events: list[dict], idle_host: int = 0) -> list[dict]:
     idled longest also say what the host was in meanwhile (`host_during`)."""
     marks = step_marks(events, "gpu_user_annotation") or step_marks(events, "user_annotation")
     kernels = sorted((e for e in events if e.get("ph") == "X" and e.get("cat") == "kernel"), key=lambda e: e["ts"])
-    rows, gaps, k = [], [], 0
+    rows, kept, k = [], [], 0
     for mark, nxt in zip(marks, marks[1:]):
         t0, t1 = float(mark["ts"]), float(nxt["ts"])
         while k < len(kernels) and kernels[k]["ts"] < t0:
@@ -133,9 +133,11 @@ def steps(events: list[dict], idle_host: int = 0) -> list[dict]:
         busy = union_length(spans)
         rows.append({"ctx_reqs": ctx_reqs, "ctx_tokens": ctx_tokens, "gen_reqs": gen_reqs, "gen_tokens": gen_tokens,
                      "cycle_us": t1 - t0, "busy_us": busy, "idle_us": t1 - t0 - busy, "families_us": fams})
-        gaps.append(idle_spans(spans, t0, t1))
+        if idle_host:  # kept only when asked: the chosen steps' idle spans come from them
+            kept.append((spans, t0, t1))
     chosen = sorted(range(len(rows)), key=lambda i: -rows[i]["idle_us"])[:idle_host]
-    during = host_during(events, [(a, b, i) for i in chosen for a, b in gaps[i]]) if chosen else {}
+    windows = [(a, b, i) for i in chosen for a, b in idle_spans(*kept[i])]
+    during = host_during(events, windows) if chosen else {}
     for i in chosen:
         rows[i]["idle_host"] = during.get(i, {})
     return rows
