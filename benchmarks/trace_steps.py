@@ -11,7 +11,8 @@ to the next) this reports:
 The last annotated step has no next start and is left out. Without GPU-side annotations in the
 trace, the host's (`user_annotation`, launch times) mark the steps instead. With `--idle-host N`, the N
 steps that idled longest also get `idle_host`: what the host was in while their GPU idled (vLLM's
-annotations, CUDA runtime calls, Python functions overlapping the idle spans, us per name, the longest).
+annotations, torch ops, CUDA runtime calls, Python functions overlapping the idle spans, us per name, the longest,
+and the idle time no host event covered).
 Traces are large: run this on the GPU host and keep its JSON (bench_throughput.py does when it drops
 the traces).
 Usage: python3 benchmarks/trace_steps.py TRACE.json[.gz] [--idle-host N] [--out steps.json]
@@ -69,16 +70,20 @@ def idle_spans(spans: list[tuple[float, float]], t0: float, t1: float) -> list[t
     return [(a, b) for a, b in gaps if b > a]
 
 
-HOST_CATS = ("user_annotation", "cuda_runtime", "python_function")
+HOST_CATS = ("user_annotation", "cpu_op", "cuda_runtime", "python_function")
+UNCOVERED = "(no host event)"  # idle time no host event covers: Python outside vLLM's scopes and torch's ops
 
 
 def host_during(events: list[dict], windows: list[tuple[float, float, int]], top: int = 8) -> dict:
     """Microseconds of each host event name (HOST_CATS) inside the windows (start, end, label), per
-    label, the `top` longest: one pass over the events."""
+    label, the `top` longest, and the windows' time that no host event covers (UNCOVERED: the host
+    in Python outside vLLM's annotated scopes and torch's ops, e.g. garbage collection): one pass
+    over the events."""
     windows = sorted(windows)
     starts = [w[0] for w in windows]
     longest = max((b - a for a, b, _ in windows), default=0.0)
     out: dict = {}
+    covered: dict = {}  # window -> the host events' spans inside it
     for e in events:
         if e.get("ph") != "X" or e.get("cat") not in HOST_CATS:
             continue
@@ -92,7 +97,11 @@ def host_during(events: list[dict], windows: list[tuple[float, float, int]], top
                 name = e.get("name", "")[:100]
                 per = out.setdefault(label, {})
                 per[name] = per.get(name, 0.0) + overlap
+                covered.setdefault(i, []).append((max(a, w0), min(b, w1)))
             i += 1
+    for i, (w0, w1, label) in enumerate(windows):
+        per = out.setdefault(label, {})
+        per[UNCOVERED] = per.get(UNCOVERED, 0.0) + (w1 - w0) - union_length(covered.get(i, []))
     return {label: dict(sorted(per.items(), key=lambda kv: -kv[1])[:top]) for label, per in out.items()}
 
 

@@ -16,7 +16,8 @@
 #                    into rows (<out>/acct_llama{2,3}.md), about 7 min each
 #   acct_l2r         acct_l2 against the relay backend with no prompt (noprefix-relay: the same V1 runner as relay,
 #                    so the profiler costs both sides alike; vLLM's default runner slowed 1.33 s under it, relay 0.18 s)
-#                    (IDLE_HOST, default 40: each profiled run's steps that idled longest list the host's work meanwhile)
+#                    (IDLE_HOST, default 40: each profiled run's steps that idled longest list the host's work meanwhile,
+#                    with vLLM's scopes on; GC_TRACE=1 adds Python's garbage collections: benchmarks/gpu/gc_trace/)
 #   acct_l2r8        acct_l2r at P=8192 (max-model-len 9000; with ACCT_REPEAT=1 beside other jobs)
 #   gap_l2r          after acct_l2r on the same machine, its folder kept as ACCT_DIR (each call's $OUT starts
 #                    empty: copy it to /tmp first): three more unprofiled runs of each engine, then account.py
@@ -88,7 +89,10 @@ for step in "$@"; do
       m=$m2; len=5120; p=2048; [ $step = acct_l3 ] && m=$m3 && len=4096
       b=noprefix; f="$out/acct_llama${step#acct_l}"; [ $step = acct_l2r ] && b=noprefix-relay && f="$out/acct_llama2_r"
       [ $step = acct_l2r8 ] && b=noprefix-relay && f="$out/acct_llama2_r8192" && p=8192 && len=9000
-      $bt --model "$m" --prefix-len $p --num-prompts 1000 --max-model-len $len --profile 0,0 --repeat "${ACCT_REPEAT:-2}" \
+      scopes=0; [ "${IDLE_HOST:-40}" = 0 ] || scopes=1
+      pp=$PYTHONPATH; [ "${GC_TRACE:-0}" = 0 ] || pp="$PWD/benchmarks/gpu/gc_trace:$PYTHONPATH"
+      VLLM_CUSTOM_SCOPES_FOR_PROFILING=$scopes PYTHONPATH=$pp $bt --model "$m" --prefix-len $p --num-prompts 1000 \
+          --max-model-len $len --profile 0,0 --repeat "${ACCT_REPEAT:-2}" \
           --idle-host "${IDLE_HOST:-40}" --configs relay,$b --out "$f.json" && python3 benchmarks/account.py "$f.json" --b $b --out "$f.md" ;;
     gap_l2r|gap_l2r_runs)
       f="${ACCT_DIR:-$out}/acct_llama2_r.json"

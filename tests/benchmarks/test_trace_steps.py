@@ -53,12 +53,15 @@ def test_the_steps_that_idled_longest_say_what_the_host_was_in():
     host = [{"ph": "X", "cat": "user_annotation", "name": "gpu_model_runner: preprocess", "ts": 140,
              "dur": 40},
             {"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "ts": 185, "dur": 30},
-            {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 150, "dur": 20},  # not a host category
+            {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 150, "dur": 20},
+            {"ph": "X", "cat": "gpu_memset", "name": "Memset", "ts": 100, "dur": 5},  # not a host category
             {"ph": "X", "cat": "user_annotation", "name": "sample", "ts": 320, "dur": 5}]  # after the steps
     rows = bench.steps(EVENTS + host, idle_host=1)
     assert "idle_host" not in rows[1]  # the other step idled less (5 against 45 us)
-    # step 1 idles 100-110, 150-160, 170-175, 180-200: preprocess (140-180) covers 10 + 5 of them, the sync 15
-    assert rows[0]["idle_host"] == {"gpu_model_runner: preprocess": 15.0, "cudaStreamSynchronize": 15.0}
+    # step 1 idles 100-110, 150-160, 170-175, 180-200 (45 us): preprocess (140-180) covers 10 + 5 of them,
+    # the sync 15, the op 10; no host event covers 100-110 and 180-185
+    assert rows[0]["idle_host"] == {"gpu_model_runner: preprocess": 15.0, "cudaStreamSynchronize": 15.0,
+                                    bench.UNCOVERED: 15.0, "aten::mm": 10.0}
     assert bench.idle_spans([(110, 150), (130, 150), (160, 170)], 100, 165) == [(100, 110), (150, 160)]
     assert bench.steps(EVENTS + host) == bench.steps(EVENTS)  # without idle_host: the rows as before
 
