@@ -43,3 +43,25 @@ def test_a_captured_graph_replays_any_count():
         count.fill_(n)
         graph.replay()
         assert torch.equal(out[:n], src[perm[:n].long()]) and not out[n:].any()
+
+
+@pytest.mark.gpu
+def test_one_compiled_kernel_serves_a_count_at_any_alignment():
+    """The planner's count is an element of its plan (`cu[G]`): 16-byte aligned for some steps
+    only. Triton would compile the kernel again for an aligned pointer, mid-run (a step stalled
+    132 ms on the H100); the count is not specialized on its alignment."""
+    from vllm_relay.ops.gather_rows import _gather_rows_kernel
+
+    src = torch.randn(64, 4, 128, dtype=torch.bfloat16, device="cuda")
+    perm = torch.randint(0, 64, (32,), dtype=torch.int32, device="cuda")
+    counts = torch.tensor([5, 7, 9, 11, 13], dtype=torch.int32, device="cuda")  # counts[1:] at 4, 8, 12, 16 bytes
+    out = torch.zeros(32, 4, 128, dtype=torch.bfloat16, device="cuda")
+    gather_rows(src, perm, counts[1:2], out)
+    cache = _gather_rows_kernel.device_caches[torch.cuda.current_device()][0]
+    compiled = len(cache)
+    for i in range(5):
+        n = int(counts[i])
+        out.zero_()
+        gather_rows(src, perm, counts[i: i + 1], out)
+        assert torch.equal(out[:n], src[perm[:n].long()]) and not out[n:].any()
+    assert len(cache) == compiled
