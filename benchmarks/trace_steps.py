@@ -11,8 +11,8 @@ to the next) this reports:
 The last annotated step has no next start and is left out. Without GPU-side annotations in the
 trace, the host's (`user_annotation`, launch times) mark the steps instead. With `--idle-host N`, the N
 steps that idled longest also get `idle_host`: what the host was in while their GPU idled (vLLM's
-annotations, torch ops, CUDA runtime calls, Python functions overlapping the idle spans, us per name, the longest,
-and the idle time no host event covered).
+annotations, torch ops, CUDA runtime calls, Python functions overlapping the idle spans, us per name, the
+longest, and the idle time no host event covered).
 Traces are large: run this on the GPU host and keep its JSON (bench_throughput.py does when it drops
 the traces).
 Usage: python3 benchmarks/trace_steps.py TRACE.json[.gz] [--idle-host N] [--out steps.json]

@@ -54,7 +54,7 @@ def test_one_compiled_kernel_serves_a_count_at_any_alignment():
 
     src = torch.randn(64, 4, 128, dtype=torch.bfloat16, device="cuda")
     perm = torch.randint(0, 64, (32,), dtype=torch.int32, device="cuda")
-    counts = torch.tensor([5, 7, 9, 11, 13], dtype=torch.int32, device="cuda")  # counts[1:] at 4, 8, 12, 16 bytes
+    counts = torch.tensor([5, 7, 9, 11, 13], dtype=torch.int32, device="cuda")  # at byte 0, 4, 8, 12, 16
     out = torch.zeros(32, 4, 128, dtype=torch.bfloat16, device="cuda")
     gather_rows(src, perm, counts[1:2], out)
     cache = _gather_rows_kernel.device_caches[torch.cuda.current_device()][0]

@@ -108,8 +108,9 @@ class RelayEngine:
         relay = cls(core, RelayConfig.from_vllm(core.vllm_config.additional_config))
         setattr(core, ENGINE_ATTR, relay)
         setattr(core.scheduler, ENGINE_ATTR, relay)
-        if core.request_block_hasher is not None:  # n samples of one prompt: its blocks hashed once
-            core.request_block_hasher = PromptHashMemo(core.request_block_hasher)
+        if core.request_block_hasher is not None:  # a prompt's blocks hashed once for its repeats
+            core.request_block_hasher = PromptHashMemo(core.request_block_hasher,
+                                                       core.scheduler.hash_block_size)
         # Utility calls (`call_utility("relay_stats")`) look methods up on the EngineCore object.
         core.relay_register_system_prompt = relay.register_system_prompt
         core.relay_unregister_system_prompt = relay.unregister_system_prompt
