@@ -134,7 +134,7 @@ def drop_traces(args, config) -> None:
     folder = profile_dir(args, config)
     for i, trace in enumerate(sorted(glob.glob(os.path.join(folder, "*.pt.trace.json*")))):
         try:
-            rows = steps(load(trace), getattr(args, "idle_host", 0))
+            rows = steps(load(trace), args.idle_host)
             kept = {"trace": os.path.basename(trace), "summary": summary(rows), "steps": rows}
         except Exception as e:  # the run's figures stand without it: say so, keep going
             print(f"trace_steps failed on {trace}: {e!r}", file=sys.stderr, flush=True)

@@ -94,7 +94,7 @@ def test_bench_throughput_keeps_each_traces_steps_and_drops_the_trace(tmp_path, 
     spec = importlib.util.spec_from_file_location("bench_throughput", BENCH / "bench_throughput.py")
     bt = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bt)
-    args = SimpleNamespace(out=str(tmp_path / "run.json"))
+    args = SimpleNamespace(out=str(tmp_path / "run.json"), idle_host=0)
     folder = Path(bt.profile_dir(args, "relay"))
     folder.mkdir()
     (folder / "rank0.pt.trace.json").write_text(json.dumps({"traceEvents": EVENTS}))

@@ -96,9 +96,9 @@ class PromptHashMemo:
         array = _array(tokens, full * bs)
         best, shared = None, 0
         for prompt in alike:
-            k = shared  # it can share more only if it holds block k as `tokens` does
-            if k and prompt.tokens[k * bs: (k + 1) * bs] != tokens[k * bs: (k + 1) * bs]:
-                continue
+            span = slice(shared * bs, (shared + 1) * bs)
+            if shared and prompt.tokens[span] != tokens[span]:
+                continue  # it parts from `tokens` by block `shared`: it cannot share more
             k = common_blocks(array, prompt.as_array(), bs)
             if k > shared:
                 best, shared = prompt, k
