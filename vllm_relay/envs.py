@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     VLLM_RELAY_LEVEL_STREAM: int | None = None
     VLLM_RELAY_LEVEL_STREAM_PRIORITY: int | None = None
     VLLM_RELAY_DETOKENIZER_PRIME: int | None = None
+    VLLM_RELAY_CACHE_HITS: int | None = None
     VLLM_RELAY_TEST_SERVER: str | None = None
     VLLM_RELAY_TEST_API_KEY: str | None = None
 
@@ -78,6 +79,9 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # Prompt tokens a relay front end's incremental detokenizer is primed with (hooks/detokenizer.py;
     # unset: 128; 0: the whole prompt, as vLLM does).
     "VLLM_RELAY_DETOKENIZER_PRIME": lambda: _int("VLLM_RELAY_DETOKENIZER_PRIME"),
+    # Tuning knob for benchmarks: 0 leaves every new request's prefix-cache lookup to vLLM's walk over
+    # its blocks (engine/cache_hits.py; unset: a lookup starts from a recent one's blocks). Same blocks.
+    "VLLM_RELAY_CACHE_HITS": lambda: _int("VLLM_RELAY_CACHE_HITS"),
     # Base URL of an already running relay server (e.g. http://127.0.0.1:8000) for the endpoint
     # tests (tests/entrypoints/test_server.py) to run against instead of starting their own; the
     # server must run with the configuration of tests/entrypoints/server.py (benchmarks/gpu/endpoints.sh).

@@ -3,10 +3,12 @@
 # registered (issue 15), relay against vLLM's default, its cascade and the bound.
 # Usage: bash benchmarks/gpu/sharing.sh STEP...   with STEP one of
 #   samples2    Hydragen's sweep on the Llama-2-7B shape: P in $PS, n in $NS, 128 output tokens
+#   samples2h   samples2, then relay again with VLLM_RELAY_CACHE_HITS=0 (vLLM's prefix-cache walk for every
+#               sample, engine/cache_hits.py off) into sharing_samples_llama2_walk.json: what the memo gains
 #   samples3    the same on the Llama-3-8B shape
 #   latency2    decode-step latency against n at contexts $CS (bifurcated attention's figure)
 #   tree2       a 2048-token system prompt over 8 documents x 4 questions x 8 samples: relay, relay
-#               with the registered prompt only, default, cascade, ceiling
+#               with the registered prompt only, default, cascade, ceiling (TREE_CONFIGS: a subset)
 #   plain3      nothing shared: 1000 requests (128 in / 256 out), vLLM's default and the relay backend,
 #               each run twice on its engine (bench_throughput.py noprefix, noprefix-relay)
 #   plainx      nothing shared, settled: vLLM's default and the relay backend on warm engines side by
@@ -35,11 +37,15 @@ for step in "$@"; do
   case $step in
     samples2) $sb --model "$m2" --workloads samples --prefix-lens "$PS" --ns "$NS" --configs "$CONFIGS" --repeat "$REPEAT" \
                 --out "$out/sharing_samples_llama2.json" ;;
+    samples2h) $sb --model "$m2" --workloads samples --prefix-lens "$PS" --ns "$NS" --configs "$CONFIGS" \
+                --repeat "$REPEAT" --out "$out/sharing_samples_llama2.json" &&
+               VLLM_RELAY_CACHE_HITS=0 $sb --model "$m2" --workloads samples --prefix-lens "$PS" --ns "$NS" \
+                --configs relay --repeat "$REPEAT" --out "$out/sharing_samples_llama2_walk.json" ;;
     samples3) $sb --model "$m3" --workloads samples --prefix-lens "$PS" --ns "$NS" --configs "$CONFIGS" \
                 --out "$out/sharing_samples_llama3.json" ;;
     latency2) $sb --model "$m2" --workloads latency --contexts "$CS" --latency-ns 1,8,64 --configs relay,default \
                 --out "$out/sharing_latency_llama2.json" ;;
-    tree2) $sb --model "$m2" --workloads tree --configs ceiling,relay,relay-sysonly,default,cascade \
+    tree2) $sb --model "$m2" --workloads tree --configs "${TREE_CONFIGS:-ceiling,relay,relay-sysonly,default,cascade}" \
                 --max-model-len 8192 --out "$out/sharing_tree_llama2.json" ;;
     plain3) $bt --model "$m3" --prefix-len 2048 --num-prompts 1000 --max-model-len 4096 --repeat 2 \
                 --configs noprefix,noprefix-relay --out "$out/sharing_plain_llama3.json" ;;

@@ -25,8 +25,10 @@ import weakref
 from dataclasses import asdict
 from typing import Any
 
+from vllm_relay import envs
 from vllm_relay.config import RelayConfig, check_prompt_name, check_prompt_spec
 from vllm_relay.engine.admin import RelayAdmin
+from vllm_relay.engine.cache_hits import CacheHitMemo
 from vllm_relay.engine.fills import Fills
 from vllm_relay.engine.hashes import PromptHashMemo
 from vllm_relay.engine.pages import PromptPages
@@ -99,6 +101,7 @@ class RelayEngine:
         self._steps = 0  # steps scheduled so far, and the workers' stats as of the last one asked
         self._level_stats: tuple[int, dict] = (-1, {})
         self.admin = RelayAdmin(self)  # per-prompt usage and the serving surface's utility calls
+        self.cache_hits: CacheHitMemo | None = None  # the scheduler's prefix-cache lookups (attach)
 
     # ---- start-up ----------------------------------------------------------------------------
 
@@ -111,6 +114,9 @@ class RelayEngine:
         if core.request_block_hasher is not None:  # a prompt's blocks hashed once for its repeats
             core.request_block_hasher = PromptHashMemo(core.request_block_hasher,
                                                        core.scheduler.hash_block_size)
+        # and looked up in the prefix cache once for them (None where vLLM's lookup is not the plain walk)
+        relay.cache_hits = None if envs.VLLM_RELAY_CACHE_HITS == 0 else CacheHitMemo.install(
+            core.scheduler.kv_cache_manager)
         # Utility calls (`call_utility("relay_stats")`) look methods up on the EngineCore object.
         core.relay_register_system_prompt = relay.register_system_prompt
         core.relay_unregister_system_prompt = relay.unregister_system_prompt

@@ -1,0 +1,161 @@
+"""A new request's prefix-cache lookup that starts from the blocks a recent lookup found for the same
+prompt: the n samples of one prompt, the same prompt sent concurrently, questions over one document.
+
+vLLM's scheduler looks every new request up in the prefix cache block by block
+(`find_longest_cache_hit`): for each of the prompt's whole blocks it builds the block's cache key, finds
+it in the cache map and appends the block, about 2 us a block on the host. A 4K-token prompt costs
+0.25-0.5 ms a request, a 16K one 1-2 ms; vLLM fans `SamplingParams(n=...)` out into n requests and
+pays it n times, in the steps that admit them, while the GPU waits. Its first-output bookkeeping
+(`estimate_cached_tokens`) then walks every block of each request again.
+
+The memo keeps the last lookups' hashes, cache keys and blocks. A new lookup takes the remembered
+one that begins with the most of its hashes (list comparisons: the hashes of repeated prompts are
+the same objects, `engine/hashes.py`), keeps those of its blocks that the cache map still returns
+for their keys (one `dict.get` each, in C), exactly what vLLM's walk would return for them, and
+leaves the rest of the prompt to vLLM's own lookup. It is installed only where that walk is the whole
+of vLLM's lookup: one KV-cache group of full attention, hashes of whole blocks, no EAGLE block drop,
+no context parallelism.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+@dataclass
+class _Hit:
+    hashes: list  # the request's block hashes of the blocks found (a copy)
+    keys: list  # the blocks' cache keys, those hashes with the group id
+    blocks: list  # the KVCacheBlocks found
+
+
+class CacheHitMemo:
+    """Replaces `find_longest_cache_hit` of a `UnitaryKVCacheCoordinator` and `estimate_cached_tokens`
+    of its `KVCacheManager` (instance attributes: `install`), remembering the last `size` lookups."""
+
+    def __init__(self, manager, size: int = 8) -> None:
+        from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
+
+        coordinator = manager.coordinator
+        self._find = coordinator.find_longest_cache_hit  # vLLM's, bound to the coordinator
+        self._blocks_of = coordinator.single_type_managers[0].req_to_blocks
+        self._key = make_block_hash_with_group_id
+        cache_map = coordinator.block_pool.cached_block_hash_to_block
+        self._get_one = cache_map.get_one_block  # the block vLLM's walk takes for a key
+        table = getattr(cache_map, "_cache", None)  # its table: key -> a block, or a dict of them
+        self._get = table.get if isinstance(table, dict) else self._get_one
+        self.block_size = coordinator.block_size
+        self.size = size
+        self.hits = 0  # lookups that reused a remembered block
+        self.reused_blocks = 0  # blocks not looked up again
+        self._hits: list[_Hit] = []  # most recent last
+
+    @classmethod
+    def install(cls, manager) -> CacheHitMemo | None:
+        """Wrap `manager` (the scheduler's `KVCacheManager`) where its lookup is the plain walk."""
+        if not applies(manager):
+            return None
+        memo = cls(manager)
+        manager.coordinator.find_longest_cache_hit = memo.find_longest_cache_hit
+        manager.estimate_cached_tokens = memo.estimate_cached_tokens
+        return memo
+
+    def find_longest_cache_hit(self, block_hashes, max_cache_hit_length: int) -> tuple[tuple[list], int, int]:
+        bs = self.block_size
+        limit = min(len(block_hashes), max_cache_hit_length // bs)
+        hit, k = self._longest(block_hashes, limit)
+        if k:
+            k = self._still_first(hit, k)
+        if k == 0:
+            (blocks,), length, uncached = self._find(block_hashes, max_cache_hit_length)
+            self._remember(None, 0, block_hashes, blocks)
+            return (blocks,), length, uncached
+        blocks = hit.blocks[:k]
+        if k < limit:  # the rest as vLLM looks it up: later blocks may be cached since
+            (rest,), _, _ = self._find(block_hashes[k:limit], (limit - k) * bs)
+            blocks += rest
+        self.hits += 1
+        self.reused_blocks += k
+        self._remember(hit, k, block_hashes, blocks)
+        return (blocks,), len(blocks) * bs, 0
+
+    def estimate_cached_tokens(self, request) -> int:
+        """vLLM's: the most tokens any of the request's blocks was cached under. A block's count is its
+        end in the prompts it belongs to, so it grows along the request's blocks: the last block that
+        has one holds the most."""
+        blocks = self._blocks_of.get(request.request_id) or ()
+        for block in reversed(blocks):
+            tokens = block.block_hash_num_tokens
+            if tokens is not None:
+                return tokens
+        return 0
+
+    def _longest(self, block_hashes, limit: int) -> tuple[_Hit | None, int]:
+        """The remembered lookup whose hashes begin the most of `block_hashes[:limit]`, and how many."""
+        best, most = None, 0
+        if limit == 0:
+            return best, most
+        first = block_hashes[0]
+        for hit in reversed(self._hits):
+            if hit.hashes[0] != first:
+                continue
+            k = _common_prefix(hit.hashes, block_hashes, min(len(hit.hashes), limit))
+            if k > most:
+                best, most = hit, k
+                if k == limit:
+                    break
+        return best, most
+
+    def _still_first(self, hit: _Hit, k: int) -> int:
+        """How many of `hit`'s first `k` blocks the cache map still returns for their keys."""
+        keys, blocks = hit.keys[:k], hit.blocks[:k]
+        found = list(map(self._get, keys))  # in C where the map's table is a dict
+        if found == blocks:
+            return k
+        for i, (value, block) in enumerate(zip(found, blocks)):
+            if value is not block and not (type(value) is dict and self._get_one(keys[i]) is block):
+                return i
+        return k
+
+    def _remember(self, hit: _Hit | None, k: int, block_hashes, blocks: list) -> None:
+        n = len(blocks)
+        if n == 0:
+            return
+        if hit is not None and n == k == len(hit.blocks):
+            self._hits.remove(hit)  # the same lookup again: most recent now
+            self._hits.append(hit)
+            return
+        keys = (hit.keys[:k] if hit is not None else []) + [self._key(h, 0) for h in block_hashes[k:n]]
+        if hit is not None and k == len(hit.blocks):
+            self._hits.remove(hit)  # this one extends it
+        self._hits.append(_Hit(list(block_hashes[:n]), keys, list(blocks)))
+        del self._hits[: -self.size]
+
+
+def applies(manager) -> bool:
+    """Whether `manager`'s prefix-cache lookup is the plain walk this memo reproduces."""
+    from vllm.v1.core.kv_cache_coordinator import UnitaryKVCacheCoordinator
+    from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager
+
+    coordinator = getattr(manager, "coordinator", None)
+    if not (getattr(manager, "enable_caching", False) and type(coordinator) is UnitaryKVCacheCoordinator):
+        return False
+    group = coordinator.kv_cache_config.kv_cache_groups[0]
+    return (type(coordinator.single_type_managers[0]) is FullAttentionManager
+            and not coordinator.eagle_group_ids and coordinator.dcp_world_size == 1
+            and coordinator.pcp_world_size == 1
+            and coordinator.block_pool.hash_block_size == coordinator.block_size
+            and type(group.kv_cache_spec).__name__ == "FullAttentionSpec")
+
+
+def _common_prefix(a: list, b, n: int) -> int:
+    """The length of the longest common prefix of `a[:n]` and `b[:n]` (whose first items are equal)."""
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 1, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
