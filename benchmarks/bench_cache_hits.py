@@ -7,7 +7,8 @@ found. This times both on this machine's CPU with vLLM's own KV-cache manager (n
 the prompt computed once, then n samples admitted as the scheduler admits them, microseconds a request,
 the median of --rounds rounds, the two managers taking turns.
 
-    python benchmarks/bench_cache_hits.py --prompt-lens 1024,4096,16000 --n 256 --out benchmarks/results/cpu_cache_hits/cache_hits.json
+    python benchmarks/bench_cache_hits.py --prompt-lens 1024,4096,16000 --n 256 \
+        --out benchmarks/results/cpu_cache_hits/cache_hits.json
 """
 
 from __future__ import annotations
@@ -50,8 +51,8 @@ def one_round(prompt: list, n: int, memo: bool, hasher, tag: str) -> dict:
     hash_fn = PromptHashMemo(hasher, BS) if memo else hasher  # relay's engine hashes the samples once
 
     def request(i):
-        return Request(request_id=f"{tag}{i}", prompt_token_ids=list(prompt), sampling_params=SamplingParams(),
-                       pooling_params=None, block_hasher=hash_fn)
+        return Request(request_id=f"{tag}{i}", prompt_token_ids=list(prompt), pooling_params=None,
+                       sampling_params=SamplingParams(), block_hasher=hash_fn)
 
     first = request(0)
     blocks, hit = kv.get_computed_blocks(first)[:2]
@@ -99,7 +100,8 @@ def main():
             for key in ("lookup_us", "estimate_us"):
                 row[f"{name}_{key}"] = statistics.median(r[key] for r in rs)
         rows.append(row)
-    lines = [f"CPU: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; n = {args.n} samples, "
+    cpu = platform.processor() or platform.machine()
+    lines = [f"CPU: {cpu}, {os.cpu_count()} cores; n = {args.n} samples, "
              f"median of {args.rounds} rounds, microseconds a request", "",
              "| prompt tokens | lookup, vLLM | lookup, relay | cached-token count, vLLM | the same, relay |",
              "|---|---|---|---|---|"]

@@ -46,8 +46,8 @@ class Side:
         self.requests: dict[str, Request] = {}
 
     def admit(self, rid: str, tokens: list, salt):
-        r = Request(request_id=rid, prompt_token_ids=list(tokens), sampling_params=SamplingParams(max_tokens=64),
-                    pooling_params=None, block_hasher=self.hasher, cache_salt=salt)
+        r = Request(request_id=rid, prompt_token_ids=list(tokens), pooling_params=None,
+                    sampling_params=SamplingParams(max_tokens=64), block_hasher=self.hasher, cache_salt=salt)
         blocks, hit = self.kv.get_computed_blocks(r)[:2]
         new = self.kv.allocate_slots(r, r.num_tokens - hit, hit, blocks)
         if new is None:
@@ -101,8 +101,8 @@ def test_memo_returns_the_blocks_of_vllms_walk_on_random_traffic(hasher, seed):
             plain.free(rid)
         table = plain.kv.block_pool.cached_block_hash_to_block._cache
         duplicates += any(type(v) is dict for v in table.values())
-        for rid in memo.requests:
-            assert memo.kv.estimate_cached_tokens(memo.requests[rid]) == plain.vllm_estimate(plain.requests[rid])
+        for rid, r in memo.requests.items():
+            assert memo.kv.estimate_cached_tokens(r) == plain.vllm_estimate(plain.requests[rid])
     assert memo.memo.hits > 20 and samples > 5  # the memo served lookups, siblings among them
     assert duplicates  # and blocks of equal content cached twice, which the walk takes the first of
     assert memo.kv.block_pool.get_num_free_blocks() == plain.kv.block_pool.get_num_free_blocks()
@@ -132,7 +132,8 @@ def test_installed_only_where_vllms_lookup_is_the_plain_walk():
     assert applies(manager(32))
     assert not applies(manager(32, enable_caching=False))
     assert not applies(manager(32, use_eagle=True))
-    sliding = SlidingWindowSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype=torch.float32, sliding_window=64)
+    sliding = SlidingWindowSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype=torch.float32,
+                                sliding_window=64)
     assert not applies(manager(32, spec=sliding))
     kv = manager(32, use_eagle=True)
     find = kv.coordinator.find_longest_cache_hit
