@@ -1,16 +1,13 @@
 """benchmarks/account.py: the accounting rows of two profiled runs add up to their gap, by kind of
 step and kernel family, against hand-computed step tables."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
-spec = importlib.util.spec_from_file_location("account", BENCH / "account.py")
-account = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(account)
+from tests.benchmarks import load
+
+account = load("account")
 
 
 def step(ctx_tokens, cycle, fams, busy=None, gen_tokens=4):

@@ -1,26 +1,16 @@
 """benchmarks/bench_host.py on the CPU: each scenario's batch has the levels it is built to have, the
 phases are timed and written (the times themselves mean nothing here: the GPU host's count)."""
 
-import importlib.util
 import json
-from pathlib import Path
 
+from tests.benchmarks import load
 from vllm_relay.attention import planner
-
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
-
-
-def load():
-    spec = importlib.util.spec_from_file_location("bench_host", BENCH / "bench_host.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_each_scenario_finds_its_levels(tmp_path):
     rule = dict(planner.MIN_SAVED_TOKENS)
     argv = ["--device", "cpu", "--reqs", "64", "--prompt", "2048", "--steps", "3", "--out", str(tmp_path)]
-    rows = load().main(argv)
+    rows = load("bench_host").main(argv)
     assert planner.MIN_SAVED_TOKENS == rule  # the GPU's rule only while it ran
     found = {r["scenario"]: (r["levels"], r["level_rows"]) for r in rows}
     # 64 rows: a prompt over all (registered), 4 groups of 16 samples, or both levels (tree).

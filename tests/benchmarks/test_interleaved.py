@@ -1,14 +1,11 @@
 """benchmarks/bench_interleaved.py: medians, spreads and ratios of interleaved runs, against
 hand-computed values."""
 
-import importlib.util
-from pathlib import Path
 from types import SimpleNamespace
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
-spec = importlib.util.spec_from_file_location("bench_interleaved", BENCH / "bench_interleaved.py")
-bench = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bench)
+from tests.benchmarks import load
+
+bench = load("bench_interleaved")
 
 
 def test_summary_takes_medians_spreads_and_per_round_ratios():

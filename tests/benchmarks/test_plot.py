@@ -1,18 +1,15 @@
 """benchmarks/plot.py: PNGs from the results folder; missing data skips a plot with a message."""
 
-import importlib.util
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 
+from tests.benchmarks import BENCH, load
+
 pytest.importorskip("matplotlib")
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
-spec = importlib.util.spec_from_file_location("plot", BENCH / "plot.py")
-plot = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(plot)
+plot = load("plot")
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

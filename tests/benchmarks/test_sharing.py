@@ -1,15 +1,13 @@
 """benchmarks/bench_sharing.py: the points of each workload, the requests each config sends, and the
 bound (the ceiling plus one read of every shared level's KV per decode step), against hand-computed values."""
 
-import importlib.util
 import random
 from pathlib import Path
 from types import SimpleNamespace
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
-spec = importlib.util.spec_from_file_location("bench_sharing", BENCH / "bench_sharing.py")
-bench = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bench)
+from tests.benchmarks import load
+
+bench = load("bench_sharing")
 
 ARGS = SimpleNamespace(workloads="samples,latency,tree", prefix_lens="1024,16384", ns="16,256", contexts="8192",
                        latency_ns="1,64", tree="2,3,4,100,10", tree_system=50, output_len=128, max_num_seqs=256)

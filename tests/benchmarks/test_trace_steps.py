@@ -2,14 +2,12 @@
 families from a torch-profiler trace, against a hand-built trace."""
 
 import gzip
-import importlib.util
 import json
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
-spec = importlib.util.spec_from_file_location("trace_steps", BENCH / "trace_steps.py")
-bench = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bench)
+from tests.benchmarks import BENCH, load
+
+bench = load("trace_steps")
 
 
 def mark(ts, name):
@@ -91,9 +89,7 @@ def test_bench_throughput_keeps_each_traces_steps_and_drops_the_trace(tmp_path, 
     from types import SimpleNamespace
 
     monkeypatch.syspath_prepend(str(BENCH))
-    spec = importlib.util.spec_from_file_location("bench_throughput", BENCH / "bench_throughput.py")
-    bt = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bt)
+    bt = load("bench_throughput")
     args = SimpleNamespace(out=str(tmp_path / "run.json"), idle_host=0)
     folder = Path(bt.profile_dir(args, "relay"))
     folder.mkdir()
