@@ -293,7 +293,7 @@ def plot(path: str, sh: dict | None = None) -> str:
     return png
 
 
-def main():
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model")
     p.add_argument("--plot", help="a results file of this benchmark: write its PNG beside it and exit")
@@ -313,10 +313,17 @@ def main():
                    help="runs of each point, each with fresh ids (the median)")
     p.add_argument("--iteration-details", action="store_true", help="vLLM's per-step log in <out>.<config>.log")
     p.add_argument("--profile", help="DELAY,STEPS: vLLM's torch profiler over STEPS engine steps of the first "
-                   "point, after DELAY; its kernel table lands in <out>.<config>.profile/profiler_out_0.txt")
+                   "point, after DELAY (0,0: its whole first run); its kernel table lands in "
+                   "<out>.<config>.profile/profiler_out_0.txt, each step's times in steps_0.json (trace_steps.py)")
+    p.add_argument("--idle-host", type=int, default=0, help="with --profile: the N steps that idled longest "
+                   "also list the host's annotations and calls while their GPU waited (trace_steps.py)")
     p.add_argument("--out")
     p.add_argument("--worker")
-    args = p.parse_args()
+    return p
+
+
+def main():
+    args = parser().parse_args()
     if args.plot:
         return print(plot(args.plot))
     if args.worker:

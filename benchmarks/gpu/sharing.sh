@@ -14,6 +14,10 @@
 #   plainx      nothing shared, settled: vLLM's default and the relay backend on warm engines side by
 #               side (0.45 of the GPU each), $ROUNDS interleaved rounds of the plain3 requests
 #               (bench_interleaved.py)
+#   acct16k     where relay's time goes at P=16000, n=256 (ACCT_P, ACCT_N): relay and the ceiling, each one's first run
+#               under vLLM's torch profiler whole (--profile 0,0), every step's GPU busy and idle time and the host's
+#               work in the 40 steps that idled longest (<out>/acct16k.CONFIG.profile/steps_0.json), then a second
+#               run unprofiled
 #   prof1024    where relay's time goes at n=1024 (P=$PPROF, default 4096), relay against the cascade: vLLM's
 #               torch profiler over 6 decode steps after 40 and the per-step log (<out>/prof1024.*)
 #   plainx5     plainx with 5 rounds, vLLM's backend on the V1 runner alongside (0.3 of the GPU each)
@@ -51,6 +55,8 @@ for step in "$@"; do
                 --configs noprefix,noprefix-relay --out "$out/sharing_plain_llama3.json" ;;
     plainx) python3 benchmarks/bench_interleaved.py --model "$m3" --configs noprefix,noprefix-relay \
                 --rounds "${ROUNDS:-3}" --gpu-memory-utilization 0.45 --out "$out/plain_interleaved_llama3.json" ;;
+    acct16k) VLLM_CUSTOM_SCOPES_FOR_PROFILING=1 $sb --model "$m2" --workloads samples --prefix-lens "${ACCT_P:-16000}" \
+                --ns "${ACCT_N:-256}" --configs ceiling,relay --repeat 2 --profile 0,0 --idle-host 40 --out "$out/acct16k.json" ;;
     prof1024) $sb --model "$m2" --workloads samples --prefix-lens "${PPROF:-4096}" --ns 1024 --configs relay,cascade \
                 --iteration-details --profile 40,6 --out "$out/prof1024.json" ;;
     plainx5) python3 benchmarks/bench_interleaved.py --model "$m3" --configs noprefix,noprefix-v1,noprefix-relay \

@@ -1,11 +1,12 @@
 """benchmarks/bench_sharing.py: the points of each workload, the requests each config sends, and the
 bound (the ceiling plus one read of every shared level's KV per decode step), against hand-computed values."""
 
+import json
 import random
 from pathlib import Path
 from types import SimpleNamespace
 
-from tests.benchmarks import load
+from tests.benchmarks import BENCH, load
 
 bench = load("bench_sharing")
 
@@ -89,7 +90,6 @@ def test_markdown_table_has_a_row_per_point_with_the_ratios():
 def test_plot_draws_a_panel_per_prompt_length_context_and_tree(tmp_path):
     """One PNG per results file: a panel per shared-prompt length (samples), per context (latency)
     and one for the tree, 5 inches at 110 dpi each."""
-    import json
     import struct
 
     import pytest
@@ -106,3 +106,19 @@ def test_plot_draws_a_panel_per_prompt_length_context_and_tree(tmp_path):
     head = png.read_bytes()[:24]
     assert png == tmp_path / "sharing.png" and head[:8] == b"\x89PNG\r\n\x1a\n"
     assert struct.unpack(">I", head[16:20])[0] == 4 * 5 * 110  # 2 prompt lengths, 1 context, the tree
+
+
+def test_a_profiled_run_keeps_each_traces_steps(tmp_path, monkeypatch):
+    """`--profile` drops each trace for its steps (bench_throughput.drop_traces, with this script's
+    arguments: it reads --idle-host, which this parser must define too)."""
+    from tests.benchmarks.test_trace_steps import EVENTS
+
+    monkeypatch.syspath_prepend(str(BENCH))
+    args = bench.parser().parse_args(["--profile", "0,0", "--idle-host", "1", "--out", str(tmp_path / "s.json")])
+    bt = load("bench_throughput")
+    folder = Path(bt.profile_dir(args, "relay"))
+    folder.mkdir()
+    (folder / "rank0.pt.trace.json").write_text(json.dumps({"traceEvents": EVENTS}))
+    bt.drop_traces(args, "relay")
+    kept = json.loads((folder / "steps_0.json").read_text())
+    assert [p.name for p in folder.iterdir()] == ["steps_0.json"] and kept["summary"]["steps"] == 2
