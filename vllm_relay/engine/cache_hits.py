@@ -21,11 +21,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+
 @dataclass
 class _Hit:
     hashes: list  # the request's block hashes of the blocks found (a copy)
-    keys: list  # the blocks' cache keys, those hashes with the group id
     blocks: list  # the KVCacheBlocks found
+    keys: list | None = None  # their cache keys (the hashes with the group id), made when first reused
 
 
 class CacheHitMemo:
@@ -107,6 +108,8 @@ class CacheHitMemo:
 
     def _still_first(self, hit: _Hit, k: int) -> int:
         """How many of `hit`'s first `k` blocks the cache map still returns for their keys."""
+        if hit.keys is None:
+            hit.keys = [self._key(h, 0) for h in hit.hashes]
         keys, blocks = hit.keys[:k], hit.blocks[:k]
         found = list(map(self._get, keys))  # in C where the map's table is a dict
         if found == blocks:
@@ -124,10 +127,12 @@ class CacheHitMemo:
             self._hits.remove(hit)  # the same lookup again: most recent now
             self._hits.append(hit)
             return
-        keys = (hit.keys[:k] if hit is not None else []) + [self._key(h, 0) for h in block_hashes[k:n]]
-        if hit is not None and k == len(hit.blocks):
-            self._hits.remove(hit)  # this one extends it
-        self._hits.append(_Hit(list(block_hashes[:n]), keys, list(blocks)))
+        keys = None  # made on the first reuse: a lookup no later request repeats costs two list copies
+        if hit is not None:  # (its keys are made: `_still_first` ran)
+            keys = hit.keys[:k] + [self._key(h, 0) for h in block_hashes[k:n]]
+            if k == len(hit.blocks):
+                self._hits.remove(hit)  # this one extends it
+        self._hits.append(_Hit(list(block_hashes[:n]), list(blocks), keys))
         del self._hits[: -self.size]
 
 
@@ -135,6 +140,7 @@ def applies(manager) -> bool:
     """Whether `manager`'s prefix-cache lookup is the plain walk this memo reproduces."""
     from vllm.v1.core.kv_cache_coordinator import UnitaryKVCacheCoordinator
     from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
 
     coordinator = getattr(manager, "coordinator", None)
     if not (getattr(manager, "enable_caching", False) and type(coordinator) is UnitaryKVCacheCoordinator):
@@ -144,7 +150,7 @@ def applies(manager) -> bool:
             and not coordinator.eagle_group_ids and coordinator.dcp_world_size == 1
             and coordinator.pcp_world_size == 1
             and coordinator.block_pool.hash_block_size == coordinator.block_size
-            and type(group.kv_cache_spec).__name__ == "FullAttentionSpec")
+            and type(group.kv_cache_spec) is FullAttentionSpec)
 
 
 def _common_prefix(a: list, b, n: int) -> int:
