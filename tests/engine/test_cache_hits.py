@@ -74,7 +74,7 @@ def test_memo_returns_the_blocks_of_vllms_walk_on_random_traffic(hasher, seed):
     memo, plain = Side(hasher, 96, memo=True), Side(hasher, 96, memo=False)
     roots = [[rng.randrange(300, 32000) for _ in range(rng.randrange(1, 40) * BS + rng.randrange(BS))]
              for _ in range(5)]
-    samples = duplicates = 0
+    samples = duplicates = resets = 0
     for step in range(400):
         action = rng.random()
         live = sorted(plain.requests)
@@ -95,16 +95,23 @@ def test_memo_returns_the_blocks_of_vllms_walk_on_random_traffic(hasher, seed):
             token = rng.choice([301, 302, rng.randrange(300, 32000)])  # samples alike: equal blocks
             assert memo.decode(rid, token) == plain.decode(rid, token)
             assert memo.kv.get_block_ids(rid) == plain.kv.get_block_ids(rid)
-        else:
+        elif action < 0.97:
             rid = rng.choice(live)
             memo.free(rid)
             plain.free(rid)
-        table = plain.kv.block_pool.cached_block_hash_to_block._cache
+        else:  # everything ends, then the prefix cache is reset (vLLM builds a new cache map)
+            for rid in live:
+                memo.free(rid)
+                plain.free(rid)
+            assert memo.kv.reset_prefix_cache() and plain.kv.reset_prefix_cache()
+            resets += 1
+        table = plain.kv.block_pool.cached_block_hash_to_block._cache  # (a new one after a reset)
         duplicates += any(type(v) is dict for v in table.values())
         for rid, r in memo.requests.items():
             assert memo.kv.estimate_cached_tokens(r) == plain.vllm_estimate(plain.requests[rid])
     assert memo.memo.hits > 20 and samples > 5  # the memo served lookups, siblings among them
     assert duplicates  # and blocks of equal content cached twice, which the walk takes the first of
+    assert resets  # and lookups after a reset, in the new map
     assert memo.kv.block_pool.get_num_free_blocks() == plain.kv.block_pool.get_num_free_blocks()
 
 

@@ -38,12 +38,9 @@ class CacheHitMemo:
 
         coordinator = manager.coordinator
         self._find = coordinator.find_longest_cache_hit  # vLLM's, bound to the coordinator
-        self._blocks_of = coordinator.single_type_managers[0].req_to_blocks
+        self._manager = coordinator.single_type_managers[0]  # its requests' blocks
         self._key = make_block_hash_with_group_id
-        cache_map = coordinator.block_pool.cached_block_hash_to_block
-        self._get_one = cache_map.get_one_block  # the block vLLM's walk takes for a key
-        table = getattr(cache_map, "_cache", None)  # its table: key -> a block, or a dict of them
-        self._get = table.get if isinstance(table, dict) else self._get_one
+        self._pool = coordinator.block_pool  # its cache map is read at each lookup: a reset replaces it
         self.block_size = coordinator.block_size
         self.size = size
         self.hits = 0  # lookups that reused a remembered block
@@ -83,7 +80,7 @@ class CacheHitMemo:
         """vLLM's: the most tokens any of the request's blocks was cached under. A block's count is its
         end in the prompts it belongs to, so it grows along the request's blocks: the last block that
         has one holds the most."""
-        blocks = self._blocks_of.get(request.request_id) or ()
+        blocks = self._manager.req_to_blocks.get(request.request_id) or ()
         for block in reversed(blocks):
             tokens = block.block_hash_num_tokens
             if tokens is not None:
@@ -111,11 +108,14 @@ class CacheHitMemo:
         if hit.keys is None:
             hit.keys = [self._key(h, 0) for h in hit.hashes]
         keys, blocks = hit.keys[:k], hit.blocks[:k]
-        found = list(map(self._get, keys))  # in C where the map's table is a dict
+        cache_map = self._pool.cached_block_hash_to_block  # vLLM's map now (a new one after each reset)
+        get_one = cache_map.get_one_block  # the block vLLM's walk takes for a key
+        table = getattr(cache_map, "_cache", None)  # its table: key -> a block, or a dict of them
+        found = list(map(table.get if isinstance(table, dict) else get_one, keys))  # in C for a dict
         if found == blocks:
             return k
         for i, (value, block) in enumerate(zip(found, blocks)):
-            if value is not block and not (type(value) is dict and self._get_one(keys[i]) is block):
+            if value is not block and not (type(value) is dict and get_one(keys[i]) is block):
                 return i
         return k
 
