@@ -8,8 +8,10 @@ each rate in turn. The workload is a chat service: two system prompts of about 2
 (ignore_eos). Per rate: TTFT, TPOT (between the first and the last token of each request) and
 end-to-end latency, p50 and p99, and the achieved request throughput.
 
-  default  vLLM as it ships (prefix caching on, full and piecewise CUDA graphs)
-  relay    --attention-backend relay with the two system prompts registered
+  default      vLLM as it ships (prefix caching on, full and piecewise CUDA graphs)
+  relay        --attention-backend relay with the two system prompts registered
+  relay-plain  --attention-backend relay with nothing registered (with --plain-fraction 1: traffic
+               sharing nothing, issue 15's (d))
 
 Writes {"model", "workload", "configs": {NAME: [{"rate", "ttft_ms": {"p50", "p99"}, "tpot_ms",
 "e2e_ms", "req_per_s", "requests"}]}} (the shape benchmarks/plot.py reads). Usage (GPU host):
@@ -75,18 +77,30 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(args, config, systems, port, log_path):
-    gpu = _has_gpu()
+CONFIGS = ("default", "relay", "relay-plain")
+
+
+def server_command(args, config, systems, port, gpu: bool) -> list[str]:
+    """The server's command line for one configuration."""
+    if config not in CONFIGS:
+        raise ValueError(f"unknown config {config!r}: one of {', '.join(CONFIGS)}")
     entry = ["-m", "vllm.entrypoints.cli.main", "serve", args.model] if gpu else \
             ["-m", "vllm.entrypoints.openai.api_server", "--model", args.model]
     cmd = [sys.executable, *entry, "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "m",
            "--max-model-len", str(args.max_model_len), "--seed", str(args.seed), *args.server_args.split()]
     if gpu:
         cmd += ["--load-format", "dummy"]
+    if config.startswith("relay"):
+        cmd += ["--attention-backend", "relay"]
     if config == "relay":
         relay = {"system_prompts": {f"s{i}": ids for i, ids in enumerate(systems)}, "max_prompts": len(systems),
                  "max_prompt_tokens": max(map(len, systems))}
-        cmd += ["--attention-backend", "relay", "--additional-config", json.dumps({"relay": relay})]
+        cmd += ["--additional-config", json.dumps({"relay": relay})]
+    return cmd
+
+
+def start_server(args, config, systems, port, log_path):
+    cmd = server_command(args, config, systems, port, _has_gpu())
     log = open(log_path, "w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     return proc, log
@@ -204,6 +218,8 @@ async def bench_config(args, config, systems, request, log_dir):
 
 def main():
     args = parse_args()
+    for config in args.configs.split(","):
+        server_command(args, config, [[1]], 0, False)  # an unknown name fails before any server starts
     systems, request = make_workload(args)
     log_dir = os.path.dirname(os.path.abspath(args.out)) if args.out else "."
     out = {"model": os.path.basename(os.path.normpath(args.model)),
@@ -215,9 +231,9 @@ def main():
         if args.out:  # keep what is done, whatever fails later
             with open(args.out, "w") as f:
                 json.dump(out, f, indent=1)
-    if "default" in out["configs"] and "relay" in out["configs"]:
-        print("rate | TTFT p50 relay/default | TPOT p50 relay/default | E2E p50 relay/default")
-        for d, r in zip(out["configs"]["default"], out["configs"]["relay"]):
+    for name in [c for c in out["configs"] if c.startswith("relay")] if "default" in out["configs"] else []:
+        print(f"rate | TTFT p50 {name}/default | TPOT p50 {name}/default | E2E p50 {name}/default")
+        for d, r in zip(out["configs"]["default"], out["configs"][name]):
             print(f"{d['rate']:5.1f} | {r['ttft_ms']['p50'] / d['ttft_ms']['p50']:.3f} | "
                   f"{r['tpot_ms']['p50'] / d['tpot_ms']['p50']:.3f} | {r['e2e_ms']['p50'] / d['e2e_ms']['p50']:.3f}")
 

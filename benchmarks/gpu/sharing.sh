@@ -14,6 +14,9 @@
 #   plainx      nothing shared, settled: vLLM's default and the relay backend on warm engines side by
 #               side (0.45 of the GPU each), $ROUNDS interleaved rounds of the plain3 requests
 #               (bench_interleaved.py)
+#   serve3p     nothing shared, served: every request without a system prompt (--plain-fraction 1), streamed
+#               through the OpenAI server at Poisson rates $RATES (default 1,4,8) for $DUR s each (default 20):
+#               vLLM's default server and the relay backend with nothing registered (TTFT, TPOT p50)
 #   acct16k     where relay's time goes at P=16000, n=256 (ACCT_P, ACCT_N): relay and the ceiling, each one's first run
 #               under vLLM's torch profiler whole (--profile 0,0), every step's GPU busy and idle time and the host's
 #               work in the 40 steps that idled longest (<out>/acct16k.CONFIG.profile/steps_0.json), then a second
@@ -37,6 +40,7 @@ m2=$(python3 -m vllm_relay.testing build llama-2-7b-shape | tail -1 | cut -f2)
 m3=$(python3 -m vllm_relay.testing build llama-3-8b-shape | tail -1 | cut -f2)
 sb="python3 benchmarks/bench_sharing.py"
 bt="python3 benchmarks/bench_throughput.py"
+bs="python3 benchmarks/bench_serving.py"
 for step in "$@"; do
   case $step in
     samples2) $sb --model "$m2" --workloads samples --prefix-lens "$PS" --ns "$NS" --configs "$CONFIGS" --repeat "$REPEAT" \
@@ -55,6 +59,8 @@ for step in "$@"; do
                 --configs noprefix,noprefix-relay --out "$out/sharing_plain_llama3.json" ;;
     plainx) python3 benchmarks/bench_interleaved.py --model "$m3" --configs noprefix,noprefix-relay \
                 --rounds "${ROUNDS:-3}" --gpu-memory-utilization 0.45 --out "$out/plain_interleaved_llama3.json" ;;
+    serve3p) $bs --model "$m3" --rates "${RATES:-1,4,8}" --duration "${DUR:-20}" --plain-fraction 1 \
+                --configs default,relay-plain --out "$out/serving_plain_llama3.json" ;;
     acct16k) VLLM_CUSTOM_SCOPES_FOR_PROFILING=1 $sb --model "$m2" --workloads samples --prefix-lens "${ACCT_P:-16000}" \
                 --ns "${ACCT_N:-256}" --configs ceiling,relay --repeat 2 --profile 0,0 --idle-host 40 --out "$out/acct16k.json" ;;
     prof1024) $sb --model "$m2" --workloads samples --prefix-lens "${PPROF:-4096}" --ns 1024 --configs relay,cascade \

@@ -12,7 +12,7 @@ bench = load("bench_sharing")
 
 ARGS = SimpleNamespace(workloads="samples,latency,tree", prefix_lens="1024,16384", ns="16,256", contexts="8192",
                        latency_ns="1,64", tree="2,3,4,100,10", tree_system=50, output_len=128, max_num_seqs=256)
-SHAPE = {"layers": 32, "hq": 32, "hkv": 32, "head_dim": 128, "vocab": 32000}
+SHAPE = {"layers": 32, "hq": 32, "hkv": 32, "head_dim": 128, "vocab": 32000, "hidden": 4096, "inter": 11008}
 
 
 def test_points_and_requests():
@@ -69,6 +69,21 @@ def test_tree_bound_reads_every_level_once_and_each_row_attends_its_path():
     assert abs(bench.bound_s(point, 3.0, card, SHAPE, ARGS) - (3.0 + 128 * kv / 4e12)) < 1e-9
 
 
+def test_prefill_floor_is_the_shared_prompts_flops_at_the_matmul_rate():
+    """Llama-2-7B at P=16000, by hand: 202,375,168 linear weights a layer (4 x 4096^2 attention,
+    3 x 4096 x 11008 MLP), two FLOPs each a token; causal attention 16000 x 16001 / 2 pairs, four
+    FLOPs a head dimension, 32 heads of 128; 32 layers."""
+    card = {"copy_bytes_per_s": 4e12, "bf16_flop_per_s": 7e14}
+    layer = 2 * 202_375_168 * 16000 + 4 * 128 * 32 * 128_008_000
+    floor = bench.prefill_floor_s({"workload": "samples", "P": 16000, "n": 64}, card, SHAPE)
+    assert abs(floor - 32 * layer / 7e14) < 1e-12 and 0.39 < floor < 0.40
+    gqa = {**SHAPE, "hkv": 8, "inter": 14336}  # Llama-3-8B's: k and v a quarter of q
+    layer = 2 * (4096 * 128 * (64 + 16) + 3 * 4096 * 14336) * 1024 + 4 * 128 * 32 * 1024 * 1025 // 2
+    assert abs(bench.prefill_floor_s({"workload": "samples", "P": 1024, "n": 8}, card, gqa) - 32 * layer / 7e14) < 1e-12
+    tree = {"workload": "tree", "D": 8, "Q": 4, "n": 8, "doc": 2048, "q": 128, "S": 2048}
+    assert bench.prefill_floor_s(tree, card, SHAPE) is None
+
+
 def test_markdown_table_has_a_row_per_point_with_the_ratios():
     args = SimpleNamespace(**{**vars(ARGS), "workloads": "samples,latency"})
     points = bench.points(args)
@@ -82,7 +97,11 @@ def test_markdown_table_has_a_row_per_point_with_the_ratios():
     md = bench.markdown(results, card, SHAPE, args)
     lines = [line for line in md.splitlines() if line.startswith("| workload=")]
     assert len(lines) == len(points)
-    assert lines[0].endswith("| 8.00 | 2.00 |")  # relay / default, relay / cascade
+    # relay / default, relay / cascade, and the most relay / bound can be (samples only)
+    assert lines[0].split(" | ")[-3:-1] == ["8.00", "2.00"] and lines[0].endswith(" |")
+    assert all(float(line.split(" | ")[-1].rstrip(" |")) < 1 for line in lines if "samples" in line)
+    assert lines[-1].endswith("| 0.25 | | | | | |")  # latency rows: no bound, no ratios
+    assert "no engine can skip" in md
     assert all(line.count("|") == lines[0].count("|") for line in lines)
     assert lines[-1].split(" | ")[1:5] == ["0.10", "0.12", "1.00", "0.25"]  # latency: ms per step
 

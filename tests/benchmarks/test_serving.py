@@ -1,0 +1,41 @@
+"""benchmarks/bench_serving.py: each configuration's server command line."""
+
+import json
+import sys
+
+import pytest
+
+from tests.benchmarks import load
+
+bench = load("bench_serving")
+
+
+def args(*extra):
+    sys_argv, sys.argv = sys.argv, ["bench_serving.py", "--model", "/m", "--server-args", "--foo 1", *extra]
+    try:
+        return bench.parse_args()
+    finally:
+        sys.argv = sys_argv
+
+
+def value(cmd, flag):
+    return cmd[cmd.index(flag) + 1]
+
+
+def test_relay_registers_the_system_prompts_and_relay_plain_registers_nothing():
+    systems = [[1, 7, 9], [1, 5]]
+    relay = bench.server_command(args(), "relay", systems, 8000, gpu=False)
+    assert value(relay, "--attention-backend") == "relay"
+    cfg = json.loads(value(relay, "--additional-config"))["relay"]
+    assert cfg == {"system_prompts": {"s0": [1, 7, 9], "s1": [1, 5]}, "max_prompts": 2, "max_prompt_tokens": 3}
+    plain = bench.server_command(args(), "relay-plain", systems, 8000, gpu=True)
+    assert value(plain, "--attention-backend") == "relay" and "--additional-config" not in plain
+    assert value(plain, "--load-format") == "dummy" and plain[plain.index("serve") + 1] == "/m"
+    default = bench.server_command(args(), "default", systems, 8000, gpu=False)
+    assert "--attention-backend" not in default and value(default, "--port") == "8000"
+    assert default[-2:] == ["--foo", "1"]
+
+
+def test_an_unknown_config_is_refused_by_name():
+    with pytest.raises(ValueError, match="unknown config 'relay_plain'"):
+        bench.server_command(args(), "relay_plain", [[1]], 0, gpu=False)
