@@ -5,6 +5,9 @@
 #   samples2    Hydragen's sweep on the Llama-2-7B shape: P in $PS, n in $NS, 128 output tokens
 #   samples2h   samples2, then relay again with VLLM_RELAY_CACHE_HITS=0 (vLLM's prefix-cache walk for every
 #               sample, engine/cache_hits.py off) into sharing_samples_llama2_walk.json: what the memo gains
+#   samples2x   samples2, then relay again under each of $VARIANTS (comma-separated VAR=value, e.g.
+#               VLLM_RELAY_GRAPH_LEVELS=1,VLLM_RELAY_LEVEL_SPLITS=4) into
+#               sharing_samples_llama2_VAR=value.json: tuning knobs A/B in one job
 #   samples3    the same on the Llama-3-8B shape
 #   latency2    decode-step latency against n at contexts $CS (bifurcated attention's figure)
 #   tree2       a 2048-token system prompt over 8 documents x 4 questions x 8 samples: relay, relay
@@ -12,7 +15,7 @@
 #   plain3      nothing shared: 1000 requests (128 in / 256 out), vLLM's default and the relay backend,
 #               each run twice on its engine (bench_throughput.py noprefix, noprefix-relay)
 #   plainx      nothing shared, settled: vLLM's default and the relay backend on warm engines side by
-#               side (0.45 of the GPU each), $ROUNDS interleaved rounds of the plain3 requests
+#               side ($GMU of the GPU each, default 0.45), $ROUNDS interleaved rounds of the plain3 requests
 #               (bench_interleaved.py)
 #   serve3p     nothing shared, served: every request without a system prompt (--plain-fraction 1), streamed
 #               through the OpenAI server at Poisson rates $RATES (default 1,4,8) for $DUR s each (default 20):
@@ -35,7 +38,7 @@ set -uo pipefail
 export PYTHONPATH=/tmp/site VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 PS=${PS:-1024,16000}; NS=${NS:-64,256}; CS=${CS:-8192}; CONFIGS=${CONFIGS:-ceiling,relay,default,cascade}
-REPEAT=${REPEAT:-1}
+REPEAT=${REPEAT:-1}; VARIANTS=${VARIANTS:-}
 m2=$(python3 -m vllm_relay.testing build llama-2-7b-shape | tail -1 | cut -f2)
 m3=$(python3 -m vllm_relay.testing build llama-3-8b-shape | tail -1 | cut -f2)
 sb="python3 benchmarks/bench_sharing.py"
@@ -49,6 +52,12 @@ for step in "$@"; do
                 --repeat "$REPEAT" --out "$out/sharing_samples_llama2.json" &&
                VLLM_RELAY_CACHE_HITS=0 $sb --model "$m2" --workloads samples --prefix-lens "$PS" --ns "$NS" \
                 --configs relay --repeat "$REPEAT" --out "$out/sharing_samples_llama2_walk.json" ;;
+    samples2x) $sb --model "$m2" --workloads samples --prefix-lens "$PS" --ns "$NS" --configs "$CONFIGS" \
+                --repeat "$REPEAT" --out "$out/sharing_samples_llama2.json"
+               for v in ${VARIANTS//,/ }; do
+                 env "$v" $sb --model "$m2" --workloads samples --prefix-lens "$PS" --ns "$NS" --configs relay \
+                   --repeat "$REPEAT" --out "$out/sharing_samples_llama2_$v.json"
+               done ;;
     samples3) $sb --model "$m3" --workloads samples --prefix-lens "$PS" --ns "$NS" --configs "$CONFIGS" \
                 --out "$out/sharing_samples_llama3.json" ;;
     latency2) $sb --model "$m2" --workloads latency --contexts "$CS" --latency-ns 1,8,64 --configs relay,default \
@@ -58,7 +67,7 @@ for step in "$@"; do
     plain3) $bt --model "$m3" --prefix-len 2048 --num-prompts 1000 --max-model-len 4096 --repeat 2 \
                 --configs noprefix,noprefix-relay --out "$out/sharing_plain_llama3.json" ;;
     plainx) python3 benchmarks/bench_interleaved.py --model "$m3" --configs noprefix,noprefix-relay \
-                --rounds "${ROUNDS:-3}" --gpu-memory-utilization 0.45 --out "$out/plain_interleaved_llama3.json" ;;
+                --rounds "${ROUNDS:-3}" --gpu-memory-utilization "${GMU:-0.45}" --out "$out/plain_interleaved_llama3.json" ;;
     serve3p) $bs --model "$m3" --rates "${RATES:-1,4,8}" --duration "${DUR:-20}" --plain-fraction 1 \
                 --configs default,relay-plain --out "$out/serving_plain_llama3.json" ;;
     acct16k) VLLM_CUSTOM_SCOPES_FOR_PROFILING=1 $sb --model "$m2" --workloads samples --prefix-lens "${ACCT_P:-16000}" \
