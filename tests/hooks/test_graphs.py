@@ -83,3 +83,43 @@ def test_engines_without_relay_keep_vllms_keys(current):
     assert len(d.cudagraph_keys[CUDAGraphMode.FULL]) == 4
     relay_step._current = step_with(object())
     assert not isinstance(d.dispatch(num_tokens=3, uniform_decode=True)[1], RelayLevelsDescriptor)
+
+
+def test_each_size_captures_its_twin_first_and_plain_engines_keep_vllms_order():
+    """vLLM estimates its graphs' memory from a mode's first two captures: the largest twin first,
+    then vLLM's graph of that size (what each further graph adds)."""
+    from vllm.config import CUDAGraphMode
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum as E
+
+    from vllm_relay.hooks.graphs import RelayLevelsDescriptor
+
+    full = dict(dispatcher(E.CUSTOM).get_capture_descs())[CUDAGraphMode.FULL]
+    assert [(d.num_tokens, isinstance(d, RelayLevelsDescriptor)) for d in full] == \
+        [(n, twin) for n in (8, 4, 2, 1) for twin in (True, False)]
+    plain = dict(dispatcher(E.FLASH_ATTN).get_capture_descs())[CUDAGraphMode.FULL]
+    assert [d.num_tokens for d in plain] == [8, 4, 2, 1]
+
+
+def test_vllm_asking_relays_graph_support_applies_the_worker_hooks_first():
+    """vLLM keys its graphs (for its memory profile) before it makes any metadata builder, right
+    after asking the builder class for its CUDA-graph support: the twins' hook must be in by then."""
+    import torch
+    from vllm.config import VllmConfig
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    from vllm_relay import hooks
+    from vllm_relay.attention.backend import RelayMetadataBuilder
+
+    hooks.revert_all()
+    try:
+        assert "CudagraphDispatcher.initialize_cudagraph_keys" not in hooks.applied_patches()
+        spec = FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=64, dtype=torch.bfloat16)
+        support = RelayMetadataBuilder.get_cudagraph_support(VllmConfig(), spec)
+        names = hooks.applied_patches()
+        assert {"CudagraphDispatcher.initialize_cudagraph_keys", "CudagraphDispatcher.get_capture_descs",
+                "GPUModelRunner._prepare_inputs"} <= set(names)
+        from vllm.v1.attention.backends.flash_attn import FlashAttentionMetadataBuilder
+
+        assert support == FlashAttentionMetadataBuilder.get_cudagraph_support(VllmConfig(), spec)
+    finally:
+        vllm_relay.register()

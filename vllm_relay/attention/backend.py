@@ -73,6 +73,16 @@ class RelayMetadataBuilder(FlashAttentionMetadataBuilder):
     # group's block table: it holds more than the table.
     supports_update_block_table = False
 
+    @classmethod
+    def get_cudagraph_support(cls, vllm_config, kv_cache_spec):
+        # vLLM asks this before it makes any builder, and keys its CUDA graphs right after: the worker
+        # hooks (the graphs' levels twins among them) must be in place by then, or the first keying,
+        # for vLLM's estimate of its graphs' memory, leaves the twins out (hooks/graphs.py).
+        from vllm_relay.hooks.runner import apply_worker
+
+        apply_worker()
+        return super().get_cudagraph_support(vllm_config, kv_cache_spec)
+
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         from vllm_relay.hooks.runner import apply_worker

@@ -12,6 +12,14 @@ tables relay writes, which are vLLM's own tables when nothing is shared).
 The twin is a subclass of vLLM's `BatchDescriptor` with one more field: it never equals vLLM's
 descriptor, so vLLM's CUDA-graph wrappers keep a graph for each, and everything else vLLM does with
 descriptors (padding, `replace`) carries it along.
+
+vLLM sizes the KV cache after estimating its graphs' memory: it captures a mode's first two graphs
+of the capture list (largest first), the first for the pool it holds and the second for what each
+further graph adds. A twin holds more than vLLM's graph of its size (the levels' buffers and
+FlashAttention-3's split workspace for every level row the graph can hold), so each size's twin is
+listed, and captured, first: the estimate's first graph is then the largest, and the second (vLLM's
+graph of that size) adds what each further graph adds. The twins must be keyed by then: the relay
+builder applies these hooks when vLLM first asks it for its CUDA-graph support, before any keying.
 """
 
 from dataclasses import dataclass, fields
@@ -61,6 +69,14 @@ def _dispatch(self, *args, **kwargs):
     return mode, desc
 
 
+def _get_capture_descs(self):
+    descs = original(_Dispatcher, "get_capture_descs")(self)
+    if not relay_enabled(self.vllm_config):
+        return descs
+    order = lambda d: (d.num_tokens, d.num_active_loras, isinstance(d, RelayLevelsDescriptor))  # noqa: E731
+    return [(mode, sorted(batch, key=order, reverse=True)) for mode, batch in descs]
+
+
 def _warmup_and_capture(self, desc, *args, **kwargs):
     from vllm_relay.attention import step
 
@@ -77,4 +93,5 @@ def apply_worker() -> None:
     _Dispatcher, _GPUModelRunner = CudagraphDispatcher, GPUModelRunner
     patch(CudagraphDispatcher, "initialize_cudagraph_keys", _initialize_cudagraph_keys)
     patch(CudagraphDispatcher, "dispatch", _dispatch)
+    patch(CudagraphDispatcher, "get_capture_descs", _get_capture_descs)
     patch(GPUModelRunner, "_warmup_and_capture", _warmup_and_capture)
