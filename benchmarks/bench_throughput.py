@@ -128,14 +128,16 @@ def profile_dir(args, config) -> str:
 def drop_traces(args, config) -> None:
     """Keep vLLM's kernel table (profiler_out_0.txt) and each trace's steps (trace_steps.py: cycle,
     GPU busy and idle time, busy time by kernel family; --idle-host: the host's work in the longest
-    idles), not the traces (large)."""
-    from trace_steps import load, steps, summary
+    idles; the decode steps' kernels by whole name and grid), not the traces (large)."""
+    from trace_steps import kernels, load, steps, summary
 
     folder = profile_dir(args, config)
     for i, trace in enumerate(sorted(glob.glob(os.path.join(folder, "*.pt.trace.json*")))):
         try:
-            rows = steps(load(trace), args.idle_host)
-            kept = {"trace": os.path.basename(trace), "summary": summary(rows), "steps": rows}
+            events = load(trace)
+            rows = steps(events, args.idle_host)
+            kept = {"trace": os.path.basename(trace), "summary": summary(rows), "steps": rows,
+                    "decode_kernels": kernels(events)}
         except Exception as e:  # the run's figures stand without it: say so, keep going
             print(f"trace_steps failed on {trace}: {e!r}", file=sys.stderr, flush=True)
             kept = {"trace": os.path.basename(trace), "error": repr(e)}

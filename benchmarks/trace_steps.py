@@ -12,7 +12,9 @@ The last annotated step has no next start and is left out. Without GPU-side anno
 trace, the host's (`user_annotation`, launch times) mark the steps instead. With `--idle-host N`, the N
 steps that idled longest also get `idle_host`: what the host was in while their GPU idled (vLLM's
 annotations, torch ops, CUDA runtime calls, Python functions overlapping the idle spans, us per name, the
-longest, and the idle time no host event covered).
+longest, and the idle time no host event covered). `kernels` tables the kernels of the decode steps (no
+prompt tokens) by their whole name and launch grid: which call of a family costs what (vLLM's own table
+cuts the names; FlashAttention's attention and split-combine kernels differ only in template arguments).
 Traces are large: run this on the GPU host and keep its JSON (bench_throughput.py does when it drops
 the traces).
 Usage: python3 benchmarks/trace_steps.py TRACE.json[.gz] [--idle-host N] [--out steps.json]
@@ -152,6 +154,36 @@ def steps(events: list[dict], idle_host: int = 0) -> list[dict]:
     return rows
 
 
+def kernels(events: list[dict], top: int = 40) -> list[dict]:
+    """The `top` kernels by GPU time inside decode steps (annotated steps with no prompt tokens), each by
+    its whole name: calls, total and mean us, and per launch grid its calls and us (the grid, "x,y,z",
+    from the trace's kernel args), the costliest grids first."""
+    marks = step_marks(events, "gpu_user_annotation") or step_marks(events, "user_annotation")
+    spans = [(float(m["ts"]), float(n["ts"])) for m, n in zip(marks, marks[1:])
+             if int(STEP.fullmatch(m["name"]).group(2)) == 0]
+    starts = [a for a, _ in spans]
+    table = {}
+    for e in events:
+        if e.get("ph") != "X" or e.get("cat") != "kernel":
+            continue
+        i = bisect.bisect_right(starts, float(e["ts"])) - 1
+        if i < 0 or float(e["ts"]) >= spans[i][1]:
+            continue
+        dur = float(e.get("dur", 0))
+        row = table.setdefault(e["name"], {"name": e["name"], "calls": 0, "us": 0.0, "grids": {}})
+        row["calls"] += 1
+        row["us"] += dur
+        grid = ",".join(map(str, (e.get("args") or {}).get("grid", []))) or "?"
+        g = row["grids"].setdefault(grid, [0, 0.0])
+        g[0] += 1
+        g[1] += dur
+    rows = sorted(table.values(), key=lambda r: -r["us"])[:top]
+    for r in rows:
+        r["mean_us"] = r["us"] / r["calls"]
+        r["grids"] = [{"grid": k, "calls": c, "us": u} for k, (c, u) in sorted(r["grids"].items(), key=lambda kv: -kv[1][1])]
+    return rows
+
+
 def summary(rows: list[dict]) -> dict:
     """Medians over the steps, and totals (us)."""
     if not rows:
@@ -170,8 +202,9 @@ def main():
     p.add_argument("--idle-host", type=int, default=0, help="the steps that idled longest, their host work")
     p.add_argument("--out")
     args = p.parse_args()
-    rows = steps(load(args.trace), args.idle_host)
-    result = {"trace": args.trace, "summary": summary(rows), "steps": rows}
+    events = load(args.trace)
+    rows = steps(events, args.idle_host)
+    result = {"trace": args.trace, "summary": summary(rows), "steps": rows, "decode_kernels": kernels(events)}
     print(json.dumps(result["summary"], indent=1))
     if args.out:
         json.dump(result, open(args.out, "w"), indent=1)

@@ -47,6 +47,22 @@ def test_steps_split_busy_idle_and_families():
     assert s["idle_us_median"] == (45 + 5) / 2 and s["families_us_median"]["relay"] == 50
 
 
+def test_decode_kernels_by_whole_name_and_grid():
+    """Only kernels inside decode steps (no prompt tokens) count; a name's grids, costliest first."""
+    flash = "void cutlass::device_kernel<flash::enable_sm90_or_later<flash::FlashAttnFwdSm90<...>>>"
+    combine = "void cutlass::device_kernel<flash::FlashAttnFwdCombine<...>>"
+    extra = [dict(kernel(150, 4, combine), args={"grid": [64, 32, 1]}),
+             dict(kernel(185, 9, combine), args={"grid": [256, 32, 1]}),
+             dict(kernel(187, 6, combine), args={"grid": [256, 32, 1]}),
+             kernel(250, 50, combine),  # in the prefill step (16 prompt tokens): not a decode kernel
+             kernel(305, 50, combine)]  # after the last mark: in no step
+    rows = bench.kernels(EVENTS + extra, top=3)
+    assert [(r["name"], r["calls"], r["us"]) for r in rows] == [
+        ("nvjet_sm90_tst_128x64_64x8_1x2_h_bz_TNT", 1, 30.0), (flash, 1, 20.0), (combine, 3, 19.0)]
+    assert rows[2]["grids"] == [{"grid": "256,32,1", "calls": 2, "us": 15.0}, {"grid": "64,32,1", "calls": 1, "us": 4.0}]
+    assert rows[2]["mean_us"] == 19.0 / 3 and rows[0]["grids"] == [{"grid": "?", "calls": 1, "us": 30.0}]
+
+
 def test_the_steps_that_idled_longest_say_what_the_host_was_in():
     host = [{"ph": "X", "cat": "user_annotation", "name": "gpu_model_runner: preprocess", "ts": 140,
              "dur": 40},
@@ -99,6 +115,7 @@ def test_bench_throughput_keeps_each_traces_steps_and_drops_the_trace(tmp_path, 
     assert sorted(p.name for p in folder.iterdir()) == ["profiler_out_0.txt", "steps_0.json"]
     kept = json.loads((folder / "steps_0.json").read_text())
     assert kept["trace"] == "rank0.pt.trace.json" and kept["summary"]["steps"] == 2 and len(kept["steps"]) == 2
+    assert kept["decode_kernels"] == bench.kernels(EVENTS) and len(kept["decode_kernels"]) == 4
 
 
 def test_host_annotations_mark_the_steps_when_the_trace_has_no_gpu_ones():
