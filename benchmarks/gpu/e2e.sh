@@ -49,6 +49,8 @@
 #   single2a         the same with the level stream in every step (VLLM_RELAY_LEVEL_STREAM=1, the default before)
 #   single2m         the same with vLLM's V1 runner not taking its CUDA-graph estimate from the KV cache
 #                    (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0, as Model Runner V2 does: about 1% more KV)
+#   single2x l2_8192x  single2 (P=2048) or N=1000 REPEAT=2 l2_8192 of relay and no prompt, then relay again under each
+#                    of $VARIANTS (comma-separated VAR=value tuning knobs) into <name>_VAR=value.json: an A/B in one job
 #   l2_8192u         N=1000 REPEAT=2 l2_8192 of relay and no prompt, then relay with VLLM_RELAY_LEVEL_SPLITS=1
 #   l2_8192k         the same, then relay with VLLM_RELAY_GRAPH_LEVELS=1 (single2k at P=8192)
 #   multi2 multi3    the multi-prompt workload (four system prompts, 20% plain requests), 1000 requests, each
@@ -62,7 +64,7 @@
 set -uo pipefail
 export PYTHONPATH=/tmp/site VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
 out=${OUT:-/tmp/out}; mkdir -p "$out"
-N=${N:-500}; RATES=${RATES:-1,4,8,16,32}; DUR=${DUR:-20}
+N=${N:-500}; RATES=${RATES:-1,4,8,16,32}; DUR=${DUR:-20}; VARIANTS=${VARIANTS:-}
 m2=$(python3 -m vllm_relay.testing build llama-2-7b-shape | tail -1 | cut -f2)
 m3=$(python3 -m vllm_relay.testing build llama-3-8b-shape | tail -1 | cut -f2)
 bt="python3 benchmarks/bench_throughput.py"
@@ -134,6 +136,11 @@ for step in "$@"; do
           --configs "${CONFIGS:-relay,noprefix,default}" --out "$out/multi_llama${step#multi}.json" ;;
     l2_8192) $bt --model "$m2" --prefix-len 8192 --num-prompts "$N" --max-model-len 9000 --repeat "${REPEAT:-1}" \
           --configs "${CONFIGS:-default,relay,noprefix}" --out "$out/e2e_llama2_8192.json" ;;
+    single2x|l2_8192x)
+      p=2048; len=5120; f=single_llama2; [ $step = l2_8192x ] && p=8192 && len=9000 && f=e2e_llama2_8192
+      a="--model $m2 --prefix-len $p --num-prompts 1000 --max-model-len $len --repeat 2"
+      $bt $a --configs relay,noprefix --out "$out/$f.json" || exit 1
+      for v in ${VARIANTS//,/ }; do env "$v" $bt $a --configs relay --out "$out/${f}_$v.json"; done ;;
     l2_8192u|l2_8192k)
       a="--model $m2 --prefix-len 8192 --num-prompts 1000 --max-model-len 9000 --repeat 2"
       v=VLLM_RELAY_LEVEL_SPLITS; f=e2e_llama2_8192_splits
