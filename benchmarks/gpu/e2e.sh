@@ -30,7 +30,8 @@
 #   graphs_l3        Llama-3-8B, P=2048, 1000 requests: vLLM's default and relay with vLLM's largest CUDA graph
 #                    (512: decode batches above it run eagerly) and with graphs up to 1024 (<out>/graphs_l3_*.json)
 #   single2          issue 16's first target: Llama-2-7B shape, P=2048, 1000 requests, relay and no system prompt,
-#                    each engine run twice (about 4 min)
+#                    each engine run twice (about 4 min); with VARIANTS (comma-separated VAR=value tuning knobs), relay again
+#                    under each into single_llama2_VAR=value.json: an A/B in one job (l2_8192 takes VARIANTS too)
 #   single2r         single2 with the relay backend on the same requests without the prompt (noprefix-relay)
 #                    beside: how much of relay's gap to no-prompt is the runner and backend relay selects rather
 #                    than relay's work (about 8 min)
@@ -49,8 +50,6 @@
 #   single2a         the same with the level stream in every step (VLLM_RELAY_LEVEL_STREAM=1, the default before)
 #   single2m         the same with vLLM's V1 runner not taking its CUDA-graph estimate from the KV cache
 #                    (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0, as Model Runner V2 does: about 1% more KV)
-#   single2x l2_8192x  single2 (P=2048) or N=1000 REPEAT=2 l2_8192 of relay and no prompt, then relay again under each
-#                    of $VARIANTS (comma-separated VAR=value tuning knobs) into <name>_VAR=value.json: an A/B in one job
 #   l2_8192u         N=1000 REPEAT=2 l2_8192 of relay and no prompt, then relay with VLLM_RELAY_LEVEL_SPLITS=1
 #   l2_8192k         the same, then relay with VLLM_RELAY_GRAPH_LEVELS=1 (single2k at P=8192)
 #   multi2 multi3    the multi-prompt workload (four system prompts, 20% plain requests), 1000 requests, each
@@ -69,6 +68,9 @@ m2=$(python3 -m vllm_relay.testing build llama-2-7b-shape | tail -1 | cut -f2)
 m3=$(python3 -m vllm_relay.testing build llama-3-8b-shape | tail -1 | cut -f2)
 bt="python3 benchmarks/bench_throughput.py"
 bs="python3 benchmarks/bench_serving.py"
+variants() {  # ARGS NAME: relay again under each of $VARIANTS, into NAME_VAR=value.json
+  for v in ${VARIANTS//,/ }; do env "$v" $bt $1 --configs relay --out "$out/${2}_$v.json"; done
+}
 for step in "$@"; do
   case $step in
     acc2) $bt --model "$m2" --accuracy --prefix-len 2048 --out "$out/acc_llama2.json" ;;
@@ -116,8 +118,8 @@ for step in "$@"; do
       done ;;
     single2|single2r)
       c=relay,noprefix; f=single_llama2; [ $step = single2r ] && c=$c,noprefix-relay && f=${f}_runners
-      $bt --model "$m2" --prefix-len 2048 --num-prompts 1000 --max-model-len 5120 --repeat 2 \
-          --configs $c --out "$out/$f.json" ;;
+      a="--model $m2 --prefix-len 2048 --num-prompts 1000 --max-model-len 5120 --repeat 2"
+      $bt $a --configs $c --out "$out/$f.json" && variants "$a" $f ;;
     single2g|single2s|single2o|single2p|single2u|single2e|single2a|single2k|single2m)
       a="--model $m2 --prefix-len 2048 --num-prompts 1000 --max-model-len 5120 --repeat 2"
       v=VLLM_RELAY_GRAPH_LEVELS; f=single_llama2_graph_levels; x=0
@@ -134,13 +136,10 @@ for step in "$@"; do
       m=$m2; [ $step = multi3 ] && m=$m3
       $bt --model "$m" --prefix-len 2048 --num-prompts 1000 --max-model-len 5120 --workloads multi --repeat 2 \
           --configs "${CONFIGS:-relay,noprefix,default}" --out "$out/multi_llama${step#multi}.json" ;;
-    l2_8192) $bt --model "$m2" --prefix-len 8192 --num-prompts "$N" --max-model-len 9000 --repeat "${REPEAT:-1}" \
-          --configs "${CONFIGS:-default,relay,noprefix}" --out "$out/e2e_llama2_8192.json" ;;
-    single2x|l2_8192x)
-      p=2048; len=5120; f=single_llama2; [ $step = l2_8192x ] && p=8192 && len=9000 && f=e2e_llama2_8192
-      a="--model $m2 --prefix-len $p --num-prompts 1000 --max-model-len $len --repeat 2"
-      $bt $a --configs relay,noprefix --out "$out/$f.json" || exit 1
-      for v in ${VARIANTS//,/ }; do env "$v" $bt $a --configs relay --out "$out/${f}_$v.json"; done ;;
+    l2_8192)
+      a="--model $m2 --prefix-len 8192 --num-prompts $N --max-model-len 9000 --repeat ${REPEAT:-1}"
+      $bt $a --configs "${CONFIGS:-default,relay,noprefix}" --out "$out/e2e_llama2_8192.json" &&
+        variants "$a" e2e_llama2_8192 ;;
     l2_8192u|l2_8192k)
       a="--model $m2 --prefix-len 8192 --num-prompts 1000 --max-model-len 9000 --repeat 2"
       v=VLLM_RELAY_LEVEL_SPLITS; f=e2e_llama2_8192_splits
