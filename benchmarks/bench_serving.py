@@ -80,10 +80,14 @@ def free_port() -> int:
 CONFIGS = ("default", "relay", "relay-plain")
 
 
-def server_command(args, config, systems, port, gpu: bool) -> list[str]:
-    """The server's command line for one configuration."""
+def check_config(config: str) -> None:
     if config not in CONFIGS:
         raise ValueError(f"unknown config {config!r}: one of {', '.join(CONFIGS)}")
+
+
+def server_command(args, config, systems, port, gpu: bool) -> list[str]:
+    """The server's command line for one configuration."""
+    check_config(config)
     entry = ["-m", "vllm.entrypoints.cli.main", "serve", args.model] if gpu else \
             ["-m", "vllm.entrypoints.openai.api_server", "--model", args.model]
     cmd = [sys.executable, *entry, "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "m",
@@ -218,8 +222,8 @@ async def bench_config(args, config, systems, request, log_dir):
 
 def main():
     args = parse_args()
-    for config in args.configs.split(","):
-        server_command(args, config, [[1]], 0, False)  # an unknown name fails before any server starts
+    for config in args.configs.split(","):  # an unknown name fails before any server starts
+        check_config(config)
     systems, request = make_workload(args)
     log_dir = os.path.dirname(os.path.abspath(args.out)) if args.out else "."
     out = {"model": os.path.basename(os.path.normpath(args.model)),
