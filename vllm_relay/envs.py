@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     VLLM_RELAY_LEVEL_KERNEL: str | None = None
     VLLM_RELAY_GRAPH_LEVELS: int | None = None
     VLLM_RELAY_GRAPH_ONE_SPLIT: int | None = None
+    VLLM_RELAY_GRAPH_SPLIT_CAP: int | None = None
     VLLM_RELAY_LEVEL_STREAM: int | None = None
     VLLM_RELAY_LEVEL_STREAM_PRIORITY: int | None = None
     VLLM_RELAY_DETOKENIZER_PRIME: int | None = None
@@ -62,6 +63,10 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # Tuning knob for benchmarks: 0 leaves a graph's levels to FlashAttention-3's own split choice
     # every step (unset or 1: one split when their rows fill the GPU, attention.planner.graph_one_split).
     "VLLM_RELAY_GRAPH_ONE_SPLIT": lambda: _int("VLLM_RELAY_GRAPH_ONE_SPLIT"),
+    # Tuning knob for benchmarks: 0 keeps vLLM's cap of FlashAttention-3's splits in CUDA graphs (32)
+    # for the relay backend's calls; unset or 1: the cap FA3's schedule can use (ops.graph_split_cap).
+    # Same splits and results; the graphs' split workspace, and so the KV cache, differ.
+    "VLLM_RELAY_GRAPH_SPLIT_CAP": lambda: _int("VLLM_RELAY_GRAPH_SPLIT_CAP"),
     # Tuning knob for benchmarks: 0 runs the levels in vLLM's stream after the context call; 1 on a
     # second stream, concurrently, in every step; unset or 2 on it in full-CUDA-graph steps only,
     # eager steps in vLLM's stream (attention.backend.level_stream_mode). Same results.

@@ -1,8 +1,11 @@
 """`force_one_split`: one key split for every batch of a FlashAttention-3 call captured split.
+`graph_split_cap`: the split cap FA3's schedule can use.
 
-On the CPU, the schedule layout it writes (and refuses); on the GPU, a varlen call over paged keys
-captured in a CUDA graph with 8 splits and FA3's schedule in a persistent buffer, replayed for
-random batches with every split count forced to 1: output and LSE equal the fp32 reference.
+On the CPU, the schedule layout it writes (and refuses), and the cap against FA3's split formula
+transcribed in float32; on the GPU, a varlen call over paged keys captured in a CUDA graph with 8
+splits and FA3's schedule in a persistent buffer, replayed for random batches with every split count
+forced to 1: output and LSE equal the fp32 reference; and FA3's own schedule and output under vLLM's
+cap and under `graph_split_cap`: equal.
 """
 
 import numpy as np
@@ -10,7 +13,40 @@ import pytest
 import torch
 
 from tests.ops.reference import attention_ref
-from vllm_relay.ops import force_one_split
+from vllm_relay.ops import force_one_split, graph_split_cap
+from vllm_relay.ops.split_schedule import most_dynamic_splits
+
+
+def fa3_dynamic_splits(key_blocks: np.ndarray, total_blocks: np.ndarray, heads: int, num_sms: int, cap: int):
+    """FA3's split count for a batch of `key_blocks` key blocks in a call of `total_blocks` query x
+    key blocks (hopper/flash_prepare_scheduler.cu, its float32 arithmetic)."""
+    f32 = np.float32
+    per_sm = np.ceil(total_blocks.astype(f32) * f32(1.1) * f32(heads) / f32(num_sms)).astype(np.int64)
+    return np.maximum(np.minimum((key_blocks + per_sm - 1) // per_sm, cap), 1)
+
+
+@pytest.mark.parametrize("num_sms", [78, 108, 114, 132, 170])
+def test_no_batch_gets_more_splits_than_the_cap(num_sms):
+    """Over every KV head count and key length, a batch alone or beside others: FA3's split count
+    under a cap of 256 never passes `most_dynamic_splits`, and reaches it (the bound is tight)."""
+    rng = np.random.default_rng(num_sms)
+    key_blocks = np.arange(1, 6000)
+    for heads in range(1, 129):
+        bound = most_dynamic_splits(num_sms, heads)
+        reached = 0
+        for query_blocks in (1, 2, 3, 9):
+            others = rng.integers(0, 4000, size=key_blocks.shape) * (query_blocks > 1)
+            total = key_blocks * query_blocks + others
+            splits = fa3_dynamic_splits(key_blocks, total, heads, num_sms, 256)
+            assert splits.max() <= bound
+            reached = max(reached, int(splits.max()))
+        assert reached == bound
+        assert graph_split_cap(32, num_sms, heads) == min(32, max(2, bound))
+
+
+def test_the_cap_never_splits_an_unsplit_call():
+    assert graph_split_cap(0, 132, 32) == 0 and graph_split_cap(1, 132, 32) == 1
+    assert graph_split_cap(32, 132, 128) == 2  # FA3's split kernels stay, as under vLLM's cap
 
 
 @pytest.mark.parametrize("batch", [1, 3, 4, 5, 66])
@@ -99,3 +135,48 @@ def test_captured_split_call_replays_unsplit_exactly_on_cuda(hq, hkv):
             torch.testing.assert_close(out[a:b].float().cpu(), o_ref, atol=2e-2, rtol=2e-2)
             torch.testing.assert_close(lse[:, a:b].float().cpu(), lse_ref, atol=1e-3, rtol=1e-3)
     assert changed  # the replays with FA3's splits and with one split computed differently
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("hq,hkv", [(32, 32), (32, 8), (28, 4)])
+def test_the_cap_changes_no_split_and_no_result_on_cuda(hq, hkv):
+    """FA3 varlen calls over paged keys (few rows over long keys: split; many rows: not) with their
+    schedules, under vLLM's cap (32) and under `graph_split_cap`: the same split counts, bit-equal
+    output and LSE."""
+    pytest.importorskip("vllm")
+    from vllm.vllm_flash_attn import flash_attn_varlen_func, get_scheduler_metadata
+
+    D, BLOCK, PAGES = 128, 16, 2048
+    dev, dtype, scale = "cuda", torch.bfloat16, D ** -0.5
+    cap = graph_split_cap(32, torch.cuda.get_device_properties(0).multi_processor_count, hkv)
+    assert 2 <= cap < 32
+    rng = np.random.default_rng(hq + hkv)
+    kv = torch.randn(PAGES, BLOCK, hkv, 2 * D, device=dev, dtype=dtype)
+    k_cache, v_cache = kv[..., :D], kv[..., D:]
+    split_seen = False
+    for _ in range(12):
+        G = int(rng.integers(1, 9))
+        rows = rng.integers(1, int(rng.choice([3, 40, 700])), size=G)
+        keys = rng.integers(1, 16000, size=G)
+        width = -(-int(keys.max()) // BLOCK)
+        table = torch.randint(0, PAGES, (G, width), dtype=torch.int32, device=dev)
+        lens = torch.tensor(keys, dtype=torch.int32, device=dev)
+        cu = torch.tensor(np.concatenate([[0], np.cumsum(rows)]), dtype=torch.int32, device=dev)
+        q = torch.randn(int(rows.sum()), hq, D, device=dev, dtype=dtype)
+        results = []
+        for splits in (32, cap):
+            sched = get_scheduler_metadata(
+                batch_size=G, max_seqlen_q=int(rows.max()), max_seqlen_k=int(keys.max()), num_heads_q=hq,
+                num_heads_kv=hkv, headdim=D, cache_seqlens=lens, qkv_dtype=dtype, cu_seqlens_q=cu,
+                page_size=BLOCK, causal=False, window_size=(-1, -1), num_splits=splits)
+            out, lse = flash_attn_varlen_func(
+                q=q, k=k_cache, v=v_cache, cu_seqlens_q=cu, seqused_k=lens, max_seqlen_q=int(rows.max()),
+                max_seqlen_k=int(keys.max()), softmax_scale=scale, causal=False, block_table=table,
+                return_softmax_lse=True, scheduler_metadata=sched, num_splits=splits, fa_version=3)
+            b4 = -(-G // 4) * 4
+            results.append((sched[b4: b4 + G].clone(), out, lse))
+        (splits32, out32, lse32), (splits_cap, out_cap, lse_cap) = results
+        assert torch.equal(splits32, splits_cap)
+        assert torch.equal(out32, out_cap) and torch.equal(lse32, lse_cap)
+        split_seen |= bool((splits32 > 1).any())
+    assert split_seen

@@ -11,7 +11,8 @@ Public API (see each function's docstring for shapes and dtypes):
   * `find_levels`, `level_rows`, `LevelRule`, `LevelTree`: the host-side, once-per-step planning of
     the shared levels (the prefix tree of the step's block tables).
   * `RelayPlan`, `SharedLevel`, `relay_attention`: the context call and the shared levels composed.
-  * `force_one_split`: one key split for every batch of a FlashAttention-3 call captured split.
+  * `force_one_split`: one key split for every batch of a FlashAttention-3 call captured split;
+    `graph_split_cap`: the split cap a captured FA3 call can use (its workspace, nothing else).
 """
 
 from vllm_relay.ops.gather_rows import gather_rows, gather_rows_torch, gather_rows_triton
@@ -23,7 +24,7 @@ from vllm_relay.ops.prefix_table import (
 )
 from vllm_relay.ops.relay_attention import RelayPlan, SharedLevel, relay_attention
 from vllm_relay.ops.relay_fusion import relay_fusion, relay_fusion_torch, relay_fusion_triton
-from vllm_relay.ops.split_schedule import force_one_split
+from vllm_relay.ops.split_schedule import force_one_split, graph_split_cap
 from vllm_relay.ops.varlen_attention import varlen_attention_torch
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "SharedLevel",
     "find_levels",
     "force_one_split",
+    "graph_split_cap",
     "gather_rows",
     "gather_rows_torch",
     "gather_rows_triton",

@@ -10,9 +10,47 @@ out [rows of each batch (b4) | splits of each batch (b4) | tile semaphore], b4 =
 into the splits makes the captured kernels run each batch whole and write its output and LSE
 directly (FA3 itself does so for batches it will not split; its combine skips them): the same
 attention, one wave of tiles, no combine.
+
+`graph_split_cap`: the cap itself need not be vLLM's 32. FA3 sizes a call's split workspace by the
+cap (fp32 [cap, heads, rows, head dim]: 512 MiB for 1024 rows of 32 heads of 128 at 32 splits, in
+every captured graph's pool), while its dynamic schedule never gives any batch more than
+`most_dynamic_splits` splits. A cap at that bound changes no split, no kernel, no result: only the
+memory, which goes back to the KV cache.
 """
 
+import math
+from fractions import Fraction
+
 import torch
+
+
+def most_dynamic_splits(num_sms: int, num_kv_heads: int) -> int:
+    """The most key splits FA3's dynamic schedule gives any batch of a varlen call on `num_sms`
+    multiprocessors with `num_kv_heads` KV heads, whatever its rows, keys and cap.
+
+    FA3's `prepare_varlen_num_blocks` (hopper/flash_prepare_scheduler.cu) gives a batch of n key
+    blocks ceil(n / b) splits, b = ceil(T * 1.1 * heads / num_sms), T >= n the call's query x key
+    blocks; heads is the KV heads' count, as a split call always packs GQA. So n / b <= num_sms /
+    (1.1 * heads) (exact rationals here: on an H100, 132 SMs over 8 heads is exactly 15).
+
+    Example:
+        >>> most_dynamic_splits(132, 32), most_dynamic_splits(132, 8), most_dynamic_splits(132, 1)
+        (4, 15, 120)
+    """
+    return max(1, math.ceil(Fraction(10 * num_sms, 11 * num_kv_heads)))
+
+
+def graph_split_cap(cap: int, num_sms: int, num_kv_heads: int) -> int:
+    """vLLM's cap of FA3's splits in a CUDA graph (`cap`, 0 or 1: unsplit) lowered to what FA3's
+    schedule can use, never below 2 (a cap of 2 or more runs FA3's split kernels, one of 1 others).
+
+    Example:
+        >>> graph_split_cap(32, 132, 32), graph_split_cap(32, 132, 1), graph_split_cap(0, 132, 32)
+        (4, 32, 0)
+    """
+    if cap <= 1:
+        return cap
+    return min(cap, max(2, most_dynamic_splits(num_sms, num_kv_heads)))
 
 
 def force_one_split(scheduler_metadata: torch.Tensor, batch: int) -> bool:
