@@ -226,6 +226,30 @@ def test_prompt_chunks_over_a_cached_prefix_read_it_as_a_level():
     assert planner.stats["shared_tokens"] == int((plan.level.row_index >= 0).sum())
 
 
+def test_prompt_chunks_that_fill_their_query_tiles_read_the_prompt_in_their_context(monkeypatch):
+    """Under the measured rule a chunk that fills its query tiles (32 rows x 4 query heads: one tile)
+    reads its system prompt in its context, where a level would save it no reads; one of 33 rows (two
+    tiles, 52% full) and the decodes read it as a level. A plain row's full chunk over another's
+    pages reads them in its context too. Exact either way."""
+    monkeypatch.setitem(planner_module.MIN_SAVED_TOKENS, ("cpu", True), 1)
+    batch = [(0, 40, 32, -1, 0), (0, 50, 33, -1, 0)] + [(0, 60 + i, 1, -1, 0) for i in range(6)]
+    batch += [(-1, 90, 1, -1, 0), (-1, 100, 32, 8, 3), (-1, 110, 1, 8, 3)]
+    world = World(batch, torch.float32, "cpu", 7)
+    world.record_fills()
+    planner = make_planner()
+    cm = world.cm()
+    plan = planner.plan(cm, world.step())
+    run_and_check(world, plan, cm)
+    first = np.cumsum([0] + [q for _, _, q, _, _ in batch])
+    levels = (plan.level.row_index >= 0).sum(dim=0)
+    assert (levels[first[0]: first[1]] == 0).all() and (levels[first[1]: first[8]] == 1).all()
+    assert (levels[first[9]: first[10]] == 0).all() and levels[first[10]] == 1
+    ctx_lens = plan.context.seq_lens.cpu().tolist()
+    assert ctx_lens[0] == SLOT_PAGES[0] * BLOCK + 40 and ctx_lens[1] == 50  # the prompt in the context, or not
+    assert ctx_lens[9] == 100 and ctx_lens[10] == 110 - 3 * BLOCK
+    assert planner.stats["prefix_requests"] == 1
+
+
 def test_decode_steps_with_the_same_rows_reuse_their_tree():
     """The runner hook hands over the same row facts while a batch keeps its rows. A decode step
     then gets the last decode step's tree when each level has two rows or more (registered prompts,

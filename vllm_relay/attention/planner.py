@@ -77,6 +77,23 @@ def graph_one_split(group_rows: np.ndarray, gqa: int, num_kv_heads: int, num_sms
     return int(tiles.sum()) * num_kv_heads >= ONE_SPLIT_FILL * num_sms
 
 
+def fills_tiles(q_lens: np.ndarray, gqa: int) -> np.ndarray:
+    """Prompt chunks that fill their own query tiles (the tiles at least four fifths full).
+    FlashAttention reads the keys once per query tile, so a level saves such a chunk no reads: it
+    would only add the gather of its rows, a second call and the fusion. Read in its context (the
+    prefix path), a chunk's shared and own keys are one call (Llama-2-7B shape, P=2048: a step of
+    128 such chunks took 33 ms more attention than without the prompt, against 24 ms of FLOPs,
+    benchmarks/results/ceiling_h100/acct_llama2_r_s11.md).
+
+    Example:
+        >>> fills_tiles(np.array([1, 100, 128, 129, 256, 300]), 1).tolist()
+        [False, False, True, False, True, False]
+    """
+    rows = np.asarray(q_lens, dtype=np.int64) * gqa
+    tiles = -(-rows // LEVEL_TILE_ROWS)
+    return (rows > 0) & (4 * tiles * LEVEL_TILE_ROWS <= 5 * rows)
+
+
 # Every planner of this worker process, for `worker_stats`.
 _planners: list[RelayPlanner] = []
 
@@ -258,8 +275,14 @@ class RelayPlanner:
     def _can_share(self, step) -> np.ndarray:
         """Rows that may read levels: any row, as a level's pages all precede its first query token
         (a decode token, or a prompt chunk whose shared part is cached: the n samples of a prompt,
-        requests over one document); with the fused Triton level (a token per row), decodes only."""
-        return step.q_lens > 0 if self.level_kernel == "flash" else step.q_lens == 1
+        requests over one document); with the fused Triton level (a token per row), decodes only.
+        With shared_path "auto", not a chunk that fills its own query tiles (`fills_tiles`)."""
+        if self.level_kernel != "flash":
+            return step.q_lens == 1
+        can = step.q_lens > 0
+        if self.shared_path == "auto":
+            can &= ~fills_tiles(step.q_lens, self.gqa)
+        return can
 
     def _root_pages(self, step) -> np.ndarray:
         root_pages = np.zeros(self.num_slots, dtype=np.int32)
