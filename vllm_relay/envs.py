@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     VLLM_RELAY_GRAPH_LEVELS: int | None = None
     VLLM_RELAY_GRAPH_ONE_SPLIT: int | None = None
     VLLM_RELAY_GRAPH_SPLIT_CAP: int | None = None
+    VLLM_RELAY_CHUNK_LEVELS: int | None = None
     VLLM_RELAY_LEVEL_STREAM: int | None = None
     VLLM_RELAY_LEVEL_STREAM_PRIORITY: int | None = None
     VLLM_RELAY_DETOKENIZER_PRIME: int | None = None
@@ -67,6 +68,10 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # for the relay backend's calls; unset or 1: the cap FA3's schedule can use (ops.graph_split_cap).
     # Same splits and results; the graphs' split workspace, and so the KV cache, differ.
     "VLLM_RELAY_GRAPH_SPLIT_CAP": lambda: _int("VLLM_RELAY_GRAPH_SPLIT_CAP"),
+    # Tuning knob for benchmarks: 1 lets a prompt chunk that fills its own query tiles read levels too
+    # (the rule before; unset or 0: it reads its prompt in its context, attention.planner.fills_tiles).
+    # Same results; only the speed changes.
+    "VLLM_RELAY_CHUNK_LEVELS": lambda: _int("VLLM_RELAY_CHUNK_LEVELS"),
     # Tuning knob for benchmarks: 0 runs the levels in vLLM's stream after the context call; 1 on a
     # second stream, concurrently, in every step; unset or 2 on it in full-CUDA-graph steps only,
     # eager steps in vLLM's stream (attention.backend.level_stream_mode). Same results.

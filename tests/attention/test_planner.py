@@ -248,6 +248,12 @@ def test_prompt_chunks_that_fill_their_query_tiles_read_the_prompt_in_their_cont
     assert ctx_lens[0] == SLOT_PAGES[0] * BLOCK + 40 and ctx_lens[1] == 50  # the prompt in the context, or not
     assert ctx_lens[9] == 100 and ctx_lens[10] == 110 - 3 * BLOCK
     assert planner.stats["prefix_requests"] == 1
+    monkeypatch.setenv("VLLM_RELAY_CHUNK_LEVELS", "1")  # the A/B knob: every chunk reads levels
+    planner = make_planner()
+    plan = planner.plan(cm, world.step())
+    run_and_check(world, plan, cm)
+    assert ((plan.level.row_index >= 0).sum(dim=0)[first[0]: first[8]] == 1).all()
+    assert planner.stats["prefix_requests"] == 0
 
 
 def test_decode_steps_with_the_same_rows_reuse_their_tree():

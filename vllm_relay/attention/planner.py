@@ -142,6 +142,7 @@ class RelayPlanner:
         self.num_slots, self.max_pages = self.pages.pages.shape
         self._pages_version = -1
         self.shared_path = cfg.shared_path
+        self.chunk_levels = bool(envs.VLLM_RELAY_CHUNK_LEVELS)
         self.auto_levels = cfg.auto_levels
         mode = getattr(comp, "cudagraph_mode", None)
         self.full_graphs = bool(mode is not None and mode.has_full_cudagraphs())
@@ -280,7 +281,7 @@ class RelayPlanner:
         if self.level_kernel != "flash":
             return step.q_lens == 1
         can = step.q_lens > 0
-        if self.shared_path == "auto":
+        if self.shared_path == "auto" and not self.chunk_levels:
             can &= ~fills_tiles(step.q_lens, self.gqa)
         return can
 
