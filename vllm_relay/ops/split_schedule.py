@@ -14,9 +14,10 @@ attention, one wave of tiles, no combine.
 `graph_split_cap`: the cap itself need not be vLLM's 32. FA3 sizes a call's split workspace by the
 cap (fp32 [cap, heads, rows, head dim]: 512 MiB for 1024 rows of 32 heads of 128 at 32 splits, in
 every captured graph's pool), while its dynamic schedule never gives any batch more than
-`most_dynamic_splits` splits. A cap at that bound changes no split and no result (at head size 128
-not even the combine kernel's template, chosen by the cap: up to 32 it is one): only the memory, which
-goes back to the KV cache.
+`most_dynamic_splits` splits. A cap at that bound changes no split; at head size 128 not even the
+combine kernel's template (chosen by the cap: one up to 32), so the results are the same bit for bit
+(at smaller head sizes the template may differ: the same sums, perhaps in another order). What changes
+is the memory, which goes back to the KV cache.
 """
 
 import math
