@@ -24,7 +24,7 @@ old=""; [ -d .old/vllm_relay ] && old="--old-src .old"
 for step in "$@"; do
   case $step in
     smoke) timeout 420 bash benchmarks/gpu/serve_smoke.sh llama-2-7b-shape "$out/serve_smoke.log" 2>&1 | tee "$out/smoke.txt" ;;
-    tests) timeout "${TESTS_TIMEOUT:-540}" python3 -m pytest -m gpu -q -s -p no:cacheprovider ${TESTS//,/ } 2>&1 | tee "$out/gpu_tests.txt" | grep -E "relay vs FA|graphs vs|worker stats|passed|failed|Error" | tail -25 ;;
+    tests) timeout "${TESTS_TIMEOUT:-540}" python3 -m pytest -m gpu -q -s -rs -p no:cacheprovider ${TESTS//,/ } 2>&1 | tee "$out/gpu_tests.txt" | grep -E "relay vs FA|graphs vs|worker stats|SKIPPED|passed|failed|Error" | tail -25 ;;
     bench) timeout 500 python3 benchmarks/bench_ops.py --out "$out" 2>&1 | tee "$out/bench.txt" | tail -60 ;;
     bench-quick) timeout 300 python3 benchmarks/bench_ops.py --quick --out "$out" 2>&1 | tee "$out/bench.txt" | tail -60 ;;
     layer) timeout 540 python3 benchmarks/bench_layer.py $old --out "$out" 2>&1 | tee "$out/layer.txt" | tail -70 ;;
