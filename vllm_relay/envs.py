@@ -55,7 +55,7 @@ environment_variables: dict[str, Callable[[], Any]] = {
     "VLLM_RELAY_SYSTEM_PROMPTS_FILE": lambda: _str("VLLM_RELAY_SYSTEM_PROMPTS_FILE"),
     # Tuning knob for benchmarks: the system level's FlashAttention-3 call with exactly this many
     # KV splits and no ahead-of-time schedule (0 or unset: FA3's own dynamic split, bounded by
-    # vLLM's CUDA-graph cap). Results are the same either way; only the speed changes.
+    # the CUDA-graph cap, ops.graph_split_cap). Results are the same either way; only the speed changes.
     "VLLM_RELAY_LEVEL_SPLITS": lambda: _int("VLLM_RELAY_LEVEL_SPLITS"),
     # Tuning knob for benchmarks: the levels a full CUDA graph holds besides the system prompts'
     # (unset: attention.planner.GRAPH_LEVELS; 0: as many as its tokens can form). Deeper levels past
