@@ -88,12 +88,11 @@ class RelayMetadataBuilder(FlashAttentionMetadataBuilder):
         from vllm_relay.hooks.runner import apply_worker
 
         apply_worker()
+        self.planner = RelayPlanner(vllm_config, kv_cache_spec, device, num_layers=len(layer_names))
         if self.use_full_cuda_graph and self.aot_schedule and envs.VLLM_RELAY_GRAPH_SPLIT_CAP != 0:
             # FA3's split workspace in every graph, for the context and the levels' calls alike
             # (vLLM's cap, 32, is 8x what FA3 can use with 32 KV heads on an H100).
-            num_sms = torch.cuda.get_device_properties(device).multi_processor_count
-            self.max_num_splits = graph_split_cap(self.max_num_splits, num_sms, self.num_heads_kv)
-        self.planner = RelayPlanner(vllm_config, kv_cache_spec, device, num_layers=len(layer_names))
+            self.max_num_splits = graph_split_cap(self.max_num_splits, self.planner.num_sms, self.num_heads_kv)
         self.level_splits = envs.VLLM_RELAY_LEVEL_SPLITS or 0
         self.level_stream = level_stream(device)
         self.level_stream_eager = level_stream_mode() == "all"

@@ -70,11 +70,15 @@ STATS = ("planned_steps", "graph_steps", "level_graph_steps", "one_split_steps",
          "max_level_rows")
 
 
+def query_tiles(rows: np.ndarray, gqa: int) -> np.ndarray:
+    """FA3's query tiles (a KV head's query heads packed) for each count of query rows."""
+    return -(-np.asarray(rows, dtype=np.int64) * gqa // LEVEL_TILE_ROWS)
+
+
 def graph_one_split(group_rows: np.ndarray, gqa: int, num_kv_heads: int, num_sms: int) -> bool:
     """Whether a graph's levels of these rows run unsplit: their query tiles (a KV head's query
     heads packed, as FA3 does in a split call) fill ONE_SPLIT_FILL of the multiprocessors."""
-    tiles = -(-np.asarray(group_rows, dtype=np.int64) * gqa // LEVEL_TILE_ROWS)
-    return int(tiles.sum()) * num_kv_heads >= ONE_SPLIT_FILL * num_sms
+    return int(query_tiles(group_rows, gqa).sum()) * num_kv_heads >= ONE_SPLIT_FILL * num_sms
 
 
 def fills_tiles(q_lens: np.ndarray, gqa: int) -> np.ndarray:
@@ -90,8 +94,7 @@ def fills_tiles(q_lens: np.ndarray, gqa: int) -> np.ndarray:
         [False, False, True, False, True, False]
     """
     rows = np.asarray(q_lens, dtype=np.int64) * gqa
-    tiles = -(-rows // LEVEL_TILE_ROWS)
-    return (rows > 0) & (4 * tiles * LEVEL_TILE_ROWS <= 5 * rows)
+    return (rows > 0) & (4 * query_tiles(q_lens, gqa) * LEVEL_TILE_ROWS <= 5 * rows)
 
 
 # Every planner of this worker process, for `worker_stats`.
