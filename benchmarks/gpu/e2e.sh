@@ -31,7 +31,7 @@
 #                    (512: decode batches above it run eagerly) and with graphs up to 1024 (<out>/graphs_l3_*.json)
 #   single2          issue 16's first target: Llama-2-7B shape, P=2048, 1000 requests, relay and no system prompt,
 #                    each engine run twice (about 4 min); with VARIANTS (comma-separated VAR=value tuning knobs), relay again
-#                    under each into single_llama2_VAR=value.json: an A/B in one job (l2_8192 takes VARIANTS too)
+#                    under each into single_llama2_VAR-value.json (no "=": the device tool leaves such names behind): an A/B in one job (l2_8192 takes VARIANTS too)
 #   single2r         single2 with the relay backend on the same requests without the prompt (noprefix-relay)
 #                    beside: how much of relay's gap to no-prompt is the runner and backend relay selects rather
 #                    than relay's work (about 8 min)
@@ -68,8 +68,8 @@ m2=$(python3 -m vllm_relay.testing build llama-2-7b-shape | tail -1 | cut -f2)
 m3=$(python3 -m vllm_relay.testing build llama-3-8b-shape | tail -1 | cut -f2)
 bt="python3 benchmarks/bench_throughput.py"
 bs="python3 benchmarks/bench_serving.py"
-variants() {  # ARGS NAME: relay again under each of $VARIANTS, into NAME_VAR=value.json
-  for v in ${VARIANTS//,/ }; do env "$v" $bt $1 --configs relay --out "$out/${2}_$v.json"; done
+variants() {  # ARGS NAME: relay again under each of $VARIANTS, into NAME_VAR-value.json
+  for v in ${VARIANTS//,/ }; do env "$v" $bt $1 --configs relay --out "$out/${2}_${v/=/-}.json"; done
 }
 for step in "$@"; do
   case $step in

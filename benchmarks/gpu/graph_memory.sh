@@ -6,7 +6,7 @@
 # the twins), "Estimated CUDA graph memory", "Available KV cache memory" and "CUDA graph pool memory: actual,
 # estimated, difference".
 # Usage: [SHAPES=llama-3-8b-shape,llama-2-7b-shape] [VARIANTS=VAR=value,...] bash benchmarks/gpu/graph_memory.sh
-#   (<out>/graph_memory_<shape>.log, then <out>/graph_memory_<shape>_<VAR=value>.log with each variant set;
+#   (<out>/graph_memory_<shape>.log, then <out>/graph_memory_<shape>_<VAR-value>.log with each variant set;
 #   about 3 min an engine)
 set -uo pipefail
 export PYTHONPATH=/tmp/site VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
@@ -32,6 +32,6 @@ for shape in "${shapes[@]}"; do
   m=$(python3 -m vllm_relay.testing build "$shape" | tail -1 | cut -f2)
   engine "$m" "$out/graph_memory_$shape.log"
   for v in "${variants[@]}"; do
-    ( export "$v"; engine "$m" "$out/graph_memory_${shape}_$v.log" )
+    ( export "$v"; engine "$m" "$out/graph_memory_${shape}_${v/=/-}.log" )
   done
 done

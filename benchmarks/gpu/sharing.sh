@@ -4,7 +4,7 @@
 # Usage: bash benchmarks/gpu/sharing.sh STEP...   with STEP one of
 #   samples2    Hydragen's sweep on the Llama-2-7B shape: P in $PS, n in $NS, 128 output tokens; with VARIANTS
 #               (comma-separated VAR=value tuning knobs), relay again under each into
-#               sharing_samples_llama2_VAR=value.json: an A/B in one job (samples2x: the same step)
+#               sharing_samples_llama2_VAR-value.json: an A/B in one job (samples2x: the same step)
 #   samples2h   samples2, then relay again with VLLM_RELAY_CACHE_HITS=0 (vLLM's prefix-cache walk for every
 #               sample, engine/cache_hits.py off) into sharing_samples_llama2_walk.json: what the memo gains
 #   samples3    the same on the Llama-3-8B shape
@@ -49,7 +49,7 @@ for step in "$@"; do
                 --repeat "$REPEAT" --out "$out/sharing_samples_llama2.json"
                for v in ${VARIANTS//,/ }; do
                  env "$v" $sb --model "$m2" --workloads samples --prefix-lens "$PS" --ns "$NS" --configs relay \
-                   --repeat "$REPEAT" --out "$out/sharing_samples_llama2_$v.json"
+                   --repeat "$REPEAT" --out "$out/sharing_samples_llama2_${v/=/-}.json"
                done ;;
     samples2h) $sb --model "$m2" --workloads samples --prefix-lens "$PS" --ns "$NS" --configs "$CONFIGS" \
                 --repeat "$REPEAT" --out "$out/sharing_samples_llama2.json" &&
