@@ -307,6 +307,75 @@ def test_decode_steps_with_the_same_rows_reuse_their_tree():
         assert tree_of(planner, prompt) is not tree  # not a decode step: searched
 
 
+def test_decode_steps_over_the_same_rows_stage_their_plan_once(monkeypatch):
+    """A decode step over the last plan's rows and tree (the hook's same row facts, the tree reused)
+    has the same level and context tables but for the context lengths: it stages, copies and
+    launches nothing of them again, its plan is exact, and every tensor it reads equals a fresh
+    planner's for the step, the lengths included; so for a step with no levels. Other rows, or a
+    capture, stage again."""
+    import dataclasses
+
+    monkeypatch.setitem(planner_module.MIN_SAVED_TOKENS, ("cpu", True), 1)
+    batch = [(0, 30, 1, -1, 0), (0, 45, 1, -1, 0), (1, 7, 1, -1, 0), (-1, 100, 1, -1, 0), (-1, 90, 1, 3, 5)]
+    world = World(batch, torch.float32, "cpu", 3)
+    world.record_fills()
+    planner = make_planner(full_graphs=True)
+    cm = world.cm(pad_reqs=3, pad_tokens=3)
+
+    def planned(planner, cm, step):
+        planner.levels_for(step)
+        step.graph_levels = True
+        return planner.plan(cm, step)
+
+    def reads(plan):
+        call = plan.level.call
+        return [plan.context.seq_lens, plan.context.block_table_tensor, plan.level.perm, plan.level.row_index,
+                call["cu_seqlens_q"], call["seqused_k"], call["block_table"]]
+
+    first = world.step()
+    plan = planned(planner, cm, first)
+    staged = planner._staged
+    assert plan.run_level and staged is not None
+    run_and_check(world, plan, cm, padded(world.q, cm))
+    again = relay_step.RelayStep(first.num_reqs, first.num_tokens, first.req_slot, first.req_shift, first.q_lens,
+                                 first.block_table, first.seq_lens.copy())
+    plan = planned(planner, cm, again)
+    assert planner._staged is staged and again.tree is first.tree
+    run_and_check(world, plan, cm, padded(world.q, cm))
+    # One more KV token per request (no row starts a page): the staged part stays, the lengths follow.
+    grown = (cm.seq_lens > 0).to(torch.int32)
+    later_cm = dataclasses.replace(cm, seq_lens=cm.seq_lens + grown, max_seq_len=cm.max_seq_len + 1)
+    later = relay_step.RelayStep(first.num_reqs, first.num_tokens, first.req_slot, first.req_shift, first.q_lens,
+                                 first.block_table, first.seq_lens + 1)
+    plan = planned(planner, later_cm, later)
+    assert planner._staged is staged
+    fresh_planner = make_planner(full_graphs=True)
+    fresh = planned(fresh_planner, later_cm, relay_step.RelayStep(
+        first.num_reqs, first.num_tokens, first.req_slot.copy(), first.req_shift, first.q_lens, first.block_table,
+        first.seq_lens + 1))
+    for a, b in zip(reads(plan), reads(fresh)):
+        assert torch.equal(a, b)
+    assert plan.context.max_seq_len == fresh.context.max_seq_len and plan.one_split == fresh.one_split
+    assert fresh_planner.stats["shared_tokens"] == 4  # each step: slot 0's two rows, the plain pair's two
+    assert planner.stats == {k: v if k.startswith("max_") else 3 * v for k, v in fresh_planner.stats.items()}
+    other = relay_step.RelayStep(first.num_reqs, first.num_tokens, first.req_slot.copy(), first.req_shift,
+                                 first.q_lens, first.block_table, first.seq_lens.copy())
+    planned(planner, cm, other)  # the batch's rows changed: staged again
+    assert planner._staged is not staged and planner._staged is not None
+    with relay_step.capturing(True):
+        planner.plan(cm, None, capture=True)
+    assert planner._staged is None
+    plain = World([(-1, 30, 1, -1, 0), (-1, 45, 1, -1, 0)], torch.float32, "cpu", 4)  # nothing shared
+    cm, step = plain.cm(pad_reqs=2, pad_tokens=2), plain.step()
+    plan = planned(planner, cm, step)
+    staged = planner._staged
+    assert step.tree is None and not plan.run_level and staged is not None
+    plan = planned(planner, cm, relay_step.RelayStep(step.num_reqs, step.num_tokens, step.req_slot, step.req_shift,
+                                                     step.q_lens, step.block_table, step.seq_lens.copy()))
+    assert planner._staged is staged
+    run_and_check(plain, plan, cm, padded(plain.q, cm))
+
+
 def test_auto_levels_off_reads_only_registered_prompts_as_levels():
     batch = [(0, 50, 1, -1, 0), (0, 60, 1, 0, 2), (-1, 70, 1, -1, 0), (-1, 80, 1, 2, 4)]
     world = World(batch, torch.float32, "cpu", 4)
@@ -474,7 +543,7 @@ def test_plan_tensors_are_aligned_views_of_exact_length(kernel, monkeypatch):
         t = getattr(planner, name)
         if t.numel() == 0:  # the fused level's tiles, with the FlashAttention levels: none
             continue
-        assert (t.data_ptr() - planner._dev.data_ptr()) % 128 == 0, name  # CUDA buffers start 256-aligned
+        assert (t.data_ptr() - planner.staging.dev.data_ptr()) % 128 == 0, name  # CUDA buffers start 256-aligned
         if length is not None:
             assert t.shape[0] == length, (name, t.shape)
 
@@ -568,6 +637,18 @@ def test_graph_replay_equals_eager_on_cuda(group, kernel, level_splits, monkeypa
             relay_attention(q_static, k_cache, v_cache, relay_plan, eager_out, D ** -0.5, flash_attn_varlen_func, kw)
             assert torch.equal(replayed, eager_out[:n])
             torch.testing.assert_close(replayed.float().cpu(), world.reference(), atol=1.6e-2, rtol=1.6e-2)
+            # The next decode step over the same rows (the hook's same row facts): with its tree reused,
+            # nothing is staged again, and the graph replays the same attention.
+            staged = planner._staged
+            again = relay_step.RelayStep(step.num_reqs, step.num_tokens, step.req_slot, step.req_shift, step.q_lens,
+                                         step.block_table, step.seq_lens.copy())
+            planner.levels_for(again)
+            again.graph_levels = True
+            planner.plan(cm_static, again)
+            assert (staged is not None and planner._staged is staged) == (kernel == "flash" and again.tree is step.tree)
+            out_static.zero_()
+            graph.replay()
+            assert torch.equal(out_static[:n], replayed)
         assert planner.stats["shared_tokens"] > 0
         if kernel == "flash":  # trees: tokens under two and three levels were replayed
             assert planner.stats["tokens_under_2_levels"] > 0 and planner.stats["tokens_under_3_levels"] > 0

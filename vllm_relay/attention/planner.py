@@ -24,6 +24,7 @@ import torch
 
 from vllm_relay import envs
 from vllm_relay.attention import step as relay_step
+from vllm_relay.attention.staging import Staged, StagingBuffer, same_key
 from vllm_relay.config import RelayConfig
 from vllm_relay.ops import SharedLevel, prefix_block_table
 from vllm_relay.ops.level_attention import level_splits, max_tiles, plan_tiles, workspace
@@ -173,20 +174,15 @@ class RelayPlanner:
         self.max_level_rows = max_tokens * self.max_depth  # any step's (prompt chunks: all their tokens)
         G = self.max_groups
         self.tile_cap = max_tiles(max_reqs, G, self.gqa) if self.level_kernel != "flash" else 0
-        # One int32 staging buffer and its device twin: [ctx_front | ctx_slot | ctx_skip | perm | cu |
+        # The staging buffer's parts (int32 elements): [ctx_front | ctx_slot | ctx_skip | perm | cu |
         # lens | group row | group start | group own tokens | group front | group slot | tiles |
         # row_index (max_depth x tokens)].
         sizes = [max_reqs, max_reqs, max_reqs, self.max_level_rows, G + 1, G, G, G, G, G, G, 3 * self.tile_cap,
                  self.max_depth * max_tokens]
-        # Each view starts 128-byte aligned: Triton specializes kernels on their pointers' alignment,
-        # and a view at an odd offset would make the kernels compiled at start-up miss.
-        self._offsets = np.concatenate(([0], np.cumsum([-(-n // 32) * 32 for n in sizes])))
-        self._host = torch.zeros(int(self._offsets[-1]), dtype=torch.int32, pin_memory=self.device.type == "cuda")
-        self._host_np = self._host.numpy()
-        self._dev = torch.zeros_like(self._host, device=self.device)
-        views = [self._dev[a: a + n] for a, n in zip(self._offsets[:-1], sizes)]
+        self.staging = StagingBuffer(sizes, self.device)
         (self.ctx_front, self.ctx_slot, self.ctx_skip, self.perm, self.cu, self.lens, self.group_row,
-         self.group_start, self.group_own, self.group_front, self.group_slot, tiles, self._row_index) = views
+         self.group_start, self.group_own, self.group_front, self.group_slot, tiles,
+         self._row_index) = self.staging.views.values()
         self.tiles = tiles.view(-1, 3)
         self.slot_pages = torch.zeros(self.num_slots, self.max_pages, dtype=torch.int32, device=self.device)
         self.q_buf = self.out_buf = self.ws = None
@@ -206,6 +202,7 @@ class RelayPlanner:
         self._level_lens = torch.zeros(G, dtype=torch.int32, device=self.device)  # written, not read
         self.stats = dict.fromkeys(STATS, 0)
         self._last = None  # (row facts, tree) of the last decode step, while reusable
+        self._staged: Staged | None = None  # the last plan's staged part, while reusable
         _planners.append(self)
 
     def graph_capacity(self, num_tokens: int) -> tuple[int, int]:
@@ -310,9 +307,63 @@ class RelayPlanner:
             with_level = self.rule() is not None and relay_step.capturing_levels()
         else:
             with_level = step is not None and step.tree is not None and (not graph or bool(step.graph_levels))
+        tree = step.tree if with_level and step is not None else None
+        self._sync_slot_pages()
+        self._make_tables(cm)
+        # A decode step over the last plan's rows and tree (most decode steps) has the same tables but
+        # the context lengths: the staged plan stands (`Staged`).
+        key = None
+        if step is not None and not capture and T == B and cm.max_query_len == 1 and self.level_kernel == "flash":
+            key = (step.req_slot, tree, B, graph, self.pages.version)
+        staged = self._staged
+        if staged is None or key is None or not same_key(staged.key, key):
+            staged = self._stage_plan(cm, step, tree, B, T, graph, key)
+        self._staged = staged if key is not None else None
+        ctx_table, ctx_lens = self.ctx_table[:B], self.ctx_lens[:B]
+        prefix_block_table(cm.block_table_tensor[:B], cm.seq_lens[:B], self.ctx_front[:B], self.ctx_slot[:B],
+                           self.slot_pages, self.page_size, ctx_table, ctx_lens, start=self.ctx_skip[:B])
+        max_seq_len = cm.max_seq_len + staged.max_front * self.page_size
+        # Host copies and caches derived from the own lengths would be stale: drop them.
+        context = dataclasses.replace(cm, seq_lens=ctx_lens, block_table_tensor=ctx_table, max_seq_len=max_seq_len,
+                                      seq_lens_cpu_upper_bound=None, _seq_lens_cpu=None,
+                                      _num_computed_tokens_cpu=None, _num_computed_tokens_cache=None)
+        if not capture:
+            self._count(staged.counts, graph_steps=graph, one_split_steps=staged.one_split,
+                        level_graph_steps=graph and with_level)
+        groups, rows, depth = staged.groups, staged.rows, staged.depth
+        call = dict(cu_seqlens_q=self.cu[: groups + 1], seqused_k=self.lens[:groups],
+                    max_seqlen_q=T if graph else staged.max_group_rows,
+                    max_seqlen_k=self.level_table.shape[1] * self.page_size if graph else staged.max_group_len,
+                    block_table=self.level_table[:groups])
+        row_index_view = self._row_index[: depth * T].view(depth, T)
+        if self.level_kernel == "flash" and rows <= self.max_rows:  # persistent buffers (graphs need them)
+            level = SharedLevel(perm=self.perm[:rows], row_index=row_index_view, call=call,
+                                q_buf=self.q_buf[:rows], out_buf=self.out_buf[:rows],
+                                num_rows=self.cu[groups: groups + 1] if self.device.type == "cuda" else None)
+        elif self.level_kernel == "flash":  # an eager step with long prompt chunks: buffers of its own
+            level = SharedLevel(perm=self.perm[:rows], row_index=row_index_view, call=call)
+        else:
+            fused = dict(perm=self.perm[:rows], tiles=self.tiles[:staged.n_tiles], group_pages=self.level_table[:groups],
+                         group_lens=self.lens[:groups], ws=self.ws, num_splits=staged.splits)
+            level = SharedLevel(perm=self.perm[:rows], row_index=row_index_view[0], call=call, fused=fused)
+        run_level = (capture and with_level) or staged.num_rows > 0
+        return StepPlan(context, level, run_level=run_level, graph=graph and with_level, one_split=staged.one_split)
+
+    def _make_tables(self, cm) -> None:
+        if self.ctx_table is None:
+            width = cm.block_table_tensor.shape[1]
+            self.ctx_table = torch.zeros(self.ctx_lens.shape[0], width, dtype=torch.int32, device=self.device)
+            self.level_table = torch.zeros(self.max_groups, width, dtype=torch.int32, device=self.device)
+            # Compiled now (the first plan is a profiling or capture run), not by the first step with levels.
+            zero = torch.zeros(1, dtype=torch.int32, device=self.device)
+            prefix_block_table(cm.block_table_tensor[:1], zero, zero, zero, self.slot_pages, self.page_size,
+                               self.level_table, self._level_lens, src_row=zero, start=zero)
+
+    def _stage_plan(self, cm, step, tree, B, T, graph, key) -> Staged:
+        """Plan what the step's rows and tree decide (all but the context lengths) into the staging
+        buffer and its device twin, and each level's table."""
         root = np.full(B, -1, dtype=np.int32)
         root_pages = np.zeros(self.num_slots, dtype=np.int32)
-        tree = step.tree if with_level and step is not None else None
         if step is not None:
             root[: step.num_reqs] = step.req_slot
             root_pages = self._root_pages(step)
@@ -342,92 +393,35 @@ class RelayPlanner:
             n_tiles = max_tiles(min(T, self.max_reqs) if graph else perm.shape[0], groups, self.gqa)
             splits = level_splits(min(T, self.max_reqs) if graph else perm.shape[0], self.gqa, self.hkv, self.num_sms)
             tiles = plan_tiles(np.pad(cu, (0, groups + 1 - cu.shape[0]), mode="edge"), n_tiles, self.gqa)
-        self._stage(B, T, depth, groups, ctx_front, root, ctx_skip, perm, cu, lens, tree, own, tiles, row_index)
-        self._sync_slot_pages()
-        if self.ctx_table is None:
-            width = cm.block_table_tensor.shape[1]
-            self.ctx_table = torch.zeros(self.ctx_lens.shape[0], width, dtype=torch.int32, device=self.device)
-            self.level_table = torch.zeros(self.max_groups, width, dtype=torch.int32, device=self.device)
-            # Compiled now (the first plan is a profiling or capture run), not by the first step with levels.
-            zero = torch.zeros(1, dtype=torch.int32, device=self.device)
-            prefix_block_table(cm.block_table_tensor[:1], zero, zero, zero, self.slot_pages, self.page_size,
-                               self.level_table, self._level_lens, src_row=zero, start=zero)
-        ctx_table, ctx_lens = self.ctx_table[:B], self.ctx_lens[:B]
-        prefix_block_table(cm.block_table_tensor[:B], cm.seq_lens[:B], self.ctx_front[:B], self.ctx_slot[:B],
-                           self.slot_pages, self.page_size, ctx_table, ctx_lens, start=self.ctx_skip[:B])
+        self.staging.stage(B, T, depth, groups, ctx_front, root, ctx_skip, perm, cu, lens, tree, own, tiles, row_index)
         if G:  # each level's table: its slot's pages (if any), then its run of a member's own pages
             prefix_block_table(cm.block_table_tensor[:B], self.group_own[:G], self.group_front[:G],
                                self.group_slot[:G], self.slot_pages, self.page_size, self.level_table,
                                self._level_lens, src_row=self.group_row[:G], start=self.group_start[:G])
-        max_seq_len = cm.max_seq_len + int(ctx_front.max(initial=0)) * self.page_size
-        # Host copies and caches derived from the own lengths would be stale: drop them.
-        context = dataclasses.replace(cm, seq_lens=ctx_lens, block_table_tensor=ctx_table, max_seq_len=max_seq_len,
-                                      seq_lens_cpu_upper_bound=None, _seq_lens_cpu=None,
-                                      _num_computed_tokens_cpu=None, _num_computed_tokens_cache=None)
         group_sizes = np.diff(cu)
         one_split = bool(graph and tree is not None and self.level_kernel == "flash" and self.one_split
                          and graph_one_split(group_sizes, self.gqa, self.hkv, self.num_sms))
-        if not capture:
-            self._count(graph, with_level, tree, ctx_front, root, perm.shape[0], row_index)
-            self.stats["one_split_steps"] += one_split
-        call = dict(cu_seqlens_q=self.cu[: groups + 1], seqused_k=self.lens[:groups],
-                    max_seqlen_q=T if graph else int(group_sizes.max(initial=0)),
-                    max_seqlen_k=self.level_table.shape[1] * self.page_size if graph else int(lens.max(initial=0)),
-                    block_table=self.level_table[:groups])
-        row_index_view = self._row_index[: depth * T].view(depth, T)
-        if self.level_kernel == "flash" and rows <= self.max_rows:  # persistent buffers (graphs need them)
-            level = SharedLevel(perm=self.perm[:rows], row_index=row_index_view, call=call,
-                                q_buf=self.q_buf[:rows], out_buf=self.out_buf[:rows],
-                                num_rows=self.cu[groups: groups + 1] if self.device.type == "cuda" else None)
-        elif self.level_kernel == "flash":  # an eager step with long prompt chunks: buffers of its own
-            level = SharedLevel(perm=self.perm[:rows], row_index=row_index_view, call=call)
-        else:
-            fused = dict(perm=self.perm[:rows], tiles=self.tiles[:n_tiles], group_pages=self.level_table[:groups],
-                         group_lens=self.lens[:groups], ws=self.ws, num_splits=splits)
-            level = SharedLevel(perm=self.perm[:rows], row_index=row_index_view[0], call=call, fused=fused)
-        run_level = (capture and with_level) or perm.shape[0] > 0
-        return StepPlan(context, level, run_level=run_level, graph=graph and with_level, one_split=one_split)
+        return Staged(key, groups, rows, depth, perm.shape[0], int(group_sizes.max(initial=0)), int(lens.max(initial=0)),
+                       int(ctx_front.max(initial=0)), one_split, n_tiles, splits,
+                       self._counts(tree, ctx_front, root, perm.shape[0], row_index))
 
-    def _stage(self, B, T, depth, groups, ctx_front, ctx_slot, ctx_skip, perm, cu, lens, tree, own, tiles,
-               row_index) -> None:
-        """Write the host arrays into the staging buffer (padding: perm with token 0, cu flat,
-        row_index -1) and copy the used span to the device in one transfer."""
-        host, off = self._host_np, self._offsets
-        host[off[0]: off[0] + B] = ctx_front
-        host[off[1]: off[1] + B] = ctx_slot
-        host[off[2]: off[2] + B] = ctx_skip
-        n = perm.shape[0]
-        host[off[3]: off[3] + n] = perm
-        host[off[4]: off[4] + cu.shape[0]] = cu
-        host[off[4] + cu.shape[0]: off[4] + groups + 1] = cu[-1]
-        host[off[5]: off[5] + groups] = lens
-        if tree is not None:
-            G = tree.num_groups
-            for i, values in enumerate((tree.row, tree.start, own, tree.front, tree.slot)):
-                host[off[6 + i]: off[6 + i] + G] = values
-        if tiles is not None:
-            host[off[11]: off[11] + tiles.size] = tiles.reshape(-1)
-        host[off[12]: off[12] + depth * T] = -1
-        host[off[12]: off[12] + row_index.size] = row_index.reshape(-1)
-        end = int(off[12]) + depth * T
-        self._dev[:end].copy_(self._host[:end], non_blocking=self.device.type == "cuda")
-
-    def _count(self, graph, with_level, tree, ctx_front, root, rows, row_index) -> None:
+    def _count(self, counts: dict, **more) -> None:
         s = self.stats
-        s["planned_steps"] += 1
-        s["graph_steps"] += graph
-        s["level_graph_steps"] += graph and with_level
-        s["prefix_requests"] += int(np.count_nonzero(ctx_front[: root.shape[0]] * (root >= 0)))
-        s["shared_tokens"] += rows
+        for key, value in (*counts.items(), *more.items()):
+            s[key] = max(s[key], value) if key.startswith("max_") else s[key] + value
+
+    def _counts(self, tree, ctx_front, root, rows, row_index) -> dict:
+        """What a step of this plan adds to the stats (the graph counts aside)."""
+        s = {"planned_steps": 1, "shared_tokens": rows,
+             "prefix_requests": int(np.count_nonzero(ctx_front[: root.shape[0]] * (root >= 0)))}
         if tree is not None:
             saved = tree.saved_pages() * self.page_size
-            s["level_groups"] += tree.num_groups
-            s["saved_kv_tokens"] += saved
-            s["saved_kv_bytes"] += saved * self.kv_bytes_per_token
-            s["max_level_rows"] = max(s["max_level_rows"], int(tree.size.max()))
+            s.update(level_groups=tree.num_groups, saved_kv_tokens=saved, saved_kv_bytes=saved * self.kv_bytes_per_token,
+                     max_level_rows=int(tree.size.max()))
             levels = (row_index >= 0).sum(axis=0)
             for k in range(1, self.max_depth + 1):
-                s[f"tokens_under_{k}_levels"] += int(np.count_nonzero(levels == k))
+                s[f"tokens_under_{k}_levels"] = int(np.count_nonzero(levels == k))
+        return s
 
     def _sync_slot_pages(self) -> None:
         if self.pages.version != self._pages_version:
