@@ -2,9 +2,10 @@
 
 vLLM glue: it reads vLLM's `CommonAttentionMetadata` and the step's relay facts, and leaves the
 planning math to `vllm_relay.ops` (`find_levels`, `level_rows`, `prefix_block_table`). Every device
-tensor is allocated once and rewritten in place each step (one host-to-device copy), so a CUDA graph
-captured over them replays any later plan: padding requests and tokens, absent groups and steps
-without levels are all just values (zero-length groups, row index -1, no front pages).
+tensor is allocated once and rewritten in place each step (one host-to-device copy, `staging.py`; none
+for a decode step over the last one's rows and tree), so a CUDA graph captured over them replays any
+later plan: padding requests and tokens, absent groups and steps without levels are all just values
+(zero-length groups, row index -1, no front pages).
 
 Each step gives:
 * the levels: the runs of pages that several requests read, decode tokens and prompt chunks
