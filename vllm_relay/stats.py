@@ -48,9 +48,15 @@ def sum_stats(parts: list[dict]) -> dict:
     ranks); `max_*` keys take the max."""
     total: dict = {}
     for stats in parts:
-        for key, value in stats.items():
-            total[key] = (max if key.startswith("max_") else int.__add__)(total.get(key, 0), value)
+        add_stats(total, stats)
     return total
+
+
+def add_stats(total: dict, stats: dict) -> None:
+    """Add `stats` into `total` in place (`max_*` keys take the max): `sum_stats` of two, without a
+    new dict (the planner counts every step)."""
+    for key, value in stats.items():
+        total[key] = (max if key.startswith("max_") else int.__add__)(total.get(key, 0), value)
 
 
 def summary_line(counters: RelayCounters, prompts: list[dict], held: int) -> str:

@@ -31,7 +31,7 @@ from vllm_relay.ops import SharedLevel, prefix_block_table
 from vllm_relay.ops.level_attention import level_splits, max_tiles, plan_tiles, workspace
 from vllm_relay.ops.level_tree import LevelRule, LevelTree, find_levels, level_rows
 from vllm_relay.ops.fuse_in_place import warm_up_fuse_in_place
-from vllm_relay.stats import sum_stats
+from vllm_relay.stats import add_stats, sum_stats
 
 # The measured rule: a step runs levels when they save at least MIN_SAVED_TOKENS of KV reads (tokens
 # of one layer's K and V), the cost of their launches; else every request reads all its pages in
@@ -329,8 +329,9 @@ class RelayPlanner:
                                       seq_lens_cpu_upper_bound=None, _seq_lens_cpu=None,
                                       _num_computed_tokens_cpu=None, _num_computed_tokens_cache=None)
         if not capture:
-            self._count(staged.counts, graph_steps=graph, one_split_steps=staged.one_split,
-                        level_graph_steps=graph and with_level)
+            add_stats(self.stats, staged.counts)
+            add_stats(self.stats, {"graph_steps": graph, "one_split_steps": staged.one_split,
+                                   "level_graph_steps": graph and with_level})
         groups, rows, depth = staged.groups, staged.rows, staged.depth
         call = dict(cu_seqlens_q=self.cu[: groups + 1], seqused_k=self.lens[:groups],
                     max_seqlen_q=T if graph else staged.max_group_rows,
@@ -405,11 +406,6 @@ class RelayPlanner:
         return Staged(key, groups, rows, depth, perm.shape[0], int(group_sizes.max(initial=0)), int(lens.max(initial=0)),
                        int(ctx_front.max(initial=0)), one_split, n_tiles, splits,
                        self._counts(tree, ctx_front, root, perm.shape[0], row_index))
-
-    def _count(self, counts: dict, **more) -> None:
-        s = self.stats
-        for key, value in (*counts.items(), *more.items()):
-            s[key] = max(s[key], value) if key.startswith("max_") else s[key] + value
 
     def _counts(self, tree, ctx_front, root, rows, row_index) -> dict:
         """What a step of this plan adds to the stats (the graph counts aside)."""
