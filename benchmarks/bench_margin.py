@@ -53,11 +53,9 @@ def fa3_varlen(q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, seqused_k=None
 
 
 def schedule(fa, call, causal, hq, hkv, splits, margin):
-    return fa.get_scheduler_metadata(
-        batch_size=call["seqused_k"].shape[0], max_seqlen_q=max(call["max_seqlen_q"], 1),
-        max_seqlen_k=call["max_seqlen_k"], num_heads_q=hq, num_heads_kv=hkv, headdim=128,
-        cache_seqlens=call["seqused_k"], qkv_dtype=torch.bfloat16, cu_seqlens_q=call["cu_seqlens_q"],
-        page_size=16, causal=causal, window_size=(-1, -1), num_splits=splits, sm_margin=margin)
+    """FA3's schedule of one call of the plan (its keywords), for a grid of SMs - margin."""
+    return fa.schedule(call["seqused_k"].shape[0], call["cu_seqlens_q"], max(call["max_seqlen_q"], 1),
+                       call["seqused_k"], call["max_seqlen_k"], causal, hq, hkv, splits, sm_margin=margin)
 
 
 def with_margins(fa, layer, plan, ctx_margin, level_margin, splits, ctx_schedule=True):

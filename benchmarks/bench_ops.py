@@ -96,15 +96,16 @@ class FA:
             cascade_attention = None
         self.cascade = cascade_attention
 
-    def schedule(self, batch, cu_q, max_q, seqlens, max_k, causal, hq, hkv, num_splits=0):
+    def schedule(self, batch, cu_q, max_q, seqlens, max_k, causal, hq, hkv, num_splits=0, sm_margin=0):
         """FlashAttention-3's AOT schedule, as FlashAttentionMetadataBuilder.build computes it
-        (`num_splits`: its cap on key splits, 0 for FlashAttention's own heuristic)."""
+        (`num_splits`: its cap on key splits, 0 for FlashAttention's own heuristic; `sm_margin`: the
+        SMs the call leaves free, as the call itself must be given)."""
         if self.version != 3:
             return None
         return self.get_scheduler_metadata(
             batch_size=batch, max_seqlen_q=max_q, max_seqlen_k=max_k, num_heads_q=hq, num_heads_kv=hkv,
             headdim=HEAD_DIM, cache_seqlens=seqlens, qkv_dtype=DTYPE, cu_seqlens_q=cu_q, page_size=BLOCK,
-            causal=causal, window_size=(-1, -1), num_splits=num_splits)
+            causal=causal, window_size=(-1, -1), num_splits=num_splits, sm_margin=sm_margin)
 
 
 def decode_case(fa, hq, hkv, B, S, c):
