@@ -85,6 +85,54 @@ def test_fuse_in_place_merges_several_levels_per_token(dtype, levels, T, N, H, D
     assert_close(torch_out, want, dtype)
 
 
+# ---- fuse_joint: one call's output (level rows, then the tokens' own) ------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("levels, T, N, H, D, spare", [(1, 1, 0, 1, 16, 0), (2, 37, 29, 3, 59, 5),
+                                                        (4, 130, 200, 8, 128, 17)])
+@pytest.mark.parametrize("strided_lse", [False, True])
+def test_fuse_joint_merges_the_tokens_rows_with_their_levels(dtype, levels, T, N, H, D, spare, strided_lse):
+    """`out[t]` is the float64 softmax-weighted mix of the token's own row (at N + t of the call's
+    output) and its level rows; every token written, those without a level row exactly their own row;
+    the same from the torch path (an LSE whose last dim is not contiguous)."""
+    from vllm_relay.ops.fuse_in_place import fuse_joint
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu" and not interpreter_on():
+        pytest.skip("needs CUDA or TRITON_INTERPRET=1")
+    R = N + T + spare  # the call's rows: a graph's buffers hold more than a step uses
+    o_all = torch.randn(R, H, D).to(dtype)
+    lse_all = torch.randn(H, R) * 3
+    lse_all[:, N + T // 2] = float("-inf")  # a token with no KV of its own (a padding request)
+    row_index = torch.full((levels, T), -1, dtype=torch.int32)
+    rows, used = torch.randperm(N), 0
+    for t in range(T):
+        k = int(torch.randint(0, levels + 1, ()))
+        if used + k > N:
+            break
+        row_index[:k, t] = rows[used: used + k].int()
+        used += k
+    lses, outs = [lse_all[:, N: N + T].t().double()], [o_all[N: N + T].double()]
+    for k in range(levels):
+        has = row_index[k] >= 0
+        r = row_index[k].clamp(min=0).long()
+        lses.append(torch.where(has[:, None], lse_all.t()[r].double(), float("-inf")))
+        outs.append(o_all[r].double())
+    w = torch.nan_to_num(torch.softmax(torch.stack(lses), dim=0))[..., None]
+    want = sum(wi * torch.where(wi > 0, oi, 0.0) for wi, oi in zip(w, outs))
+    dead = torch.isinf(torch.stack(lses)).all(dim=0)  # no keys anywhere: the own row as it is
+    want = torch.where(dead[..., None], outs[0], want)
+    lse_in = lse_all.to(device)
+    if strided_lse:  # FlashAttention's LSE is [H, R] contiguous; a transposed copy takes the torch path
+        lse_in = lse_all.t().contiguous().to(device).t()
+    start = torch.tensor([N], dtype=torch.int32, device=device)
+    got = torch.full((T, H, D), float("nan")).to(dtype).to(device)
+    assert fuse_joint(got, o_all.to(device), lse_in, start, row_index.to(device)) is got
+    alone = (row_index < 0).all(dim=0)
+    assert torch.equal(got.cpu()[alone], o_all[N: N + T][alone])
+    assert_close(got, want, dtype)
+
+
 # ---- warm-up: every fuse_in_place variant compiled at start-up ------------------------------------
 
 @pytest.mark.parametrize("H", [1, 4, 8, 20, 32, 40, 64])

@@ -10,7 +10,8 @@ Public API (see each function's docstring for shapes and dtypes):
   * `varlen_attention_torch`: paged varlen attention with FlashAttention's keyword interface.
   * `find_levels`, `level_rows`, `LevelRule`, `LevelTree`: the host-side, once-per-step planning of
     the shared levels (the prefix tree of the step's block tables).
-  * `RelayPlan`, `SharedLevel`, `relay_attention`: the context call and the shared levels composed.
+  * `RelayPlan`, `SharedLevel`, `relay_attention`: the context call and the shared levels composed
+    (on a decode step, one call for both: `joint.joint_layout`, `fuse_in_place.fuse_joint`).
   * `force_one_split`: one key split for every batch of a FlashAttention-3 call captured split;
     `graph_split_cap`: the split cap a captured FA3 call can use (its workspace, nothing else).
 """

@@ -17,6 +17,10 @@ Everything data-dependent sits in the plan, built once per step; the per-layer w
 sequence of launches over persistent tensors, with no host synchronization, so a CUDA graph can
 capture it and later replay it for any plan written into the same tensors.
 
+On a decode step the context call and the levels can be one call (`SharedLevel.ctx_start`, ops/joint.py):
+the call's sequences are the levels' chunks and then one per token, its queries [level rows ;
+tokens], and `fuse_joint` merges its output into `out`.
+
 The levels need only the queries, the context call only its pages: with `RelayPlan.level_stream`
 the levels run on that CUDA stream while the context call runs on the caller's, and the fusion
 waits for both. On a decode step the context call is bound by its reads and a system level by its
@@ -29,7 +33,7 @@ import torch
 
 from vllm_relay.ops.gather_rows import gather_rows
 from vllm_relay.ops.level_attention import level_attention
-from vllm_relay.ops.fuse_in_place import fuse_in_place
+from vllm_relay.ops.fuse_in_place import fuse_in_place, fuse_joint
 
 
 @dataclass
@@ -51,6 +55,9 @@ class SharedLevel:
         fused: when set, the level runs as one `level_attention` launch with these keywords
             (perm, tiles, group_pages, group_lens, ws, num_splits) instead of a gather, an
             attn_fn call and a fusion.
+        ctx_start: when set (int32 [1]), a joint level: `perm` gathers the level rows and then every
+            token (from row ctx_start on), `call` also holds a sequence per token over its own
+            pages (ops/joint.py), and the context call is not made: the plan's `context` is unused.
     """
 
     perm: torch.Tensor
@@ -60,6 +67,7 @@ class SharedLevel:
     out_buf: torch.Tensor | None = None
     num_rows: torch.Tensor | None = None
     fused: dict | None = None
+    ctx_start: torch.Tensor | None = None
 
 
 @dataclass
@@ -106,6 +114,10 @@ def relay_attention(q, k_cache, v_cache, plan: RelayPlan, out, softmax_scale: fl
     """
     extra = attn_kwargs or {}
     levels = plan.shared
+    if levels and levels[0].ctx_start is not None:  # one call for the levels and the context
+        level = levels[0]
+        o_all, lse_all = _level_call(q, k_cache, v_cache, level, softmax_scale, attn_fn, extra)
+        return fuse_joint(out, o_all, lse_all, level.ctx_start, level.row_index)
     side = plan.level_stream if levels and all(level.fused is None for level in levels) else None
     partials = []
     if side is not None:  # fork: the levels read q, written before this call in the caller's stream
