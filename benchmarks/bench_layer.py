@@ -133,7 +133,7 @@ class Layer:
                                                                 max(c["max_seqlen_q"], 1),
                                                                 c["seqused_k"], c["max_seqlen_k"], False, self.hq,
                                                                 self.hkv, lsplits)
-            if p.one_split and not fa_split:  # as the backend does (planner.graph_one_split)
+            if p.one_split and not fa_split:  # as the backend does (rules.graph_one_split)
                 force_one_split(level.call["scheduler_metadata"], c["seqused_k"].shape[0])
         return RelayPlan(context, [level] if run_level else [], level_stream=stream), planner
 

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     VLLM_RELAY_GRAPH_ONE_SPLIT: int | None = None
     VLLM_RELAY_GRAPH_SPLIT_CAP: int | None = None
     VLLM_RELAY_CHUNK_LEVELS: int | None = None
+    VLLM_RELAY_JOINT: int | None = None
     VLLM_RELAY_LEVEL_STREAM: int | None = None
     VLLM_RELAY_LEVEL_STREAM_PRIORITY: int | None = None
     VLLM_RELAY_DETOKENIZER_PRIME: int | None = None
@@ -58,20 +59,24 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # the CUDA-graph cap, ops.graph_split_cap). Results are the same either way; only the speed changes.
     "VLLM_RELAY_LEVEL_SPLITS": lambda: _int("VLLM_RELAY_LEVEL_SPLITS"),
     # Tuning knob for benchmarks: the levels a full CUDA graph holds besides the system prompts'
-    # (unset: attention.planner.GRAPH_LEVELS; 0: as many as its tokens can form). Deeper levels past
+    # (unset: attention.rules.GRAPH_LEVELS; 0: as many as its tokens can form). Deeper levels past
     # it are read in each request's context; results are the same, only the speed changes.
     "VLLM_RELAY_GRAPH_LEVELS": lambda: _int("VLLM_RELAY_GRAPH_LEVELS"),
     # Tuning knob for benchmarks: 0 leaves a graph's levels to FlashAttention-3's own split choice
-    # every step (unset or 1: one split when their rows fill the GPU, attention.planner.graph_one_split).
+    # every step (unset or 1: one split when their rows fill the GPU, attention.rules.graph_one_split).
     "VLLM_RELAY_GRAPH_ONE_SPLIT": lambda: _int("VLLM_RELAY_GRAPH_ONE_SPLIT"),
     # Tuning knob for benchmarks: 0 keeps vLLM's cap of FlashAttention-3's splits in CUDA graphs (32)
     # for the relay backend's calls; unset or 1: the cap FA3's schedule can use (ops.graph_split_cap).
     # Same splits and results; the graphs' split workspace, and so the KV cache, differ.
     "VLLM_RELAY_GRAPH_SPLIT_CAP": lambda: _int("VLLM_RELAY_GRAPH_SPLIT_CAP"),
     # Tuning knob for benchmarks: 1 lets a prompt chunk that fills its own query tiles read levels too
-    # (the rule before; unset or 0: it reads its prompt in its context, attention.planner.fills_tiles).
+    # (the rule before; unset or 0: it reads its prompt in its context, attention.rules.fills_tiles).
     # Same results; only the speed changes.
     "VLLM_RELAY_CHUNK_LEVELS": lambda: _int("VLLM_RELAY_CHUNK_LEVELS"),
+    # Tuning knob for benchmarks: 0 runs a decode step's levels as their own call beside the context
+    # call (the form before); unset or 1: one FlashAttention call for both (attention.rules,
+    # ops/joint.py). Same results; only the speed changes.
+    "VLLM_RELAY_JOINT": lambda: _int("VLLM_RELAY_JOINT"),
     # Tuning knob for benchmarks: 0 runs the levels in vLLM's stream after the context call; 1 on a
     # second stream, concurrently, in every step; unset or 2 on it in full-CUDA-graph steps only,
     # eager steps in vLLM's stream (attention.backend.level_stream_mode). Same results.

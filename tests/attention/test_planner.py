@@ -397,10 +397,12 @@ def test_eager_steps_with_little_sharing_plan_no_levels():
     run_and_check(world, plan, cm)
 
 
-def test_padded_graph_step_with_no_relay_request_still_writes_a_valid_plan():
+def test_padded_graph_step_with_no_relay_request_still_writes_a_valid_plan(monkeypatch):
     """A full-graph decode step of plain requests (relay on, nothing shared) replays vLLM's own graph,
     which reads the context tables the plan writes: they equal vLLM's. The levels' graph captured
-    for the same size holds the levels, empty here, and harmless."""
+    for the same size holds the levels, empty here, and harmless (here its levels as their own call,
+    VLLM_RELAY_JOINT=0; the joint form: test_joint_graph_is_sized_by_its_tokens)."""
+    monkeypatch.setenv("VLLM_RELAY_JOINT", "0")
     batch = [(-1, 30, 1, -1, 0), (-1, 7, 1, -1, 0), (-1, 100, 1, -1, 0)]
     world = World(batch, torch.float32, "cpu", 0)
     planner = make_planner(shared_path="always", full_graphs=True)
@@ -479,7 +481,7 @@ def test_a_graph_holds_at_most_its_levels_the_shallowest_first(monkeypatch):
 def test_graph_levels_run_unsplit_when_their_tiles_fill_the_gpu(monkeypatch):
     """The plan asks for one split (ops.force_one_split) in graph steps whose levels' query tiles fill
     ONE_SPLIT_FILL of the multiprocessors; never eagerly, never with the knob at 0; exact either way."""
-    from vllm_relay.attention.planner import LEVEL_TILE_ROWS, ONE_SPLIT_FILL, graph_one_split
+    from vllm_relay.attention.rules import LEVEL_TILE_ROWS, ONE_SPLIT_FILL, graph_one_split
 
     assert graph_one_split(np.array([3 * LEVEL_TILE_ROWS]), 1, 32, 132)  # 96 tiles of 132 SMs
     assert not graph_one_split(np.array([2 * LEVEL_TILE_ROWS]), 1, 32, 132)  # 64
@@ -488,6 +490,7 @@ def test_graph_levels_run_unsplit_when_their_tiles_fill_the_gpu(monkeypatch):
     batch = [(0, 30, 1, -1, 0), (0, 40, 1, -1, 0), (-1, 100, 1, -1, 0), (-1, 90, 1, 2, 5)]
     world = World(batch, torch.float32, "cpu", 2)
     world.record_fills()
+    monkeypatch.setenv("VLLM_RELAY_JOINT", "0")  # a joint call splits as FA3 decides (backend.py)
     for knob, sms, graph, expected in (("", 1, True, True), ("", 1000, True, False), ("", 1, False, False),
                                        ("0", 1, True, False)):
         monkeypatch.setenv("VLLM_RELAY_GRAPH_ONE_SPLIT", knob)
@@ -535,8 +538,10 @@ def test_plan_tensors_are_aligned_views_of_exact_length(kernel, monkeypatch):
     # persistent plan tensor starts 128-byte aligned in the one staging buffer, at its own length.
     monkeypatch.setenv("VLLM_RELAY_LEVEL_KERNEL", kernel)
     planner = make_planner(full_graphs=True)
-    G = planner.max_groups
-    views = {"ctx_front": None, "ctx_slot": None, "ctx_skip": None, "perm": planner.max_level_rows, "cu": G + 1,
+    G, joint = planner.max_seqs, planner.max_reqs if kernel == "flash" else 0  # a joint call's tokens
+    assert planner.joint == (kernel == "flash") and G >= planner.max_groups
+    views = {"ctx_front": None, "ctx_slot": None, "ctx_skip": None, "perm": planner.max_level_rows + joint,
+             "cu": G + 1 + joint,
              "lens": G, "group_row": G, "group_start": G, "group_own": G, "group_front": G, "group_slot": G,
              "tiles": planner.tile_cap, "_row_index": planner.max_depth * planner.max_tokens}
     for name, length in views.items():

@@ -1,8 +1,6 @@
 """The planner's staging buffer: aligned views of exact length, one step's arrays written with the
 plan's padding and copied to the device, and the key under which a staged plan is kept."""
 
-from types import SimpleNamespace
-
 import numpy as np
 import torch
 
@@ -23,12 +21,10 @@ def test_stage_writes_the_step_with_its_padding():
     buf = StagingBuffer([B, B, B, 8, groups + 1, groups, groups, groups, groups, groups, groups, 0, depth * T],
                         torch.device("cpu"))
     buf.dev.fill_(99)  # the device's last step: the whole span is copied over it
-    tree = SimpleNamespace(num_groups=2, row=np.array([0, 2]), start=np.array([1, 0]), front=np.array([5, 0]),
-                           slot=np.array([0, -1]))
+    facts = (np.array([0, 2]), np.array([1, 0]), np.array([48, 16]), np.array([5, 0]), np.array([0, -1]))
     row_index = np.array([[0, 1, -1, 2]], dtype=np.int32)
     buf.stage(B, T, depth, groups, np.array([5, 0, 5]), np.array([0, -1, 0]), np.array([1, 0, 2]),
-              np.array([0, 1, 3]), np.array([0, 2, 3]), np.array([80, 32, 0]), tree, np.array([48, 16]), None,
-              row_index)
+              np.array([0, 1, 3]), np.array([0, 2, 3]), np.array([80, 32, 0]), facts, None, row_index)
     v = {name: view.tolist() for name, view in buf.views.items()}
     assert v["ctx_front"] == [5, 0, 5] and v["ctx_slot"] == [0, -1, 0] and v["ctx_skip"] == [1, 0, 2]
     assert v["perm"][:3] == [0, 1, 3]

@@ -98,8 +98,9 @@ class RelayMetadataBuilder(FlashAttentionMetadataBuilder):
         self.level_stream_eager = level_stream_mode() == "all"
         self.level_scheduler_metadata = None
         if self.use_full_cuda_graph and self.aot_schedule:
-            self.level_scheduler_metadata = torch.zeros(1 + round_up(self.planner.max_groups, 4) * 4,
-                                                        dtype=torch.int32, device=self.device)
+            calls = self.planner.max_seqs + (self.planner.max_reqs if self.planner.joint else 0)
+            self.level_scheduler_metadata = torch.zeros(1 + round_up(calls, 4) * 4, dtype=torch.int32,
+                                                        device=self.device)
 
     def build(self, common_prefix_len, common_attn_metadata, fast_build: bool = False):
         return self._build(common_attn_metadata, fast_build, capture=False)
@@ -123,13 +124,17 @@ class RelayMetadataBuilder(FlashAttentionMetadataBuilder):
             if self.level_splits:  # a fixed split count, no ahead-of-time schedule (see envs)
                 level.call["num_splits"] = self.level_splits
             else:
-                level.call["num_splits"] = meta.max_num_splits
+                splits = meta.max_num_splits
+                if plan.joint and (level.call["seqused_k"].shape[0] > FA3_DYNAMIC_SPLIT_BATCHES
+                                   or (plan.one_split and not plan.graph)):
+                    splits = 1  # (FA3 would split every sequence alike, the tokens' too; or unsplit)
+                level.call["num_splits"] = splits
                 if plan.run_level or plan.graph:
-                    sched = self._schedule_level(level.call, meta.max_num_splits, fast_build)
+                    sched = self._schedule_level(level.call, splits, fast_build)
                     if sched is not None:
-                        # The graph's levels unsplit this step (planner.graph_one_split), where the
+                        # The graph's levels unsplit this step (rules.graph_one_split), where the
                         # schedule has FA3's layout; else FA3's split stands (the stat overcounts).
-                        if (plan.one_split and meta.max_num_splits > 1
+                        if (plan.one_split and splits > 1
                                 and not force_one_split(sched, level.call["seqused_k"].shape[0])):
                             logger.warning_once("vllm-relay: FlashAttention's schedule is not FA3's dynamic-split "
                                                 "layout: graph levels keep FA3's split (one_split_steps overcounts)")
@@ -162,6 +167,11 @@ class RelayMetadataBuilder(FlashAttentionMetadataBuilder):
         buf[n:] = 0  # as FlashAttention does: stale entries could let extra blocks write
         return buf[:n]
 
+
+# FlashAttention-3 splits each sequence of a call by its share of the work (its dynamic split) only in
+# calls of at most this many sequences (`PREPARE_VARLEN_MAX_BATCHES_1CTA`, hopper/flash_api.cpp); in
+# larger ones a split applies to every sequence.
+FA3_DYNAMIC_SPLIT_BATCHES = 992
 
 # Levels on their own stream (issue 16): a decode step's context call is bound by its reads, a system
 # level by its FLOPs, so the two overlap. Priority: the level's few CTAs take SMs as they free up,

@@ -12,7 +12,10 @@ Each step gives:
   alike (a registered system prompt, and below it whatever the prefix cache shares: a document,
   the prompt of n samples), each read once by one grouped call for all the tokens under it (`ops.find_levels`);
 * the context tables: each request's own pages past its levels, with its slot's pages in front for a
-  relay request whose system prompt is no level (the prefix path; `ops.prefix_block_table`).
+  relay request whose system prompt is no level (the prefix path; `ops.prefix_block_table`);
+* on a decode step, one call for both (the joint call, `ops/joint.py`): the levels in sequences of a
+  few rows, then a sequence per token over its context table.
+The rules that decide each of these are measured, in `rules.py`.
 """
 
 from __future__ import annotations
@@ -25,78 +28,27 @@ import torch
 
 from vllm_relay import envs
 from vllm_relay.attention import step as relay_step
+from vllm_relay.attention.rules import (
+    GRAPH_LEVELS,
+    JOINT_SPLIT_FILL,
+    MAX_LEVELS,
+    MIN_SAVED_TOKENS,
+    fills_tiles,
+    graph_one_split,
+    joint_tokens,
+)
 from vllm_relay.attention.staging import Staged, StagingBuffer, same_key
 from vllm_relay.config import RelayConfig
 from vllm_relay.ops import SharedLevel, prefix_block_table
+from vllm_relay.ops.joint import joint_capacity, joint_layout
 from vllm_relay.ops.level_attention import level_splits, max_tiles, plan_tiles, workspace
 from vllm_relay.ops.level_tree import LevelRule, LevelTree, find_levels, level_rows
 from vllm_relay.ops.fuse_in_place import warm_up_fuse_in_place
 from vllm_relay.stats import add_stats, sum_stats
 
-# The measured rule: a step runs levels when they save at least MIN_SAVED_TOKENS of KV reads (tokens
-# of one layer's K and V), the cost of their launches; else every request reads all its pages in
-# one FlashAttention call, exactly vLLM's. Full CUDA graphs come in two kinds per decode size
-# (hooks/graphs.py): vLLM's own, replayed by steps without levels, and one that also runs them.
-# NOTE: from the H200 layer table (benchmarks/results/layer_h200.md, one system prompt of S=2048):
-# the shared path won from 16 (MHA) / 64 (GQA) requests when its launches were paid eagerly, i.e.
-# from about 15 and 63 times 2048 tokens not read again; to be measured again for the level kinds
-# of benchmarks/bench_layer.py (--only levels).
-# On the CPU the context call is vLLM's CPU attention kernel, and the levels run in torch (the
-# kernel gives no LSE): there the levels never paid for themselves (benchmarks/bench_cpu_attention.py,
-# tiny GQA model, 2 cores: attention 4.9x vLLM's CPU backend with levels against 1.02x on the prefix
-# path at 64 requests over a 512-token prompt, 9.3x against 0.94x at 128 over 900), so "auto" plans
-# none; "always" still runs them (the CPU exactness tests). Keyed by (device type, GQA > 1).
-MIN_SAVED_TOKENS = {("cuda", False): 15 * 2048, ("cuda", True): 63 * 2048,
-                    ("cpu", False): float("inf"), ("cpu", True): float("inf")}
-# Levels per token at most (a fixed count for CUDA graphs: few-shot -> problem -> samples, under a
-# system prompt); deeper sharing is read in the context.
-MAX_LEVELS = 4
-# Levels a full CUDA graph holds besides the system prompts' (a graph of T tokens could form 2T).
-# FlashAttention-3 combines its key splits over every group of the graph's call, empty ones too.
-# On the H100 (Llama-2-7B shape, one level of 384 rows over 2048 keys) the level's call takes 109 us
-# in a graph of 770 groups, 62 us in one of 66, 54 us alone; a whole layer 480 -> 434 us; end to end
-# (P=2048, 1000 requests) +2.9% (benchmarks/results/ceiling_h100/README.md, third session).
-# The tree keeps its shallowest levels; deeper ones are read in the context (exact either way).
-# VLLM_RELAY_GRAPH_LEVELS overrides it.
-GRAPH_LEVELS = 64
-# A graph's levels run unsplit (`ops.force_one_split`) when their query tiles alone fill this share
-# of the multiprocessors: FA3's schedule splits such levels in two, where one wave of whole tiles is
-# faster and needs no combine (H100, a layer in a graph, us, one split against FA3's split at n=384:
-# Llama-2-7B shape 422 / 433 at S=2048, 602 / 617 at S=16000; Llama-3-8B 180 / 192, 354 / 370; at
-# 512 rows FA3 picks one itself); fewer rows over a long level still want the split (the unsplit
-# kernel at S=16000, n=256: 470 / 392). benchmarks/results/ceiling_h100/splits_one_split_h100.md.
-ONE_SPLIT_FILL = 0.6
-LEVEL_TILE_ROWS = 128  # FA3's query tile at head size 128; a split call packs a KV head's query heads
-STATS = ("planned_steps", "graph_steps", "level_graph_steps", "one_split_steps", "prefix_requests", "shared_tokens",
-         "level_groups", "saved_kv_tokens", "saved_kv_bytes", *(f"tokens_under_{k}_levels" for k in range(1, MAX_LEVELS + 1)),
-         "max_level_rows")
-
-
-def query_tiles(rows: np.ndarray, gqa: int) -> np.ndarray:
-    """FA3's query tiles (a KV head's query heads packed) for each count of query rows."""
-    return -(-np.asarray(rows, dtype=np.int64) * gqa // LEVEL_TILE_ROWS)
-
-
-def graph_one_split(group_rows: np.ndarray, gqa: int, num_kv_heads: int, num_sms: int) -> bool:
-    """Whether a graph's levels of these rows run unsplit: their query tiles (a KV head's query
-    heads packed, as FA3 does in a split call) fill ONE_SPLIT_FILL of the multiprocessors."""
-    return int(query_tiles(group_rows, gqa).sum()) * num_kv_heads >= ONE_SPLIT_FILL * num_sms
-
-
-def fills_tiles(q_lens: np.ndarray, gqa: int) -> np.ndarray:
-    """Prompt chunks that fill their own query tiles (the tiles at least four fifths full).
-    FlashAttention reads the keys once per query tile, so a level saves such a chunk no reads: it
-    would only add the gather of its rows, a second call and the fusion. Read in its context (the
-    prefix path), a chunk's shared and own keys are one call (Llama-2-7B shape, P=2048: a step of
-    128 such chunks took 33 ms more attention than without the prompt, against 24 ms of FLOPs,
-    benchmarks/results/ceiling_h100/acct_llama2_r_s11.md).
-
-    Example:
-        >>> fills_tiles(np.array([1, 100, 128, 129, 256, 300]), 1).tolist()
-        [False, False, True, False, True, False]
-    """
-    rows = np.asarray(q_lens, dtype=np.int64) * gqa
-    return (rows > 0) & (4 * query_tiles(q_lens, gqa) * LEVEL_TILE_ROWS <= 5 * rows)
+STATS = ("planned_steps", "graph_steps", "level_graph_steps", "one_split_steps", "joint_steps", "prefix_requests",
+         "shared_tokens", "level_groups", "saved_kv_tokens", "saved_kv_bytes",
+         *(f"tokens_under_{k}_levels" for k in range(1, MAX_LEVELS + 1)), "max_level_rows")
 
 
 # Every planner of this worker process, for `worker_stats`.
@@ -127,6 +79,7 @@ class StepPlan:
     run_level: bool  # whether eager code must run them (always when capturing a graph with levels)
     graph: bool  # a full-CUDA-graph step whose graph holds the levels: it reads the plan, rows or not
     one_split: bool = False  # the graph's levels run unsplit this step (`graph_one_split`)
+    joint: bool = False  # the levels' call holds the context too (`SharedLevel.ctx_start`)
 
 
 class RelayPlanner:
@@ -173,13 +126,17 @@ class RelayPlanner:
         self.max_groups = self.num_slots + max_reqs * self.max_depth // 2
         self.max_rows = max_reqs * self.max_depth  # level rows a graph holds (decodes: a token each)
         self.max_level_rows = max_tokens * self.max_depth  # any step's (prompt chunks: all their tokens)
-        G = self.max_groups
+        # A decode step's levels and context in one call (VLLM_RELAY_JOINT): its level sequences, at most.
+        self.joint = self.level_kernel == "flash" and envs.VLLM_RELAY_JOINT != 0
+        tokens = self.max_reqs if self.joint else 0  # the joint call's rows and sequences past the levels'
+        self.max_seqs = G = max(self.max_groups, joint_capacity(self.max_rows, self.max_groups, joint_tokens(1, self.gqa))
+                                if self.joint else 0)
         self.tile_cap = max_tiles(max_reqs, G, self.gqa) if self.level_kernel != "flash" else 0
         # The staging buffer's parts (int32 elements): [ctx_front | ctx_slot | ctx_skip | perm | cu |
         # lens | group row | group start | group own tokens | group front | group slot | tiles |
         # row_index (max_depth x tokens)].
-        sizes = [max_reqs, max_reqs, max_reqs, self.max_level_rows, G + 1, G, G, G, G, G, G, 3 * self.tile_cap,
-                 self.max_depth * max_tokens]
+        sizes = [max_reqs, max_reqs, max_reqs, self.max_level_rows + tokens, G + 1 + tokens, G, G, G, G, G, G,
+                 3 * self.tile_cap, self.max_depth * max_tokens]
         self.staging = StagingBuffer(sizes, self.device)
         (self.ctx_front, self.ctx_slot, self.ctx_skip, self.perm, self.cu, self.lens, self.group_row,
          self.group_start, self.group_own, self.group_front, self.group_slot, tiles,
@@ -188,19 +145,24 @@ class RelayPlanner:
         self.slot_pages = torch.zeros(self.num_slots, self.max_pages, dtype=torch.int32, device=self.device)
         self.q_buf = self.out_buf = self.ws = None
         if self.level_kernel == "flash":  # a gather, an attention call and the fusion: their buffers
-            self.q_buf = torch.empty(self.max_rows, hq, head_size, dtype=model.dtype, device=self.device)
+            self.q_buf = torch.empty(self.max_rows + tokens, hq, head_size, dtype=model.dtype, device=self.device)
             self.out_buf = torch.empty_like(self.q_buf)
             # Compiled now, not by the first large steps of a loaded server (a second or more each).
             for levels in range(1, self.max_depth + 1):
-                warm_up_fuse_in_place(hq, head_size, model.dtype, self.device, max_tokens, levels=levels)
+                warm_up_fuse_in_place(hq, head_size, model.dtype, self.device, max_tokens, levels=levels,
+                                      joint_too=self.joint)
         else:  # one fused launch: its split-K workspace, for the most tiles x slices any step uses
             cap = max(max_tiles(r, G, self.gqa) * level_splits(r, self.gqa, self.hkv, self.num_sms)
                       for r in range(1, max_reqs + 1))
             self.ws = workspace(cap, self.hkv, 1, head_size, self.device)
-        self.ctx_table: torch.Tensor | None = None  # [max_reqs, W], W = vLLM's block-table width
-        self.level_table: torch.Tensor | None = None  # [max_groups, W]: each level's pages
-        self.ctx_lens = torch.zeros(max_reqs, dtype=torch.int32, device=self.device)
-        self._level_lens = torch.zeros(G, dtype=torch.int32, device=self.device)  # written, not read
+        # The level sequences' tables and lengths, then the contexts', in one tensor each: a joint call
+        # reads the end of the first part and the start of the second (a step's level tables end at
+        # row G). jtable: [G + max_reqs, W], W = vLLM's block-table width.
+        self.jtable: torch.Tensor | None = None
+        self.ctx_table: torch.Tensor | None = None
+        self.level_table: torch.Tensor | None = None
+        self.jlens = torch.zeros(G + max_reqs, dtype=torch.int32, device=self.device)
+        self._level_lens, self.ctx_lens = self.jlens[:G], self.jlens[G:]
         self.stats = dict.fromkeys(STATS, 0)
         self._last = None  # (row facts, tree) of the last decode step, while reusable
         self._staged: Staged | None = None  # the last plan's staged part, while reusable
@@ -318,7 +280,9 @@ class RelayPlanner:
             key = (step.req_slot, tree, B, graph, self.pages.version)
         staged = self._staged
         if staged is None or key is None or not same_key(staged.key, key):
-            staged = self._stage_plan(cm, step, tree, B, T, graph, key)
+            joint = (self.joint and with_level and T == B and cm.max_query_len <= 1  # a token per request
+                     and (step is None or bool((step.q_lens == 1).all())))
+            staged = self._stage_plan(cm, step, tree, B, T, graph, key, joint)
         self._staged = staged if key is not None else None
         ctx_table, ctx_lens = self.ctx_table[:B], self.ctx_lens[:B]
         prefix_block_table(cm.block_table_tensor[:B], cm.seq_lens[:B], self.ctx_front[:B], self.ctx_slot[:B],
@@ -331,39 +295,52 @@ class RelayPlanner:
         if not capture:
             add_stats(self.stats, staged.counts)
             add_stats(self.stats, {"graph_steps": graph, "one_split_steps": staged.one_split,
-                                   "level_graph_steps": graph and with_level})
-        groups, rows, depth = staged.groups, staged.rows, staged.depth
-        call = dict(cu_seqlens_q=self.cu[: groups + 1], seqused_k=self.lens[:groups],
-                    max_seqlen_q=T if graph else staged.max_group_rows,
-                    max_seqlen_k=self.level_table.shape[1] * self.page_size if graph else staged.max_group_len,
-                    block_table=self.level_table[:groups])
+                                   "level_graph_steps": graph and with_level,
+                                   "joint_steps": staged.joint_tokens > 0 and (graph or staged.num_rows > 0)})
+        groups, rows, depth, G = staged.groups, staged.rows, staged.depth, self.max_seqs
+        graph_len = self.level_table.shape[1] * self.page_size
+        ctx_start = None
+        if staged.joint_tokens:  # the level sequences, then a sequence per token (ops/joint.py)
+            call = dict(cu_seqlens_q=self.cu[: groups + T + 1], seqused_k=self.jlens[G - groups: G + T],
+                        max_seqlen_q=staged.joint_tokens,
+                        max_seqlen_k=graph_len if graph else max(staged.max_group_len, max_seq_len),
+                        block_table=self.jtable[G - groups: G + T])
+            ctx_start, count = self.cu[groups: groups + 1], self.cu[groups + T: groups + T + 1]
+        else:
+            call = dict(cu_seqlens_q=self.cu[: groups + 1], seqused_k=self.lens[:groups],
+                        max_seqlen_q=T if graph else staged.max_group_rows,
+                        max_seqlen_k=graph_len if graph else staged.max_group_len,
+                        block_table=self.level_table[G - groups: G])
+            count = self.cu[groups: groups + 1]
         row_index_view = self._row_index[: depth * T].view(depth, T)
-        if self.level_kernel == "flash" and rows <= self.max_rows:  # persistent buffers (graphs need them)
+        if self.level_kernel == "flash" and rows <= self.q_buf.shape[0]:  # persistent buffers (graphs need them)
             level = SharedLevel(perm=self.perm[:rows], row_index=row_index_view, call=call,
                                 q_buf=self.q_buf[:rows], out_buf=self.out_buf[:rows],
-                                num_rows=self.cu[groups: groups + 1] if self.device.type == "cuda" else None)
+                                num_rows=count if self.device.type == "cuda" else None, ctx_start=ctx_start)
         elif self.level_kernel == "flash":  # an eager step with long prompt chunks: buffers of its own
-            level = SharedLevel(perm=self.perm[:rows], row_index=row_index_view, call=call)
+            level = SharedLevel(perm=self.perm[:rows], row_index=row_index_view, call=call, ctx_start=ctx_start)
         else:
-            fused = dict(perm=self.perm[:rows], tiles=self.tiles[:staged.n_tiles], group_pages=self.level_table[:groups],
+            fused = dict(perm=self.perm[:rows], tiles=self.tiles[:staged.n_tiles], group_pages=self.level_table[G - groups: G],
                          group_lens=self.lens[:groups], ws=self.ws, num_splits=staged.splits)
             level = SharedLevel(perm=self.perm[:rows], row_index=row_index_view[0], call=call, fused=fused)
         run_level = (capture and with_level) or staged.num_rows > 0
-        return StepPlan(context, level, run_level=run_level, graph=graph and with_level, one_split=staged.one_split)
+        return StepPlan(context, level, run_level=run_level, graph=graph and with_level, one_split=staged.one_split,
+                        joint=staged.joint_tokens > 0)
 
     def _make_tables(self, cm) -> None:
         if self.ctx_table is None:
             width = cm.block_table_tensor.shape[1]
-            self.ctx_table = torch.zeros(self.ctx_lens.shape[0], width, dtype=torch.int32, device=self.device)
-            self.level_table = torch.zeros(self.max_groups, width, dtype=torch.int32, device=self.device)
+            self.jtable = torch.zeros(self.jlens.shape[0], width, dtype=torch.int32, device=self.device)
+            self.level_table, self.ctx_table = self.jtable[: self.max_seqs], self.jtable[self.max_seqs:]
             # Compiled now (the first plan is a profiling or capture run), not by the first step with levels.
             zero = torch.zeros(1, dtype=torch.int32, device=self.device)
             prefix_block_table(cm.block_table_tensor[:1], zero, zero, zero, self.slot_pages, self.page_size,
                                self.level_table, self._level_lens, src_row=zero, start=zero)
 
-    def _stage_plan(self, cm, step, tree, B, T, graph, key) -> Staged:
+    def _stage_plan(self, cm, step, tree, B, T, graph, key, joint) -> Staged:
         """Plan what the step's rows and tree decide (all but the context lengths) into the staging
-        buffer and its device twin, and each level's table."""
+        buffer and its device twin, and each level's table (`joint`: each level sequence's of a joint
+        call, ops/joint.py)."""
         root = np.full(B, -1, dtype=np.int32)
         root_pages = np.zeros(self.num_slots, dtype=np.int32)
         if step is not None:
@@ -395,17 +372,28 @@ class RelayPlanner:
             n_tiles = max_tiles(min(T, self.max_reqs) if graph else perm.shape[0], groups, self.gqa)
             splits = level_splits(min(T, self.max_reqs) if graph else perm.shape[0], self.gqa, self.hkv, self.num_sms)
             tiles = plan_tiles(np.pad(cu, (0, groups + 1 - cu.shape[0]), mode="edge"), n_tiles, self.gqa)
-        self.staging.stage(B, T, depth, groups, ctx_front, root, ctx_skip, perm, cu, lens, tree, own, tiles, row_index)
-        if G:  # each level's table: its slot's pages (if any), then its run of a member's own pages
-            prefix_block_table(cm.block_table_tensor[:B], self.group_own[:G], self.group_front[:G],
-                               self.group_slot[:G], self.slot_pages, self.page_size, self.level_table,
-                               self._level_lens, src_row=self.group_row[:G], start=self.group_start[:G])
-        group_sizes = np.diff(cu)
-        one_split = bool(graph and tree is not None and self.level_kernel == "flash" and self.one_split
+        facts = None if tree is None else (tree.row, tree.start, own, tree.front, tree.slot)
+        group_sizes, num_rows, per = np.diff(cu), perm.shape[0], 0
+        if joint:  # the levels in sequences of `per` rows, then the tokens (ops/joint.py)
+            per = joint_tokens(T, self.gqa)
+            chunk_group, cu = joint_layout(cu, per, T, joint_capacity(rows, groups, per) if graph else None)
+            groups, rows = cu.shape[0] - 1 - T, rows + T
+            lens, facts = lens[chunk_group], facts and tuple(v[chunk_group] for v in facts)
+            perm = np.concatenate([perm, np.arange(T, dtype=np.int32)])
+        self.staging.stage(B, T, depth, groups, ctx_front, root, ctx_skip, perm, cu, lens, facts, tiles, row_index)
+        J = 0 if facts is None else facts[0].shape[0]
+        if J:  # each level sequence's table: its slot's pages (if any), then its run of a member's own pages
+            lo = self.max_seqs - groups  # the tables end at row max_seqs, where the contexts' start
+            prefix_block_table(cm.block_table_tensor[:B], self.group_own[:J], self.group_front[:J],
+                               self.group_slot[:J], self.slot_pages, self.page_size, self.level_table[lo:],
+                               self._level_lens[lo:], src_row=self.group_row[:J], start=self.group_start[:J])
+        one_split = bool(graph and tree is not None and self.level_kernel == "flash" and self.one_split and not joint
                          and graph_one_split(group_sizes, self.gqa, self.hkv, self.num_sms))
-        return Staged(key, groups, rows, depth, perm.shape[0], int(group_sizes.max(initial=0)), int(lens.max(initial=0)),
+        if joint:
+            one_split = J * self.hkv >= JOINT_SPLIT_FILL * self.num_sms
+        return Staged(key, groups, rows, depth, num_rows, int(group_sizes.max(initial=0)), int(lens.max(initial=0)),
                        int(ctx_front.max(initial=0)), one_split, n_tiles, splits,
-                       self._counts(tree, ctx_front, root, perm.shape[0], row_index))
+                       self._counts(tree, ctx_front, root, num_rows, row_index), per)
 
     def _counts(self, tree, ctx_front, root, rows, row_index) -> dict:
         """What a step of this plan adds to the stats (the graph counts aside)."""

@@ -32,10 +32,11 @@ class StagingBuffer:
         self.dev = torch.zeros_like(self.host, device=device)
         self.views = dict(zip(PARTS, (self.dev[a: a + n] for a, n in zip(self.offsets[:-1], sizes))))
 
-    def stage(self, B, T, depth, groups, ctx_front, ctx_slot, ctx_skip, perm, cu, lens, tree, own, tiles,
+    def stage(self, B, T, depth, groups, ctx_front, ctx_slot, ctx_skip, perm, cu, lens, facts, tiles,
               row_index) -> None:
-        """Write the host arrays (padding: perm with token 0, cu flat, row_index -1) and copy the used
-        span to the device in one transfer."""
+        """Write the host arrays (padding: cu flat to `groups` + 1, row_index -1; `facts`: each level
+        sequence's (row, start, own, front, slot), or None) and copy the used span to the device in
+        one transfer."""
         host, off = self.host_np, self.offsets
         host[off[0]: off[0] + B] = ctx_front
         host[off[1]: off[1] + B] = ctx_slot
@@ -44,11 +45,9 @@ class StagingBuffer:
         host[off[3]: off[3] + n] = perm
         host[off[4]: off[4] + cu.shape[0]] = cu
         host[off[4] + cu.shape[0]: off[4] + groups + 1] = cu[-1]
-        host[off[5]: off[5] + groups] = lens
-        if tree is not None:
-            G = tree.num_groups
-            for i, values in enumerate((tree.row, tree.start, own, tree.front, tree.slot)):
-                host[off[6 + i]: off[6 + i] + G] = values
+        host[off[5]: off[5] + lens.shape[0]] = lens
+        for i, values in enumerate(facts or ()):
+            host[off[6 + i]: off[6 + i] + values.shape[0]] = values
         if tiles is not None:
             host[off[11]: off[11] + tiles.size] = tiles.reshape(-1)
         host[off[12]: off[12] + depth * T] = -1
@@ -75,6 +74,7 @@ class Staged:
     n_tiles: int | None  # the fused level's tiles and splits
     splits: int | None
     counts: dict  # what each step of it adds to the stats (`RelayPlanner._counts`)
+    joint_tokens: int = 0  # a joint call's tokens per level sequence (0: none, `RelayPlanner.plan`)
 
 
 def same_key(a: tuple | None, b: tuple) -> bool:
