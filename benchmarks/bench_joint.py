@@ -1,0 +1,206 @@
+"""A decode layer with the context and the system level in one FlashAttention-3 call (GPU, vllm==0.26.0).
+
+Relay's decode layer runs two persistent FA3 kernels, the context call (bound by its reads) and the
+level (bound by its FLOPs); in a graph replay the first fills the GPU and the second runs after it
+(benchmarks/bench_margin.py). One varlen call can hold both: on a decode step every context
+sequence has one query, so the call can be non-causal, and each level group becomes sequences of at
+most `rows` query rows over the group's pages. FA3's varlen scheduler hands tiles out in batch order
+(vLLM's build never sorts them), and with `seqused_q` a batch's rows may sit anywhere in q, so the
+level's sequences can be spread among the context's: the SMs then run reads and FLOPs side by side,
+balanced by the scheduler rather than by a fixed split of SMs.
+
+Costs it adds: the context's queries are copied beside the level's (one gather of n + N rows, where
+relay gathers N), and the call's tile size is set by its longest sequence (`rows` x query heads per
+KV head above 64 takes FA3's two-warpgroup kernel for every tile).
+
+Columns (graph us per layer, medians of do_bench, L2 flushed): `noprompt` the same requests with no
+system prompt; `relay` the levels as their own call (VLLM_RELAY_JOINT=0: on the second stream);
+`joint_{order}_{rows}` one call built here from relay's plan, the level's sequences of `rows` query
+rows placed `first`, `last` or `mix` (spread evenly among the context's), then the LSE merge
+(relay_fusion); `_s{cap}` with FA3's split cap (FA3 splits a sequence by its share of the work),
+else one split; `lib` the backend's joint plan (planner and `relay_attention`, the backend's split
+rule), `lib1` the same with one split; `err_*` the largest difference from relay's output.
+Writes <out>/joint.{json,md}.
+Usage: python3 benchmarks/bench_joint.py [--ns 256,1024] [--rows 64,128] [--orders mix,first] [--out DIR]
+"""
+
+import argparse
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import bench_layer  # noqa: E402
+from bench_layer import Layer, graph_ms, write_results  # noqa: E402
+from bench_margin import err_vs, run  # noqa: E402
+from bench_ops import BLOCK, DTYPE, FA, MODELS  # noqa: E402
+from bench_ops import HEAD_DIM as D  # noqa: E402
+
+from vllm_relay.attention.backend import FA3_DYNAMIC_SPLIT_BATCHES, LEVEL_STREAM_PRIORITY  # noqa: E402
+from vllm_relay.ops import relay_fusion  # noqa: E402
+
+
+def fa3_fwd(q, k, v, out, cu_seqlens_q, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k, block_table,
+            softmax_scale, scheduler_metadata=None, num_splits=1):
+    """FA3's varlen forward (vllm 0.26.0's op), non-causal, with `seqused_q`: (out, lse [H, total_q])."""
+    out, lse, _, _ = torch.ops._vllm_fa3_C.fwd(
+        q, k, v, None, None, None, out, cu_seqlens_q, None, None, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
+        block_table, None, None, None, None, None, None, None, None, softmax_scale, False, -1, -1, 0.0, True,
+        scheduler_metadata, num_splits, None, 0, None, 1, 0, None)
+    return out, lse
+
+
+def fa3_schedule(batch, max_q, max_k, hq, hkv, seqused_k, cu_q, seqused_q, num_splits=1):
+    """FA3's AOT schedule of such a call (`get_scheduler_metadata` with `seqused_q`)."""
+    return torch.ops._vllm_fa3_C.get_scheduler_metadata(
+        batch, max_q, max_k, hq, hkv, D, D, DTYPE, seqused_k, cu_q, None, None, seqused_q, None, BLOCK, 0, False,
+        -1, -1, False, num_splits, None, 0)
+
+
+def order_entries(n, chunks, order):
+    """Batch order: ('c', b) for the context's sequence b, ('l', j) for the level's chunk j."""
+    ctx = [("c", b) for b in range(n)]
+    lvl = [("l", j) for j in range(len(chunks))]
+    if order == "first":
+        return lvl + ctx
+    if order == "last":
+        return ctx + lvl
+    out, j = [], 0  # mix: chunk j after the context's sequence (j + 0.5) * n / J
+    for b in range(n):
+        out.append(("c", b))
+        while j < len(chunks) and (j + 0.5) * n / len(chunks) <= b + 1:
+            out.append(("l", j))
+            j += 1
+    return out + lvl[j:]
+
+
+def joint(layer, plan, rows, order, splits=1):
+    """The layer as one FA3 call for the context and the level, then the LSE merge (`splits`: FA3's
+    cap on key splits; above 1, FA3 splits each sequence by its share of the call's work)."""
+    ctx, level = plan.context, plan.shared[0]
+    n, gqa = layer.n, layer.hq // layer.hkv
+    per = max(1, rows // gqa)  # tokens per level sequence
+    cu = level.call["cu_seqlens_q"].cpu().tolist()
+    lens_k = level.call["seqused_k"].cpu().tolist()
+    groups = len(lens_k)
+    num = cu[groups]
+    chunks = [(g, s, min(per, cu[g + 1] - s)) for g in range(groups) for s in range(cu[g], cu[g + 1], per)]
+    ctx_k = ctx["seqused_k"].cpu().tolist()
+    ctx_bt, lvl_bt = ctx["block_table"], level.call["block_table"]
+    entries = order_entries(n, chunks, order)
+    width = max(ctx_bt.shape[1], lvl_bt.shape[1])
+    dev = layer.q.device
+    bt = torch.zeros(len(entries), width, dtype=torch.int32, device=dev)
+    starts, used_q, used_k, src = [], [], [], []
+    for i, (kind, j) in enumerate(entries):
+        if kind == "c":
+            starts.append(j), used_q.append(1), used_k.append(ctx_k[j]), src.append(ctx_bt[j])
+        else:
+            g, s, r = chunks[j]
+            starts.append(n + s), used_q.append(r), used_k.append(lens_k[g]), src.append(lvl_bt[g])
+    for i, row in enumerate(src):
+        bt[i, :row.shape[0]] = row
+    cu_q = torch.tensor(starts + [n + num], dtype=torch.int32, device=dev)
+    seq_q = torch.tensor(used_q, dtype=torch.int32, device=dev)
+    seq_k = torch.tensor(used_k, dtype=torch.int32, device=dev)
+    max_k = max(used_k)
+    perm = torch.cat([torch.arange(n, dtype=torch.int32, device=dev), level.perm[:num].to(torch.int32)])
+    jq = torch.empty(n + num, layer.hq, D, dtype=DTYPE, device=dev)
+    jout = torch.empty_like(jq)
+    sched = fa3_schedule(len(entries), per, max_k, layer.hq, layer.hkv, seq_k, cu_q, seq_q, splits)
+    row_index = level.row_index if level.row_index.dim() == 1 else level.row_index[0]
+
+    def fn():
+        torch.index_select(layer.q, 0, perm, out=jq)
+        _, lse = fa3_fwd(jq, layer.k_cache, layer.v_cache, jout, cu_q, seq_q, seq_k, per, max_k, bt, D ** -0.5,
+                         scheduler_metadata=sched, num_splits=splits)
+        relay_fusion(jout[n:], lse[:, n:], jout[:n], lse[:, :n], out=layer.out, sys_index=row_index[:n])
+    return fn
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--models", default="llama2-7b,llama3-8b")
+    p.add_argument("--ns", default="128,256,512,1024")
+    p.add_argument("--contexts", default="128,320")
+    p.add_argument("--system-lens", default="2048,8192")
+    p.add_argument("--rows", default="64,128", help="query rows (tokens x heads per KV head) per level sequence")
+    p.add_argument("--orders", default="mix,first,last")
+    p.add_argument("--splits", default="1", help="FA3's split caps (0: the backend's graph cap)")
+    p.add_argument("--rep", type=int, default=40)
+    p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    args = p.parse_args()
+    bench_layer.ARGS = args
+    cap_config = bench_layer.config
+
+    def config(hq, hkv, shared_path, max_seqs, full_graphs=True):  # graphs as large as the batch
+        cfg = cap_config(hq, hkv, shared_path, max_seqs, full_graphs)
+        cfg.compilation_config.max_cudagraph_capture_size = max(512, max_seqs)
+        cfg.scheduler_config.max_num_batched_tokens = max(8192, max_seqs)
+        return cfg
+
+    bench_layer.config = config
+    fa = FA()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    high = torch.cuda.Stream(priority=LEVEL_STREAM_PRIORITY)
+    rows_list = [int(r) for r in args.rows.split(",")]
+    orders = args.orders.split(",")
+    split_list = [int(x) for x in args.splits.split(",")]
+    sfx = lambda sp: "" if sp == 1 else f"_s{sp}"  # noqa: E731
+    cols = ["noprompt", "relay", "lib", "lib1"] + [f"joint_{o}_{r}{sfx(sp)}" for o in orders for r in rows_list for sp in split_list]
+    rows, t0 = [], time.time()
+    for name in args.models.split(","):
+        hq, hkv = MODELS[name]
+        from vllm_relay.ops import graph_split_cap
+        cap = bench_layer.GRAPH_SPLITS = graph_split_cap(32, sms, hkv)  # the backend's cap
+        for S in map(int, args.system_lens.split(",")):
+            for n in map(int, args.ns.split(",")):
+                for c in map(int, args.contexts.split(",")):
+                    layer = Layer(fa, hq, hkv, n, S, c)
+                    row = dict(model=name, S=S, n=n, c=c)
+                    row["noprompt"] = graph_ms(run(layer, layer.plan("never", True, plain=True)[0])) * 1e3
+                    os.environ["VLLM_RELAY_JOINT"] = "1"
+                    lib, _ = layer.plan("always", True, stream=high)
+                    os.environ["VLLM_RELAY_JOINT"] = "0"
+                    plan, planner = layer.plan("always", True, stream=high)
+                    row["relay"] = graph_ms(run(layer, plan)) * 1e3
+                    run(layer, plan)()
+                    ref = layer.out.clone()
+                    call = lib.shared[0].call
+                    for col, sp in (("lib", cap if call["seqused_k"].shape[0] <= FA3_DYNAMIC_SPLIT_BATCHES else 1),
+                                    ("lib1", 1)):
+                        call["num_splits"] = sp
+                        call["scheduler_metadata"] = fa.schedule(
+                            call["seqused_k"].shape[0], call["cu_seqlens_q"], call["max_seqlen_q"], call["seqused_k"],
+                            call["max_seqlen_k"], False, hq, hkv, sp)
+                        row[f"err_{col}"] = err_vs(layer, run(layer, lib), ref)
+                        row[col] = graph_ms(run(layer, lib)) * 1e3
+                    for o in orders:
+                        for r in rows_list:
+                            for sp in split_list:
+                                col = f"{o}_{r}{sfx(sp)}"
+                                try:
+                                    fn = joint(layer, plan, r, o, sp or cap)
+                                    row[f"err_{col}"] = err_vs(layer, fn, ref)
+                                    row[f"joint_{col}"] = graph_ms(fn) * 1e3
+                                except Exception as e:  # noqa: BLE001 - report and go on
+                                    print(f"  joint {col} failed: {type(e).__name__}: {str(e)[:300]}", flush=True)
+                                    row[f"joint_{col}"] = row[f"err_{col}"] = float("nan")
+                    rows.append(row)
+                    print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
+                          flush=True)
+                    del layer, plan, planner
+                    torch.cuda.empty_cache()
+    md = [f"# A decode layer as one FA3 call: {torch.cuda.get_device_name()} ({sms} SMs)", "",
+          __doc__.split("\n\n")[3], "", "| model | S | n | c | " + " | ".join(cols) + " | max err |",
+          "|---" * (5 + len(cols)) + "|"]
+    md += [f"| {r['model']} | {r['S']} | {r['n']} | {r['c']} | " + " | ".join(f"{r[c]:.1f}" for c in cols) +
+           f" | {max(v for k, v in r.items() if k.startswith('err_')):.4f} |" for r in rows]
+    write_results(args.out, "joint", dict(sms=sms, seconds=time.time() - t0, rows=rows), "\n".join(md) + "\n")
+    print("\n".join(md))
+
+
+if __name__ == "__main__":
+    main()
