@@ -50,6 +50,8 @@
 #   single2a         the same with the level stream in every step (VLLM_RELAY_LEVEL_STREAM=1, the default before)
 #   single2m         the same with vLLM's V1 runner not taking its CUDA-graph estimate from the KV cache
 #                    (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0, as Model Runner V2 does: about 1% more KV)
+#   joint2 joint2_8192  relay alone with its levels and context as two calls (VLLM_RELAY_JOINT=0), then as one
+#                    (the default), P=2048 / 8192, 1000 requests, REPEAT runs each (default 2; about 7 min)
 #   l2_8192u         N=1000 REPEAT=2 l2_8192 of relay and no prompt, then relay with VLLM_RELAY_LEVEL_SPLITS=1
 #   l2_8192k         the same, then relay with VLLM_RELAY_GRAPH_LEVELS=1 (single2k at P=8192)
 #   multi2 multi3    the multi-prompt workload (four system prompts, 20% plain requests), 1000 requests, each
@@ -145,6 +147,10 @@ for step in "$@"; do
       v=VLLM_RELAY_LEVEL_SPLITS; f=e2e_llama2_8192_splits
       [ $step = l2_8192k ] && v=VLLM_RELAY_GRAPH_LEVELS && f=e2e_llama2_8192_graph_levels
       $bt $a --configs relay,noprefix --out "$out/$f.json" && env $v=1 $bt $a --configs relay --out "$out/${f}1.json" ;;
+    joint2|joint2_8192)
+      P=2048; L=5120; [ $step = joint2_8192 ] && P=8192 && L=9000
+      a="--model $m2 --prefix-len $P --num-prompts 1000 --max-model-len $L --repeat ${REPEAT:-2} --configs relay"
+      for j in 0 1; do VLLM_RELAY_JOINT=$j $bt $a --out "$out/joint_llama2_${P}_joint-$j.json"; done ;;
     serve2) $bs --model "$m2" --rates "$RATES" --duration "$DUR" --out "$out/serving_llama2.json" ;;
     serve3) $bs --model "$m3" --rates "$RATES" --duration "$DUR" --out "$out/serving_llama3.json" ;;
     tp2048) $bt --model "$m2" --prefix-len 2048 --num-prompts 1000 --max-model-len 4096 \
