@@ -38,7 +38,8 @@ from bench_margin import err_vs, run  # noqa: E402
 from bench_ops import BLOCK, DTYPE, FA, MODELS  # noqa: E402
 from bench_ops import HEAD_DIM as D  # noqa: E402
 
-from vllm_relay.attention.backend import FA3_DYNAMIC_SPLIT_BATCHES, LEVEL_STREAM_PRIORITY  # noqa: E402
+from vllm_relay.attention.backend import LEVEL_STREAM_PRIORITY  # noqa: E402
+from vllm_relay.ops.split_schedule import FA3_DYNAMIC_SPLIT_BATCHES  # noqa: E402
 from vllm_relay.ops import relay_fusion  # noqa: E402
 
 

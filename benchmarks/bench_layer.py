@@ -29,6 +29,7 @@ import triton
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from vllm_relay.attention import step as relay_step  # noqa: E402
+from vllm_relay.ops.split_schedule import FA3_DYNAMIC_SPLIT_BATCHES  # noqa: E402
 from vllm_relay.attention.planner import RelayPlanner  # noqa: E402
 from vllm_relay.config import RelayConfig  # noqa: E402
 from vllm_relay.ops import RelayPlan, force_one_split, relay_attention  # noqa: E402
@@ -126,6 +127,8 @@ class Layer:
                                                            ctx.max_seq_len, True, self.hq, self.hkv, splits))
         level = p.level
         lsplits = splits if level_splits is None else level_splits
+        if p.joint and level.call["seqused_k"].shape[0] > FA3_DYNAMIC_SPLIT_BATCHES:
+            lsplits = 1  # as the backend runs a joint call of this many sequences
         level.call["num_splits"] = lsplits
         if run_level and not static:  # static: exactly `level_splits` splits, no AOT schedule
             c = level.call

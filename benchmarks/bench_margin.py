@@ -11,7 +11,8 @@ benchmarks/results/ceiling_h100/README.md): a gain only where the context is lon
 a loss elsewhere, and a graph fixes k at capture; not adopted.
 
 Columns (graph us per layer, medians of do_bench, L2 flushed): `noprompt` the same requests with
-no system prompt; `relay` the backend's plan today (levels on the second stream); `ctxm_k` the
+no system prompt; `relay` the backend's plan with the levels as their own call (VLLM_RELAY_JOINT=0, on
+the second stream; the joint call: bench_joint.py); `ctxm_k` the
 context on SMs - k, the level as today (its CTAs past the k free SMs start as the context's end;
 FA3's varlen scheduler hands out tiles as CTAs ask); `ctxv_k` the same with the context's schedule
 made for every SM (vLLM's); `both_k` the level on k SMs and the context on the others; `level_k`
@@ -150,6 +151,7 @@ def main():
     p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     args = p.parse_args()
     bench_layer.ARGS = args
+    os.environ["VLLM_RELAY_JOINT"] = "0"  # the levels as their own call: the form this splits across SMs
     cap_config = bench_layer.config
 
     def config(hq, hkv, shared_path, max_seqs, full_graphs=True):  # graphs as large as the batch

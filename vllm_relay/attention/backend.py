@@ -31,6 +31,7 @@ from vllm_relay.attention import step as relay_step
 from vllm_relay.attention.common import check_engine, check_layer, log_active, logger
 from vllm_relay.attention.planner import RelayPlanner
 from vllm_relay.ops import RelayPlan, force_one_split, graph_split_cap, relay_attention
+from vllm_relay.ops.split_schedule import FA3_DYNAMIC_SPLIT_BATCHES
 
 
 class RelayAttentionBackend(FlashAttentionBackend):
@@ -167,11 +168,6 @@ class RelayMetadataBuilder(FlashAttentionMetadataBuilder):
         buf[n:] = 0  # as FlashAttention does: stale entries could let extra blocks write
         return buf[:n]
 
-
-# FlashAttention-3 splits each sequence of a call by its share of the work (its dynamic split) only in
-# calls of at most this many sequences (`PREPARE_VARLEN_MAX_BATCHES_1CTA`, hopper/flash_api.cpp); in
-# larger ones a split applies to every sequence.
-FA3_DYNAMIC_SPLIT_BATCHES = 992
 
 # Levels on their own stream (issue 16): a decode step's context call is bound by its reads, a system
 # level by its FLOPs, so the two overlap. Priority: the level's few CTAs take SMs as they free up,

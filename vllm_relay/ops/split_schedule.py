@@ -25,6 +25,11 @@ from fractions import Fraction
 
 import torch
 
+# FA3 splits each sequence of a varlen call by its share of the work (its dynamic split) only in calls
+# of at most this many sequences (`PREPARE_VARLEN_MAX_BATCHES_1CTA`, hopper/flash_api.cpp); in larger
+# ones a split applies to every sequence alike.
+FA3_DYNAMIC_SPLIT_BATCHES = 992
+
 
 def most_dynamic_splits(num_sms: int, num_kv_heads: int) -> int:
     """The most key splits FA3's dynamic schedule gives any batch of a varlen call on `num_sms`
