@@ -99,3 +99,18 @@ def test_joint_knob_off_keeps_two_calls(monkeypatch):
     plan = planner.plan(cm, world.step())
     assert plan.run_level and not plan.joint and plan.level.ctx_start is None and not planner.joint
     run_and_check(world, plan, cm)
+
+
+def test_a_graph_step_that_cannot_be_joint_is_refused():
+    """A levels' graph holds the joint call: a step vLLM would replay it for with tokens not one per
+    request (padding of tokens without requests) is an error, not a plan the graph would misread."""
+    batch = [(0, 30, 1, -1, 0), (0, 45, 1, -1, 0)]
+    world = World(batch, torch.float32, "cpu", 8)
+    world.record_fills()
+    planner = make_planner(shared_path="always", full_graphs=True)
+    cm = world.cm(pad_reqs=1, pad_tokens=3)  # 3 requests, 5 tokens
+    step = world.step()
+    planner.levels_for(step)
+    step.graph_levels = True
+    with pytest.raises(RuntimeError, match="one token per request"):
+        planner.plan(cm, step)

@@ -282,6 +282,9 @@ class RelayPlanner:
         if staged is None or key is None or not same_key(staged.key, key):
             joint = (self.joint and with_level and T == B and cm.max_query_len <= 1  # a token per request
                      and (step is None or bool((step.q_lens == 1).all())))
+            if graph and with_level and self.joint and not joint:  # the graph holds a joint call
+                raise RuntimeError(f"vllm-relay: a full-graph step with levels must hold one token per request "
+                                   f"({B} requests, {T} tokens): its graph runs the levels and contexts as one call")
             staged = self._stage_plan(cm, step, tree, B, T, graph, key, joint)
         self._staged = staged if key is not None else None
         ctx_table, ctx_lens = self.ctx_table[:B], self.ctx_lens[:B]
