@@ -32,10 +32,9 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import bench_layer  # noqa: E402
-from bench_layer import Layer, graph_ms, write_results  # noqa: E402
-from bench_margin import err_vs, run  # noqa: E402
-from bench_ops import BLOCK, DTYPE, FA, MODELS  # noqa: E402
+from bench_layer import graph_ms, write_results  # noqa: E402
+from bench_margin import add_point_args, decode_points, err_vs, run  # noqa: E402
+from bench_ops import BLOCK, DTYPE, FA  # noqa: E402
 from bench_ops import HEAD_DIM as D  # noqa: E402
 
 from vllm_relay.attention.backend import LEVEL_STREAM_PRIORITY  # noqa: E402
@@ -123,26 +122,11 @@ def joint(layer, plan, rows, order, splits=1):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--models", default="llama2-7b,llama3-8b")
-    p.add_argument("--ns", default="128,256,512,1024")
-    p.add_argument("--contexts", default="128,320")
-    p.add_argument("--system-lens", default="2048,8192")
+    add_point_args(p, "128,256,512,1024")
     p.add_argument("--rows", default="64,128", help="query rows (tokens x heads per KV head) per level sequence")
     p.add_argument("--orders", default="mix,first,last")
     p.add_argument("--splits", default="1", help="FA3's split caps (0: the backend's graph cap)")
-    p.add_argument("--rep", type=int, default=40)
-    p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     args = p.parse_args()
-    bench_layer.ARGS = args
-    cap_config = bench_layer.config
-
-    def config(hq, hkv, shared_path, max_seqs, full_graphs=True):  # graphs as large as the batch
-        cfg = cap_config(hq, hkv, shared_path, max_seqs, full_graphs)
-        cfg.compilation_config.max_cudagraph_capture_size = max(512, max_seqs)
-        cfg.scheduler_config.max_num_batched_tokens = max(8192, max_seqs)
-        return cfg
-
-    bench_layer.config = config
     fa = FA()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     high = torch.cuda.Stream(priority=LEVEL_STREAM_PRIORITY)
@@ -150,50 +134,41 @@ def main():
     orders = args.orders.split(",")
     split_list = [int(x) for x in args.splits.split(",")]
     sfx = lambda sp: "" if sp == 1 else f"_s{sp}"  # noqa: E731
-    cols = ["noprompt", "relay", "lib", "lib1"] + [f"joint_{o}_{r}{sfx(sp)}" for o in orders for r in rows_list for sp in split_list]
+    cols = ["noprompt", "relay", "lib", "lib1"] + [f"joint_{o}_{r}{sfx(sp)}" for o in orders for r in rows_list
+                                                   for sp in split_list]
     rows, t0 = [], time.time()
-    for name in args.models.split(","):
-        hq, hkv = MODELS[name]
-        from vllm_relay.ops import graph_split_cap
-        cap = bench_layer.GRAPH_SPLITS = graph_split_cap(32, sms, hkv)  # the backend's cap
-        for S in map(int, args.system_lens.split(",")):
-            for n in map(int, args.ns.split(",")):
-                for c in map(int, args.contexts.split(",")):
-                    layer = Layer(fa, hq, hkv, n, S, c)
-                    row = dict(model=name, S=S, n=n, c=c)
-                    row["noprompt"] = graph_ms(run(layer, layer.plan("never", True, plain=True)[0])) * 1e3
-                    os.environ["VLLM_RELAY_JOINT"] = "1"
-                    lib, _ = layer.plan("always", True, stream=high)
-                    os.environ["VLLM_RELAY_JOINT"] = "0"
-                    plan, planner = layer.plan("always", True, stream=high)
-                    row["relay"] = graph_ms(run(layer, plan)) * 1e3
-                    run(layer, plan)()
-                    ref = layer.out.clone()
-                    call = lib.shared[0].call
-                    for col, sp in (("lib", cap if call["seqused_k"].shape[0] <= FA3_DYNAMIC_SPLIT_BATCHES else 1),
-                                    ("lib1", 1)):
-                        call["num_splits"] = sp
-                        call["scheduler_metadata"] = fa.schedule(
-                            call["seqused_k"].shape[0], call["cu_seqlens_q"], call["max_seqlen_q"], call["seqused_k"],
-                            call["max_seqlen_k"], False, hq, hkv, sp)
-                        row[f"err_{col}"] = err_vs(layer, run(layer, lib), ref)
-                        row[col] = graph_ms(run(layer, lib)) * 1e3
-                    for o in orders:
-                        for r in rows_list:
-                            for sp in split_list:
-                                col = f"{o}_{r}{sfx(sp)}"
-                                try:
-                                    fn = joint(layer, plan, r, o, sp or cap)
-                                    row[f"err_{col}"] = err_vs(layer, fn, ref)
-                                    row[f"joint_{col}"] = graph_ms(fn) * 1e3
-                                except Exception as e:  # noqa: BLE001 - report and go on
-                                    print(f"  joint {col} failed: {type(e).__name__}: {str(e)[:300]}", flush=True)
-                                    row[f"joint_{col}"] = row[f"err_{col}"] = float("nan")
-                    rows.append(row)
-                    print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
-                          flush=True)
-                    del layer, plan, planner
-                    torch.cuda.empty_cache()
+    for layer, row, cap, hq, hkv in decode_points(args, fa, sms):
+        os.environ["VLLM_RELAY_JOINT"] = "1"
+        lib, _ = layer.plan("always", True, stream=high)
+        os.environ["VLLM_RELAY_JOINT"] = "0"
+        plan, planner = layer.plan("always", True, stream=high)
+        row["relay"] = graph_ms(run(layer, plan)) * 1e3
+        run(layer, plan)()
+        ref = layer.out.clone()
+        call = lib.shared[0].call
+        for col, sp in (("lib", cap if call["seqused_k"].shape[0] <= FA3_DYNAMIC_SPLIT_BATCHES else 1),
+                        ("lib1", 1)):
+            call["num_splits"] = sp
+            call["scheduler_metadata"] = fa.schedule(
+                call["seqused_k"].shape[0], call["cu_seqlens_q"], call["max_seqlen_q"], call["seqused_k"],
+                call["max_seqlen_k"], False, hq, hkv, sp)
+            row[f"err_{col}"] = err_vs(layer, run(layer, lib), ref)
+            row[col] = graph_ms(run(layer, lib)) * 1e3
+        for o in orders:
+            for r in rows_list:
+                for sp in split_list:
+                    col = f"{o}_{r}{sfx(sp)}"
+                    try:
+                        fn = joint(layer, plan, r, o, sp or cap)
+                        row[f"err_{col}"] = err_vs(layer, fn, ref)
+                        row[f"joint_{col}"] = graph_ms(fn) * 1e3
+                    except Exception as e:  # noqa: BLE001 - report and go on
+                        print(f"  joint {col} failed: {type(e).__name__}: {str(e)[:300]}", flush=True)
+                        row[f"joint_{col}"] = row[f"err_{col}"] = float("nan")
+        rows.append(row)
+        print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
+              flush=True)
+        del layer, plan, planner, lib
     md = [f"# A decode layer as one FA3 call: {torch.cuda.get_device_name()} ({sms} SMs)", "",
           __doc__.split("\n\n")[3], "", "| model | S | n | c | " + " | ".join(cols) + " | max err |",
           "|---" * (5 + len(cols)) + "|"]

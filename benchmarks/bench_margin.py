@@ -139,19 +139,21 @@ def ctx_only(layer, plan):
                               causal=True, return_softmax_lse=True, **plan.context)
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_point_args(p, ns: str) -> None:
+    """The decode points' options (comma-separated lists), --rep and --out, for this and bench_joint.py."""
     p.add_argument("--models", default="llama2-7b,llama3-8b")
-    p.add_argument("--ns", default="256,512,768,1024")
+    p.add_argument("--ns", default=ns)
     p.add_argument("--contexts", default="128,320")
     p.add_argument("--system-lens", default="2048,8192")
-    p.add_argument("--ks", default="4,8,16,24")
-    p.add_argument("--fracs", default="", help="split columns: the level's share of rows on the k SMs")
     p.add_argument("--rep", type=int, default=40)
     p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
-    args = p.parse_args()
+
+
+def decode_points(args, fa, sms):
+    """(Layer, its row with the no-prompt layer's graph us, the backend's split cap, hq, hkv) for each
+    model, S, n and c of `args`, planned with graphs as large as the batch. The caller drops its
+    references at the end of its turn; the GPU memory is given back before the next point is built."""
     bench_layer.ARGS = args
-    os.environ["VLLM_RELAY_JOINT"] = "0"  # the levels as their own call: the form this splits across SMs
     cap_config = bench_layer.config
 
     def config(hq, hkv, shared_path, max_seqs, full_graphs=True):  # graphs as large as the batch
@@ -161,6 +163,27 @@ def main():
         return cfg
 
     bench_layer.config = config
+    for name in args.models.split(","):
+        hq, hkv = MODELS[name]
+        cap = bench_layer.GRAPH_SPLITS = graph_split_cap(32, sms, hkv)  # the backend's cap
+        for S in map(int, args.system_lens.split(",")):
+            for n in map(int, args.ns.split(",")):
+                for c in map(int, args.contexts.split(",")):
+                    layer = Layer(fa, hq, hkv, n, S, c)
+                    row = dict(model=name, S=S, n=n, c=c)
+                    row["noprompt"] = graph_ms(run(layer, layer.plan("never", True, plain=True)[0])) * 1e3
+                    yield layer, row, cap, hq, hkv
+                    del layer
+                    torch.cuda.empty_cache()
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_point_args(p, "256,512,768,1024")
+    p.add_argument("--ks", default="4,8,16,24")
+    p.add_argument("--fracs", default="", help="split columns: the level's share of rows on the k SMs")
+    args = p.parse_args()
+    os.environ["VLLM_RELAY_JOINT"] = "0"  # the levels as their own call: the form this splits across SMs
     fa = FA()
     print(torch.ops._vllm_fa3_C.fwd.default._schema, flush=True)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -168,38 +191,29 @@ def main():
     ks = [int(k) for k in args.ks.split(",")]
     fracs = [float(f) for f in args.fracs.split(",") if f]
     rows, t0 = [], time.time()
-    for name in args.models.split(","):
-        hq, hkv = MODELS[name]
-        splits = bench_layer.GRAPH_SPLITS = graph_split_cap(32, sms, hkv)  # the backend's cap
-        for S in map(int, args.system_lens.split(",")):
-            for n in map(int, args.ns.split(",")):
-                for c in map(int, args.contexts.split(",")):
-                    layer = Layer(fa, hq, hkv, n, S, c)
-                    row = dict(model=name, S=S, n=n, c=c)
-                    row["noprompt"] = graph_ms(run(layer, layer.plan("never", True, plain=True)[0])) * 1e3
-                    plan, planner = layer.plan("always", True, stream=high)
-                    row["relay"] = graph_ms(run(layer, plan)) * 1e3
-                    run(layer, plan)()
-                    ref = layer.out.clone()
-                    row["ctx_0"] = graph_ms(ctx_only(layer, with_margins(fa, layer, plan, 0, 0, splits))) * 1e3
-                    for k in ks:
-                        both = with_margins(fa, layer, plan, k, sms - k, splits)
-                        row[f"both_{k}"] = graph_ms(run(layer, both)) * 1e3
-                        row[f"ctxm_{k}"] = graph_ms(run(layer, with_margins(fa, layer, plan, k, 0, splits))) * 1e3
-                        row[f"ctxv_{k}"] = graph_ms(run(layer, with_margins(fa, layer, plan, k, 0, splits,
-                                                                            ctx_schedule=False))) * 1e3
-                        row[f"level_{k}"] = graph_ms(level_only(layer, both)) * 1e3
-                        row[f"err_both_{k}"] = err_vs(layer, run(layer, both), ref)
-                        for f in fracs:
-                            fn = split_level(fa, layer, plan, k, f, sms, splits, high)
-                            row[f"split{int(f * 100)}_{k}"] = graph_ms(fn) * 1e3
-                            row[f"err_split{int(f * 100)}_{k}"] = err_vs(layer, fn, ref)
-                        row[f"ctx_{k}"] = graph_ms(ctx_only(layer, both)) * 1e3
-                    rows.append(row)
-                    print(" ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
-                          flush=True)
-                    del layer, plan, planner
-                    torch.cuda.empty_cache()
+    for layer, row, splits, _, _ in decode_points(args, fa, sms):
+        plan, planner = layer.plan("always", True, stream=high)
+        row["relay"] = graph_ms(run(layer, plan)) * 1e3
+        run(layer, plan)()
+        ref = layer.out.clone()
+        row["ctx_0"] = graph_ms(ctx_only(layer, with_margins(fa, layer, plan, 0, 0, splits))) * 1e3
+        for k in ks:
+            both = with_margins(fa, layer, plan, k, sms - k, splits)
+            row[f"both_{k}"] = graph_ms(run(layer, both)) * 1e3
+            row[f"ctxm_{k}"] = graph_ms(run(layer, with_margins(fa, layer, plan, k, 0, splits))) * 1e3
+            row[f"ctxv_{k}"] = graph_ms(run(layer, with_margins(fa, layer, plan, k, 0, splits,
+                                                                ctx_schedule=False))) * 1e3
+            row[f"level_{k}"] = graph_ms(level_only(layer, both)) * 1e3
+            row[f"err_both_{k}"] = err_vs(layer, run(layer, both), ref)
+            for f in fracs:
+                fn = split_level(fa, layer, plan, k, f, sms, splits, high)
+                row[f"split{int(f * 100)}_{k}"] = graph_ms(fn) * 1e3
+                row[f"err_split{int(f * 100)}_{k}"] = err_vs(layer, fn, ref)
+            row[f"ctx_{k}"] = graph_ms(ctx_only(layer, both)) * 1e3
+        rows.append(row)
+        print(" ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
+              flush=True)
+        del layer, plan, planner
     cols = ["noprompt", "relay"] + [f"{c}_{k}" for c in ("ctxm", "ctxv", "both") for k in ks] + ["ctx_0"] + \
         [f"ctx_{k}" for k in ks] + [f"level_{k}" for k in ks] + \
         [f"split{int(f * 100)}_{k}" for k in ks for f in fracs]
