@@ -99,9 +99,8 @@ class RelayMetadataBuilder(FlashAttentionMetadataBuilder):
         self.level_stream_eager = level_stream_mode() == "all"
         self.level_scheduler_metadata = None
         if self.use_full_cuda_graph and self.aot_schedule:
-            calls = self.planner.max_seqs + (self.planner.max_reqs if self.planner.joint else 0)
-            self.level_scheduler_metadata = torch.zeros(1 + round_up(calls, 4) * 4, dtype=torch.int32,
-                                                        device=self.device)
+            self.level_scheduler_metadata = torch.zeros(1 + round_up(self.planner.max_call_seqs, 4) * 4,
+                                                        dtype=torch.int32, device=self.device)
 
     def build(self, common_prefix_len, common_attn_metadata, fast_build: bool = False):
         return self._build(common_attn_metadata, fast_build, capture=False)

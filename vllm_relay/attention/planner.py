@@ -131,6 +131,7 @@ class RelayPlanner:
         tokens = self.max_reqs if self.joint else 0  # the joint call's rows and sequences past the levels'
         self.max_seqs = G = max(self.max_groups, joint_capacity(self.max_rows, self.max_groups, joint_tokens(1, self.gqa))
                                 if self.joint else 0)
+        self.max_call_seqs = G + tokens  # the levels' call's sequences, at most (FA3's schedule is sized by them)
         self.tile_cap = max_tiles(max_reqs, G, self.gqa) if self.level_kernel != "flash" else 0
         # The staging buffer's parts (int32 elements): [ctx_front | ctx_slot | ctx_skip | perm | cu |
         # lens | group row | group start | group own tokens | group front | group slot | tiles |
