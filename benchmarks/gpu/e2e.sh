@@ -62,13 +62,15 @@
 #   tp2048 tp8192 ref2048 noprefix   the earlier single-workload runs (see benchmarks/README.md)
 # N (requests per throughput workload, default 500) and RATES (default 1,4,8,16,32) tune the size;
 # l2_8192 also takes CONFIGS (default default,relay,noprefix) and REPEAT (runs per engine, default 1).
+# BT_EXTRA: more bench_throughput.py options for every throughput step, e.g. BT_EXTRA=--triton-cache=/tmp/tc
+# (a fresh Triton cache per configuration: the kernels compiled inside a timed run are named in its JSON).
 set -uo pipefail
 export PYTHONPATH=/tmp/site VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 N=${N:-500}; RATES=${RATES:-1,4,8,16,32}; DUR=${DUR:-20}; VARIANTS=${VARIANTS:-}
 m2=$(python3 -m vllm_relay.testing build llama-2-7b-shape | tail -1 | cut -f2)
 m3=$(python3 -m vllm_relay.testing build llama-3-8b-shape | tail -1 | cut -f2)
-bt="python3 benchmarks/bench_throughput.py"
+bt="python3 benchmarks/bench_throughput.py ${BT_EXTRA:-}"
 bs="python3 benchmarks/bench_serving.py"
 variants() {  # ARGS NAME: relay again under each of $VARIANTS, into NAME_VAR-value.json
   for v in ${VARIANTS//,/ }; do env "$v" $bt $1 --configs relay --out "$out/${2}_${v/=/-}.json"; done
