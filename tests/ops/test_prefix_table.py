@@ -94,3 +94,33 @@ def test_triton_on_cuda():
     prefix_block_table(*cuda, 16, out_t, out_l)
     want_t, want_l = naive(bt, lens, pages, slot, slot_pages, 16)
     assert torch.equal(out_t.cpu(), want_t) and torch.equal(out_l.cpu(), want_l)
+
+
+@pytest.mark.gpu
+def test_one_compiled_kernel_serves_outputs_at_any_alignment():
+    """The planner writes a step's level tables at a row that moves with its groups (`level_table[lo:]`,
+    `_level_lens[lo:]`): 16-byte aligned for some steps only. Triton would compile the kernel again for
+    each alignment first seen, mid-run (about 120 ms of one prefill step on the H200); no pointer is
+    specialized on it, so the variant compiled first serves every start."""
+    from vllm_relay.ops.prefix_table import _prefix_block_table_kernel
+
+    rows, width = 6, 37  # 37 columns: the rows of out_table start at every alignment too
+    bt, lens, pages, slot, slot_pages = random_case(9, width, 3, 20, 11)
+    src = torch.tensor([8, 0, 3, 3, 5, 1], dtype=torch.int32)
+    start = torch.tensor([0, 2, 1, 0, 4, 3], dtype=torch.int32)
+    lens, pages, slot = lens[:rows], pages[:rows], slot[:rows]
+    want_t, want_l = naive(bt, lens, pages, slot, slot_pages, 16, src_row=src, start=start)
+    cuda = [x.cuda() for x in (bt, lens, pages, slot, slot_pages)]
+    out_t = torch.full((rows + 5, width), -7, dtype=torch.int32, device="cuda")
+    out_l = torch.full((rows + 5,), -7, dtype=torch.int32, device="cuda")
+    kw = dict(src_row=src.cuda(), start=start.cuda())
+    prefix_block_table(*cuda, 16, out_t[1:], out_l[1:], **kw)
+    cache = _prefix_block_table_kernel.device_caches[torch.cuda.current_device()][0]
+    compiled = len(cache)
+    for lo in range(5):  # starts at bytes 0, 4, 8, 12, 16 of out_l; of out_t, 0, 148, 296, 444, 592
+        out_t.fill_(-7)
+        out_l.fill_(-7)
+        prefix_block_table(*cuda, 16, out_t[lo:], out_l[lo:], **kw)
+        assert torch.equal(out_t[lo: lo + rows].cpu(), want_t) and torch.equal(out_l[lo: lo + rows].cpu(), want_l)
+        assert (out_l[:lo] == -7).all() and (out_l[lo + rows:] == -7).all()
+    assert len(cache) == compiled

@@ -41,7 +41,18 @@ def prefix_block_table_torch(block_table, seq_lens, pages, slot, slot_pages, pag
     return out_table, out_lens
 
 
-@triton.jit
+# Triton compiles a kernel again for a pointer whose 16-byte alignment differs from the calls before.
+# A step's level tables end at a fixed row (`planner.max_seqs`), so they start at a row that moves with
+# the step's groups: `_level_lens[lo:]` is aligned for one step in four. The first step whose start was
+# never seen compiled a variant mid-run (about 120 ms of a prefill step's host time on the H200, found by
+# `bench_throughput.py --triton-cache`: benchmarks/results/ceiling_h100/README.md, fifteenth session).
+# The kernel copies int32 entries one column at a time: alignment buys it nothing, so no pointer is
+# specialized on it and the variant compiled at start-up serves every call.
+_POINTERS = ["bt_ptr", "seq_lens_ptr", "pages_ptr", "slot_ptr", "slot_pages_ptr", "out_ptr", "out_lens_ptr",
+             "src_ptr", "start_ptr"]
+
+
+@triton.jit(do_not_specialize_on_alignment=_POINTERS)
 def _prefix_block_table_kernel(
     bt_ptr, seq_lens_ptr, pages_ptr, slot_ptr, slot_pages_ptr, out_ptr, out_lens_ptr, src_ptr, start_ptr,
     width, stride_bt, stride_sp, stride_out, max_pages, page_size,
