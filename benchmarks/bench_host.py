@@ -15,6 +15,8 @@ batches of the Llama-2-7B head layout (block size 16):
   registered  every request under one registered system prompt of P tokens, own pages unshared
   samples     groups of 16 samples of one prompt of P tokens (the prefix cache shares its pages)
   tree        a registered prompt of P tokens over documents of 512 tokens, 16 samples each
+  mixed       registered, and beside the decodes `--chunks` prompt chunks of 128 tokens (new requests under
+              the prompt): a prefill step of the throughput runs, eager (no full CUDA graph)
 
 Host time is the point: CUDA launches are counted as their host cost (no synchronisation).
 Figures in the results come from the GPU host (`--device cuda`); on a CPU-only machine the plan's
@@ -47,7 +49,8 @@ from bench_layer import write_results  # noqa: E402
 
 PAGE, HEADS, HEAD_SIZE, OWN_IN, OWN_OUT = 16, 32, 128, 128, 256
 MAX_REQS, MAX_MODEL_LEN = 1024, 20480
-SCENARIOS = ("plain", "registered", "samples", "tree")
+SCENARIOS = ("plain", "registered", "samples", "tree", "mixed")
+MAX_TOKENS = 32768
 
 
 def planner_config(device: torch.device, prompt: int) -> SimpleNamespace:
@@ -63,13 +66,16 @@ def planner_config(device: torch.device, prompt: int) -> SimpleNamespace:
         compilation_config=SimpleNamespace(cudagraph_mode=mode, max_cudagraph_capture_size=MAX_REQS))
 
 
-def decode_batch(scenario: str, B: int, prompt: int, seed: int = 0):
-    """(block table [B, W], KV tokens [B] after this step, slot [B], shift [B]) of a decode batch
-    whose requests are part-way through their 256 output tokens."""
+def decode_batch(scenario: str, B: int, prompt: int, seed: int = 0, chunks: int = 0):
+    """(block table [B + chunks, W], KV tokens [B + chunks] after this step, slot, shift, tokens this step)
+    of a decode batch whose requests are part-way through their 256 output tokens, and `chunks` requests
+    computing their first 128 tokens."""
     rng = np.random.default_rng(seed)
     width = -(-MAX_MODEL_LEN // PAGE)
     table = np.zeros((MAX_REQS, width), dtype=np.int32)
-    own = OWN_IN + rng.integers(1, OWN_OUT, B)  # own KV tokens (the decode token included)
+    own = np.concatenate([OWN_IN + rng.integers(1, OWN_OUT, B), np.full(chunks, OWN_IN)])  # the step's tokens in
+    q_lens = np.concatenate([np.ones(B, np.int32), np.full(chunks, OWN_IN, np.int32)])
+    B += chunks
     shared = {"plain": 0, "registered": 0, "samples": prompt, "tree": 512}[scenario]
     group = {"plain": 1, "registered": 1, "samples": 16, "tree": 16}[scenario]
     seq = (shared + own).astype(np.int32)
@@ -83,10 +89,10 @@ def decode_batch(scenario: str, B: int, prompt: int, seed: int = 0):
     registered = scenario in ("registered", "tree")
     slot = np.full(B, 0 if registered else -1, dtype=np.int32)
     shift = np.full(B, prompt if registered else 0, dtype=np.int32)
-    return table, seq, slot, shift
+    return table, seq, slot, shift, q_lens
 
 
-def runner_stand_in(table, seq, slot, shift, device):
+def runner_stand_in(table, seq, slot, shift, q_lens, device):
     """What `step.prepare` reads of vLLM's GPUModelRunner."""
     from vllm.v1.utils import CpuGpuBuffer
 
@@ -99,37 +105,37 @@ def runner_stand_in(table, seq, slot, shift, device):
         ids.append(f"req-{r}")
         states[ids[-1]] = SimpleNamespace(sampling_params=SimpleNamespace(extra_args=extra), block_ids=([],))
     computed = np.zeros(MAX_REQS, dtype=np.int32)
-    computed[:B] = seq - 1
+    computed[:B] = seq - q_lens
     batch = SimpleNamespace(num_reqs=B, req_ids=ids, num_computed_tokens_cpu=computed,
                             block_table=SimpleNamespace(block_tables=[SimpleNamespace(
                                 block_table=SimpleNamespace(np=table))]))
     pin = device.type == "cuda"
     return SimpleNamespace(
-        input_batch=batch, requests=states, max_num_tokens=8192,
-        positions=torch.zeros(8192, dtype=torch.int64, device=device),
+        input_batch=batch, requests=states, max_num_tokens=MAX_TOKENS,
+        positions=torch.zeros(MAX_TOKENS, dtype=torch.int64, device=device),
         _make_buffer=lambda *size, dtype: CpuGpuBuffer(*size, dtype=dtype, device=device, pin_memory=pin))
 
 
-def attention_metadata(table, seq, device):
+def attention_metadata(table, seq, q_lens, device):
     from vllm.v1.attention.backend import CommonAttentionMetadata
 
-    B = seq.shape[0]
-    cu = torch.arange(B + 1, dtype=torch.int32)
+    B, T = seq.shape[0], int(q_lens.sum())
+    cu = torch.from_numpy(np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32))
     return CommonAttentionMetadata(
         query_start_loc=cu.to(device), query_start_loc_cpu=cu, seq_lens=torch.from_numpy(seq).to(device),
-        num_reqs=B, num_actual_tokens=B, max_query_len=1, max_seq_len=int(seq.max()),
+        num_reqs=B, num_actual_tokens=T, max_query_len=int(q_lens.max()), max_seq_len=int(seq.max()),
         block_table_tensor=torch.from_numpy(table[:B]).to(device),
-        slot_mapping=torch.zeros(B, dtype=torch.int64, device=device))
+        slot_mapping=torch.zeros(T, dtype=torch.int64, device=device))
 
 
 def one_step(runner, planner, cm, counts):
-    """The host work of one decode step, phase by phase (seconds)."""
+    """The host work of one step, phase by phase (seconds); a decode step replays a full graph."""
     t0 = time.perf_counter()
     relay_step.prepare(runner, counts, planner.pages, PAGE)
     t1 = time.perf_counter()
     step = relay_step._current
     planner.levels_for(step)
-    relay_step.dispatched(True, step.tree is not None)  # what the CUDA-graph dispatcher records
+    relay_step.dispatched(cm.max_query_len == 1, step.tree is not None)  # what vLLM's graph dispatcher records
     t2 = time.perf_counter()
     planner.plan(cm, step)
     t3 = time.perf_counter()
@@ -137,13 +143,15 @@ def one_step(runner, planner, cm, counts):
     return t1 - t0, t2 - t1, t3 - t2, step
 
 
-def bench(scenario, B, prompt, device, steps):
-    table, seq, slot, shift = decode_batch(scenario, B, prompt)
+def bench(scenario, B, prompt, device, steps, chunks=0):
+    mixed = scenario == "mixed"
+    table, seq, slot, shift, q_lens = decode_batch("registered" if mixed else scenario, B, prompt,
+                                                   chunks=chunks if mixed else 0)
     planner = RelayPlanner(planner_config(device, prompt), SimpleNamespace(block_size=PAGE), device)
     planner.pages.record(0, list(range(10**6, 10**6 + prompt // PAGE)))
-    runner = runner_stand_in(table, seq, slot, shift, device)
-    cm = attention_metadata(table, seq, device)
-    counts = np.ones(B, dtype=np.int32)
+    runner = runner_stand_in(table, seq, slot, shift, q_lens, device)
+    cm = attention_metadata(table, seq, q_lens, device)
+    counts = q_lens
     times = [one_step(runner, planner, cm, counts) for _ in range(steps + 10)][10:]
     step = times[-1][3]
     tree = step.tree
@@ -151,19 +159,21 @@ def bench(scenario, B, prompt, device, steps):
         torch.cuda.synchronize()
     phases = {name: statistics.median(t[i] for t in times) * 1e6
               for i, name in enumerate(("prepare", "levels", "plan"))}
-    return dict(scenario=scenario, requests=B, prompt=prompt, steps=steps,
+    return dict(scenario=scenario, requests=B, chunks=chunks if mixed else 0, prompt=prompt, steps=steps,
                 **{f"{k}_us": round(v, 1) for k, v in phases.items()},
                 total_us=round(sum(phases.values()), 1), levels=0 if tree is None else tree.num_groups,
                 level_rows=0 if tree is None else int((tree.row_groups >= 0).sum()))
 
 
 def markdown(env, rows) -> str:
-    lines = [f"# Relay's host work per decode step ({env['device']})", "",
+    lines = [f"# Relay's host work per step ({env['device']})", "",
              f"Medians of {rows[0]['steps']} steps, microseconds; {env['cpu']}.", "",
              "| scenario | requests | P | prepare | levels | plan | total | levels found | level rows |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         cells = [r[k] for k in ("scenario", "requests", "prompt", "prepare_us", "levels_us", "plan_us")]
+        if r.get("chunks"):
+            cells[0] = f"{r['scenario']} (+{r['chunks']} chunks)"
         cells += [f"**{r['total_us']}**", r["levels"], r["level_rows"]]
         lines.append("| " + " | ".join(map(str, cells)) + " |")
     return "\n".join(lines) + "\n"
@@ -176,6 +186,7 @@ def main(argv=None):
     ap.add_argument("--prompt", type=int, default=2048)
     ap.add_argument("--scenarios", default=",".join(SCENARIOS))
     ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--chunks", type=int, default=128, help="mixed: prompt chunks of 128 tokens beside the decodes")
     ap.add_argument("--out", default="bench_out")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
@@ -186,7 +197,7 @@ def main(argv=None):
     with mock.patch.dict(rule, gpu_rule if device.type == "cpu" else {}):
         for scenario in args.scenarios.split(","):
             for B in map(int, args.reqs.split(",")):
-                rows.append(bench(scenario, B, args.prompt, device, args.steps))
+                rows.append(bench(scenario, B, args.prompt, device, args.steps, args.chunks))
                 print(rows[-1], flush=True)
     import platform
 
