@@ -50,6 +50,7 @@ from bench_layer import write_results  # noqa: E402
 PAGE, HEADS, HEAD_SIZE, OWN_IN, OWN_OUT = 16, 32, 128, 128, 256
 MAX_REQS, MAX_MODEL_LEN = 1024, 20480
 SCENARIOS = ("plain", "registered", "samples", "tree", "mixed")
+MAX_BATCHED = 16384  # the throughput runs' steps (vLLM's default for them)
 MAX_TOKENS = 32768
 
 
@@ -62,7 +63,7 @@ def planner_config(device: torch.device, prompt: int) -> SimpleNamespace:
     relay = {"max_prompts": 4, "max_prompt_tokens": max(prompt, PAGE), "shared_path": "auto"}
     return SimpleNamespace(
         additional_config={"relay": relay}, model_config=model, parallel_config=None,
-        scheduler_config=SimpleNamespace(max_num_seqs=MAX_REQS, max_num_batched_tokens=8192),
+        scheduler_config=SimpleNamespace(max_num_seqs=MAX_REQS, max_num_batched_tokens=MAX_BATCHED),
         compilation_config=SimpleNamespace(cudagraph_mode=mode, max_cudagraph_capture_size=MAX_REQS))
 
 
@@ -76,6 +77,8 @@ def decode_batch(scenario: str, B: int, prompt: int, seed: int = 0, chunks: int 
     own = np.concatenate([OWN_IN + rng.integers(1, OWN_OUT, B), np.full(chunks, OWN_IN)])  # the step's tokens in
     q_lens = np.concatenate([np.ones(B, np.int32), np.full(chunks, OWN_IN, np.int32)])
     B += chunks
+    if int(q_lens.sum()) > MAX_BATCHED:
+        raise ValueError(f"{B - chunks} decodes and {chunks} chunks of {OWN_IN} tokens exceed a step's {MAX_BATCHED}")
     shared = {"plain": 0, "registered": 0, "samples": prompt, "tree": 512}[scenario]
     group = {"plain": 1, "registered": 1, "samples": 16, "tree": 16}[scenario]
     seq = (shared + own).astype(np.int32)
@@ -186,7 +189,8 @@ def main(argv=None):
     ap.add_argument("--prompt", type=int, default=2048)
     ap.add_argument("--scenarios", default=",".join(SCENARIOS))
     ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--chunks", type=int, default=128, help="mixed: prompt chunks of 128 tokens beside the decodes")
+    ap.add_argument("--chunks", type=int, default=120, help="mixed: prompt chunks of 128 tokens beside the decodes "
+                    "(requests + 128 x chunks <= 16384, a step's tokens)")
     ap.add_argument("--out", default="bench_out")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
