@@ -154,8 +154,7 @@ def bench(scenario, B, prompt, device, steps, chunks=0):
     planner.pages.record(0, list(range(10**6, 10**6 + prompt // PAGE)))
     runner = runner_stand_in(table, seq, slot, shift, q_lens, device)
     cm = attention_metadata(table, seq, q_lens, device)
-    counts = q_lens
-    times = [one_step(runner, planner, cm, counts) for _ in range(steps + 10)][10:]
+    times = [one_step(runner, planner, cm, q_lens) for _ in range(steps + 10)][10:]
     step = times[-1][3]
     tree = step.tree
     if device.type == "cuda":

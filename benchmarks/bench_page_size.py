@@ -34,9 +34,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_layer  # noqa: E402
 from bench_layer import graph_ms, write_results  # noqa: E402
-
-D, PAGE = 128, 16
-SHAPES = {"llama2-7b": (32, 32), "llama3-8b": (32, 8)}  # (query heads, KV heads)
+from bench_ops import BLOCK as PAGE, DTYPE, FA, MODELS  # noqa: E402
+from bench_ops import HEAD_DIM as D  # noqa: E402
 
 
 def level_call(varlen, q, k, v, rows, S, extra, causal, view, pages_per_view):
@@ -69,7 +68,7 @@ def level_call(varlen, q, k, v, rows, S, extra, causal, view, pages_per_view):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", default=",".join(SHAPES))
+    p.add_argument("--models", default=",".join(MODELS))
     p.add_argument("--system-lens", default="2048,8192")
     p.add_argument("--ns", default="256,1024,16384", help="query rows of the call")
     p.add_argument("--rows", default="64,128,256", help="query rows per group")
@@ -78,26 +77,25 @@ def main():
     p.add_argument("--out", default="/tmp/out")
     args = p.parse_args()
     bench_layer.ARGS = argparse.Namespace(rep=args.rep)
-    from vllm.vllm_flash_attn import flash_attn_varlen_func
-
-    extra = {"fa_version": 3}
+    fa = FA()
+    extra = {"fa_version": fa.version}
     big = 128 if args.causal else 176  # FA3's kBlockN for hdim 128
     views = ("page16", f"page{big}", "dense")
     torch.manual_seed(0)
     results, lines = [], []
     for model in args.models.split(","):
-        hq, hkv = SHAPES[model]
+        hq, hkv = MODELS[model]
         for S in map(int, args.system_lens.split(",")):
-            nb = math.ceil((S + 512) / (big)) * big // PAGE  # whole big pages, the keys at block 0
-            k = torch.randn(nb, PAGE, hkv, D, dtype=torch.bfloat16, device="cuda")
+            nb = math.ceil((S + 512) / big) * big // PAGE  # whole big pages, the keys at block 0
+            k = torch.randn(nb, PAGE, hkv, D, dtype=DTYPE, device="cuda")
             v = torch.randn_like(k)
             for n in map(int, args.ns.split(",")):
-                q = torch.randn(n, hq, D, dtype=torch.bfloat16, device="cuda")
+                q = torch.randn(n, hq, D, dtype=DTYPE, device="cuda")
                 for rows in map(int, args.rows.split(",")):
                     row = dict(model=model, S=S, n=n, rows=rows, causal=args.causal)
                     ref = None
                     for view in views:  # page16 first: the reference
-                        fn, out, flops = level_call(flash_attn_varlen_func, q, k, v, rows, S, extra, args.causal,
+                        fn, out, flops = level_call(fa.varlen, q, k, v, rows, S, extra, args.causal,
                                                     view, big // PAGE)
                         ms = graph_ms(fn)  # NaN, reported, where the call cannot run
                         row[f"{view}_us"] = ms * 1e3
