@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     VLLM_RELAY_GRAPH_SPLIT_CAP: int | None = None
     VLLM_RELAY_CHUNK_LEVELS: int | None = None
     VLLM_RELAY_JOINT: int | None = None
+    VLLM_RELAY_JOINT_ROWS: int | None = None
     VLLM_RELAY_LEVEL_STREAM: int | None = None
     VLLM_RELAY_LEVEL_STREAM_PRIORITY: int | None = None
     VLLM_RELAY_DETOKENIZER_PRIME: int | None = None
@@ -77,6 +78,9 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # call (the form before); unset or 1: one FlashAttention call for both (attention.rules,
     # ops/joint.py). Same results; only the speed changes.
     "VLLM_RELAY_JOINT": lambda: _int("VLLM_RELAY_JOINT"),
+    # Tuning knob for benchmarks: the query rows (tokens x query heads per KV head) of each level
+    # sequence of a joint call in every step (unset: attention.rules.joint_tokens). Same results.
+    "VLLM_RELAY_JOINT_ROWS": lambda: _int("VLLM_RELAY_JOINT_ROWS"),
     # Tuning knob for benchmarks: 0 runs the levels in vLLM's stream after the context call; 1 on a
     # second stream, concurrently, in every step; unset or 2 on it in full-CUDA-graph steps only,
     # eager steps in vLLM's stream (attention.backend.level_stream_mode). Same results.

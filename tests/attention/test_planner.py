@@ -397,6 +397,35 @@ def test_eager_steps_with_little_sharing_plan_no_levels():
     run_and_check(world, plan, cm)
 
 
+def test_steps_that_could_not_save_enough_are_not_searched(monkeypatch):
+    """The search is skipped when even `saved_bound` (every row's pages shared by all the others)
+    stays below the rule's KV reads: the step plans no levels, as the search would have found none.
+    At the threshold of what the tree saves, the same step is searched and runs its levels."""
+    batch = [(0, 50, 1, -1, 0), (0, 60, 1, 0, 2), (0, 70, 1, 0, 2), (-1, 90, 1, -1, 0), (-1, 33, 5, 3, 2)]
+    world = World(batch, torch.float32, "cpu", 8)
+    world.record_fills()
+    cm = world.cm()
+    bounds, searched = [], []
+    bound, search = planner_module.saved_bound, planner_module.find_levels
+    monkeypatch.setattr(planner_module, "saved_bound", lambda *a: bounds.append(bound(*a)) or bounds[-1])
+    monkeypatch.setattr(planner_module, "find_levels", lambda *a: searched.append(search(*a)) or searched[-1])
+    monkeypatch.setitem(planner_module.MIN_SAVED_TOKENS, ("cpu", True), 1)
+    planner = make_planner()
+    run_and_check(world, planner.plan(cm, world.step()), cm)
+    saved = searched[-1].saved_pages()
+    assert 0 < saved <= bounds[-1] and planner.stats["level_groups"] == searched[-1].num_groups > 0
+    monkeypatch.setitem(planner_module.MIN_SAVED_TOKENS, ("cpu", True), bounds[-1] * BLOCK + 1)
+    planner = make_planner()
+    plan = planner.plan(cm, world.step())
+    assert len(searched) == 1 and len(bounds) == 2  # not searched
+    assert planner.stats.get("level_groups", 0) == 0
+    run_and_check(world, plan, cm)
+    monkeypatch.setitem(planner_module.MIN_SAVED_TOKENS, ("cpu", True), saved * BLOCK)
+    planner = make_planner()
+    run_and_check(world, planner.plan(cm, world.step()), cm)
+    assert len(searched) == 2 and planner.stats["level_groups"] == searched[-1].num_groups
+
+
 def test_padded_graph_step_with_no_relay_request_still_writes_a_valid_plan(monkeypatch):
     """A full-graph decode step of plain requests (relay on, nothing shared) replays vLLM's own graph,
     which reads the context tables the plan writes: they equal vLLM's. The levels' graph captured

@@ -4,7 +4,7 @@ permissive rule the levels read each shared page once per step (checked against 
 import numpy as np
 import pytest
 
-from vllm_relay.ops.level_tree import LevelRule, _nodes, find_levels, level_rows
+from vllm_relay.ops.level_tree import LevelRule, _nodes, find_levels, level_rows, saved_bound
 
 PERMISSIVE = LevelRule(min_rows_root=1, min_rows=2, min_saved_pages=0, max_depth=64)
 
@@ -97,6 +97,24 @@ def test_permissive_levels_read_each_shared_page_once(seed):
     want += sum(1 for node in nodes if node[0] != "slot")
     assert reads == want
     assert tree.saved_pages() == int(((tree.size - 1) * (tree.front + tree.pages)).sum())
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_saved_bound_is_never_below_what_a_tree_saves(seed):
+    """The planner skips the search when `saved_bound` is below its threshold: no tree of any rule
+    may save more. The permissive rule saves the most; the bound is reached by rows that all read
+    one run (a row's pages all in one level of every row)."""
+    rng = np.random.default_rng(300 + seed)
+    B = int(rng.integers(1, 70))
+    table, n_own, shareable, root, root_pages = random_tables(rng, B)
+    bound = saved_bound(shareable, root, root_pages)
+    for rule in (PERMISSIVE, LevelRule(min_rows_root=1, min_rows=2, max_depth=2)):
+        assert find_levels(table, shareable, root, root_pages, rule).saved_pages() <= bound
+    n = int(rng.integers(1, 30))  # B rows over one document of n pages: the bound is exact
+    same = np.tile(np.arange(1, n + 1, dtype=np.int32), (B, 1))
+    tree = find_levels(same, np.full(B, n), np.full(B, -1), np.zeros(0, np.int32), PERMISSIVE)
+    bound = saved_bound(np.full(B, n), np.full(B, -1), np.zeros(0, np.int32))
+    assert tree.saved_pages() == bound == (B - 1) * n
 
 
 def test_a_page_shared_out_of_prefix_order_is_not_trusted():

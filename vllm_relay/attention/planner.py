@@ -42,7 +42,7 @@ from vllm_relay.config import RelayConfig
 from vllm_relay.ops import SharedLevel, prefix_block_table
 from vllm_relay.ops.joint import joint_capacity, joint_layout
 from vllm_relay.ops.level_attention import level_splits, max_tiles, plan_tiles, workspace
-from vllm_relay.ops.level_tree import LevelRule, LevelTree, find_levels, level_rows
+from vllm_relay.ops.level_tree import LevelRule, LevelTree, find_levels, level_rows, saved_bound
 from vllm_relay.ops.fuse_in_place import warm_up_fuse_in_place
 from vllm_relay.stats import add_stats, sum_stats
 
@@ -128,8 +128,10 @@ class RelayPlanner:
         self.max_level_rows = max_tokens * self.max_depth  # any step's (prompt chunks: all their tokens)
         # A decode step's levels and context in one call (VLLM_RELAY_JOINT): its level sequences, at most.
         self.joint = self.level_kernel == "flash" and envs.VLLM_RELAY_JOINT != 0
+        self.joint_rows = envs.VLLM_RELAY_JOINT_ROWS
         tokens = self.max_reqs if self.joint else 0  # the joint call's rows and sequences past the levels'
-        self.max_seqs = G = max(self.max_groups, joint_capacity(self.max_rows, self.max_groups, joint_tokens(1, self.gqa))
+        least_per = joint_tokens(1, self.gqa, self.joint_rows)  # the fewest tokens a level sequence holds
+        self.max_seqs = G = max(self.max_groups, joint_capacity(self.max_rows, self.max_groups, least_per)
                                 if self.joint else 0)
         self.max_call_seqs = G + tokens  # the levels' call's sequences, at most (FA3's schedule is sized by them)
         self.tile_cap = max_tiles(max_reqs, G, self.gqa) if self.level_kernel != "flash" else 0
@@ -230,7 +232,10 @@ class RelayPlanner:
             shareable, table = np.zeros(step.num_reqs, dtype=np.int32), np.zeros((step.num_reqs, 1), np.int32)
         if not (root >= 0).any() and not (shareable > 0).any():
             return None
-        tree = find_levels(table, shareable, root, self._root_pages(step), rule)
+        root_pages = self._root_pages(step)
+        if self.shared_path == "auto" and saved_bound(shareable, root, root_pages) * self.page_size < least:
+            return None  # no levels could pay: the search itself is skipped (most small steps)
+        tree = find_levels(table, shareable, root, root_pages, rule)
         if tree.num_groups == 0:
             return None
         if self.shared_path == "auto" and tree.saved_pages() * self.page_size < least:
@@ -379,7 +384,7 @@ class RelayPlanner:
         facts = None if tree is None else (tree.row, tree.start, own, tree.front, tree.slot)
         group_sizes, num_rows, per = np.diff(cu), perm.shape[0], 0
         if joint:  # the levels in sequences of `per` rows, then the tokens (ops/joint.py)
-            per = joint_tokens(T, self.gqa)
+            per = joint_tokens(T, self.gqa, self.joint_rows)
             chunk_group, cu = joint_layout(cu, per, T, joint_capacity(rows, groups, per) if graph else None)
             groups, rows = cu.shape[0] - 1 - T, rows + T
             lens, facts = lens[chunk_group], facts and tuple(v[chunk_group] for v in facts)

@@ -48,7 +48,11 @@ LEVEL_TILE_ROWS = 128  # FA3's query tile at head size 128; a split call packs a
 # graph (benchmarks/bench_joint.py, us, one call with 64 / 128 rows against relay's two calls):
 # Llama-2-7B shape, n=256, S=2048, c=128: 244 / 287 against 298; Llama-3-8B, n=128, S=8192, c=320:
 # 110 / 134 against 135, n=256: 215 / 202 against 231, n=1024: 789 / 768 against 769. So 64 rows
-# with one query head per KV head, and with more from 256 tokens on 128.
+# with one query head per KV head, and with more from 256 tokens on 128. Alone, a level of 64-row
+# sequences runs at 370-390 TFLOP/s against 500-540 with 128 (H200, Llama-2-7B shape, S=8192,
+# benchmarks/bench_page_size.py), yet with one query head per KV head the context's one-row sequences
+# lose more on the 128-row tile: end to end (H200, 1000 requests, VLLM_RELAY_JOINT_ROWS=128 against
+# the rule) P=2048 36.1 / 41.5 requests/s, P=8192 31.5 / 35.1 and 31.2 / 34.8 (ceiling_h100, session 16).
 JOINT_ROWS, JOINT_ROWS_LARGE, JOINT_LARGE_TOKENS = 64, 128, 256
 # The joint call runs unsplit when the levels' tiles (sequences x KV heads) fill this share of the
 # multiprocessors; with fewer, FA3 splits each sequence by its share of the call's work (its dynamic
@@ -62,9 +66,11 @@ def query_tiles(rows: np.ndarray, gqa: int) -> np.ndarray:
     return -(-np.asarray(rows, dtype=np.int64) * gqa // LEVEL_TILE_ROWS)
 
 
-def joint_tokens(num_tokens: int, gqa: int) -> int:
-    """Tokens per level sequence of a joint call over `num_tokens` decode tokens (`JOINT_ROWS`)."""
-    rows = JOINT_ROWS_LARGE if gqa > 1 and num_tokens >= JOINT_LARGE_TOKENS else JOINT_ROWS
+def joint_tokens(num_tokens: int, gqa: int, rows: int | None = None) -> int:
+    """Tokens per level sequence of a joint call over `num_tokens` decode tokens (`JOINT_ROWS`;
+    `rows`, VLLM_RELAY_JOINT_ROWS, the query rows of every step instead)."""
+    if rows is None:
+        rows = JOINT_ROWS_LARGE if gqa > 1 and num_tokens >= JOINT_LARGE_TOKENS else JOINT_ROWS
     return max(1, rows // gqa)
 
 

@@ -188,6 +188,27 @@ def find_levels(block_table: np.ndarray, shareable: np.ndarray, root: np.ndarray
                      row_front=row_front.astype(np.int32))
 
 
+def saved_bound(shareable: np.ndarray, root: np.ndarray, root_pages: np.ndarray) -> int:
+    """An upper bound on `find_levels(...).saved_pages()` for any rule, from the rows' lengths alone.
+
+    A row's levels cover at most its L = slot pages + shareable pages, each page once. A tree saves
+    sum_g (size_g - 1) * len_g = sum_r covered_r - sum_g len_g, and the levels' lengths sum to at
+    least any one row's coverage, so it saves at most sum(covered) - max(covered) <= sum(L) - max(L)
+    (the middle term grows with each covered_r). A step of a few requests can thus skip the search
+    when even this cannot reach the planner's threshold.
+
+    Example:
+        >>> saved_bound(np.array([3, 3, 0]), np.array([-1, 0, 0]), np.array([4]))
+        7
+    """
+    root = np.asarray(root, dtype=np.int64)
+    front = np.zeros(root.shape[0], dtype=np.int64)
+    if np.asarray(root_pages).size:
+        front = np.where(root >= 0, np.asarray(root_pages, dtype=np.int64)[np.maximum(root, 0)], 0)
+    cover = front + np.asarray(shareable, dtype=np.int64)
+    return int(cover.sum() - cover.max(initial=0))
+
+
 def _nodes(key: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """`np.unique(key, return_index, return_inverse, return_counts)` without the unique values:
     (each node's first row, each row's node, each node's rows), nodes in key order. A step whose
