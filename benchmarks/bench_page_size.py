@@ -8,18 +8,22 @@ vLLM's pages hold 16 tokens, so every relay level runs FA3's non-TMA paged loads
 producer warps). The fifteenth session's accounting (H200, Llama-2-7B shape) puts the decode level at
 about 580 TFLOP/s and the prompt chunks over the system keys at about 480.
 
-Here the same keys are read three ways, in one varlen call of G groups of `rows` query rows, every
+Here the same keys are read two ways, in one varlen call of G groups of `rows` query rows, every
 group over the whole system prompt (`seqused_k` = S):
   page16    vLLM's cache as it is, [NB, 16, Hkv, D], the prompt on consecutive pages
   pageN     the same memory viewed as [NB / (N/16), N, Hkv, D] (N = 176 non-causal, 128 causal): TMA
-  dense     no page table: the prompt's keys as one [S, Hkv, D] run (cu_seqlens_k of every group 0)
+An unpaged call cannot read one run of keys for every group: its `cu_seqlens_k` gives each group
+its own run, and vLLM's wrapper refuses `seqused_k` beside it (the first GPU run, 2026-11-28).
+Measured (H200, benchmarks/results/ceiling_h100/session16/): the TMA view within 0-5% of page16
+(Llama-2-7B shape, S=8192, 16384 rows: 4417 / 4302 us non-causal), so relay keeps 16-token pages.
 Causal rows (`--causal`): each group is a prompt chunk of `rows` tokens after the S keys (the prefix
 path: keys [system ; own], S + rows of them, bottom-right causal).
 
 Columns: us per call (CUDA graph, median of do_bench), TFLOP/s (4 x rows x keys x D x Hq, halved on
-the causal diagonal block), the largest difference from page16's output. If a TMA view is much faster,
-system prompts would be worth keeping on aligned runs of pages (a level's table then lists big pages);
-nothing in relay does so yet.
+the causal diagonal block), the largest difference from page16's output. The same table shows what a
+level's rows per sequence cost: 64 query rows (FA3's one-warpgroup tile) run at 370-390 TFLOP/s where
+128 and more reach 500-540 (Llama-2-7B shape); in the joint call the 128-row tile loses more on the
+context's one-row sequences than it gains (rules.JOINT_ROWS).
 Writes <out>/page_size.{json,md}.
 Usage: python3 benchmarks/bench_page_size.py [--ns 256,1024,16384] [--rows 64,128,256] [--out DIR]
 """
@@ -39,7 +43,7 @@ from bench_ops import HEAD_DIM as D  # noqa: E402
 
 
 def level_call(varlen, q, k, v, rows, S, extra, causal, view, pages_per_view):
-    """One grouped call: (fn, out, flops). `view`: page16 / pageN / dense."""
+    """One grouped call: (fn, out, flops). `view`: page16 / pageN."""
     n, hq = q.shape[0], q.shape[1]
     G = math.ceil(n / rows)
     cu_q = torch.tensor([min(g * rows, n) for g in range(G + 1)], dtype=torch.int32, device=q.device)
@@ -47,16 +51,12 @@ def level_call(varlen, q, k, v, rows, S, extra, causal, view, pages_per_view):
     seqused = torch.full((G,), keys, dtype=torch.int32, device=q.device)
     kw = dict(q=q, max_seqlen_q=rows, cu_seqlens_q=cu_q, max_seqlen_k=keys, seqused_k=seqused,
               softmax_scale=D ** -0.5, causal=causal, return_softmax_lse=True, **extra)
-    if view == "dense":
-        kk, vv = (x[: math.ceil(keys / PAGE)].reshape(-1, *x.shape[2:]) for x in (k, v))
-        kw.update(k=kk, v=vv, cu_seqlens_k=torch.zeros(G + 1, dtype=torch.int32, device=q.device))
-    else:
-        per = pages_per_view if view != "page16" else 1
-        nb = k.shape[0] // per * per
-        kk, vv = (x[:nb].view(nb // per, per * PAGE, *x.shape[2:]) for x in (k, v))
-        width = math.ceil(keys / (per * PAGE))
-        table = torch.arange(width, dtype=torch.int32, device=q.device).expand(G, width).contiguous()
-        kw.update(k=kk, v=vv, block_table=table)
+    per = pages_per_view if view != "page16" else 1
+    nb = k.shape[0] // per * per
+    kk, vv = (x[:nb].view(nb // per, per * PAGE, *x.shape[2:]) for x in (k, v))
+    width = math.ceil(keys / (per * PAGE))
+    table = torch.arange(width, dtype=torch.int32, device=q.device).expand(G, width).contiguous()
+    kw.update(k=kk, v=vv, block_table=table)
     out = torch.empty_like(q)
     kw["out"] = out
     flops = 4 * n * S * D * hq + (2 * n * rows * D * hq if causal else 0)  # the own diagonal block: half
@@ -80,7 +80,7 @@ def main():
     fa = FA()
     extra = {"fa_version": fa.version}
     big = 128 if args.causal else 176  # FA3's kBlockN for hdim 128
-    views = ("page16", f"page{big}", "dense")
+    views = ("page16", f"page{big}")
     torch.manual_seed(0)
     results, lines = [], []
     for model in args.models.split(","):
