@@ -13,8 +13,11 @@ end-to-end latency, p50 and p99, and the achieved request throughput.
   relay-plain  --attention-backend relay with nothing registered (with --plain-fraction 1: traffic
                sharing nothing, issue 15's (d))
 
+Per rate also the server's own means of vLLM's request phases (`server_mean_ms`: TTFT from the front
+end's arrival, the queue in the engine core, prefill from scheduled to the first token, decode), from
+its /metrics before and after the rate: where a TTFT difference between two servers goes.
 Writes {"model", "workload", "configs": {NAME: [{"rate", "ttft_ms": {"p50", "p99"}, "tpot_ms",
-"e2e_ms", "req_per_s", "requests"}]}} (the shape benchmarks/plot.py reads). Usage (GPU host):
+"e2e_ms", "req_per_s", "requests", "server_mean_ms"}]}} (the shape benchmarks/plot.py reads). Usage (GPU host):
   python3 benchmarks/bench_serving.py --model DIR --rates 1,4,8,16,32 --duration 25 --out results.json
 """
 
@@ -162,6 +165,48 @@ async def one_request(session, base, prompt, output_len):
     return first - t0, tpot, last - t0
 
 
+# vLLM's request-phase histograms (seconds; v1/metrics/loggers.py): where a request's TTFT went, the
+# server's view. Per rate, the mean of each from its _sum and _count before and after the rate's requests.
+PHASES = {"ttft": "vllm:time_to_first_token_seconds", "queue": "vllm:request_queue_time_seconds",
+          "prefill": "vllm:request_prefill_time_seconds", "decode": "vllm:request_decode_time_seconds"}
+
+
+def histogram_totals(text: str) -> dict:
+    """{metric: (sum, count)} of the PHASES histograms in a Prometheus text page, over all label sets.
+
+    Example:
+        >>> page = chr(10).join(['vllm:request_queue_time_seconds_sum{engine="0"} 0.5', '# HELP x',
+        ...                      'vllm:request_queue_time_seconds_count{engine="0"} 4.0'])
+        >>> histogram_totals(page)["vllm:request_queue_time_seconds"]
+        (0.5, 4.0)
+    """
+    totals = {m: [0.0, 0.0] for m in PHASES.values()}
+    for line in text.splitlines():
+        if line.startswith("#") or " " not in line:
+            continue
+        name, _, value = line.rpartition(" ")
+        name = name.split("{", 1)[0]
+        for suffix, i in (("_sum", 0), ("_count", 1)):
+            metric = name.removesuffix(suffix)
+            if name.endswith(suffix) and metric in totals:
+                totals[metric][i] += float(value)
+    return {m: tuple(v) for m, v in totals.items()}
+
+
+def phase_means_ms(before: dict, after: dict) -> dict:
+    """Each phase's mean over the requests finished between two `histogram_totals` (ms; None: none)."""
+    out = {}
+    for phase, metric in PHASES.items():
+        n = after[metric][1] - before[metric][1]
+        out[phase] = (after[metric][0] - before[metric][0]) / n * 1e3 if n > 0 else None
+    return out
+
+
+async def server_totals(session, base) -> dict:
+    async with session.get(f"{base}/metrics") as r:
+        return histogram_totals(await r.text())
+
+
 def percentiles(xs):
     xs = sorted(xs)
 
@@ -205,11 +250,15 @@ async def bench_config(args, config, systems, request, log_dir):
             print(f"[{config}] healthy after {time.monotonic() - t0:.0f} s", flush=True)
             await one_request(session, base, request(random.Random(-1)), 8)  # warm-up
             for rate in map(float, args.rates.split(",")):
+                before = await server_totals(session, base)
                 row = await run_rate(session, base, rate, args, request)
+                row["server_mean_ms"] = phase_means_ms(before, await server_totals(session, base))
                 rows.append(row)
+                phases = ", ".join(f"{k} {v:.2f}" for k, v in row["server_mean_ms"].items() if v is not None)
                 print(f"[{config}] rate {rate:5.1f}: {row['req_per_s']:.2f} req/s, TTFT p50 "
                       f"{row['ttft_ms']['p50']:.1f} ms, TPOT p50 {row['tpot_ms']['p50']:.2f} ms "
-                      f"(p99 {row['tpot_ms']['p99']:.2f}), E2E p50 {row['e2e_ms']['p50']:.0f} ms", flush=True)
+                      f"(p99 {row['tpot_ms']['p99']:.2f}), E2E p50 {row['e2e_ms']['p50']:.0f} ms; "
+                      f"server means (ms): {phases}", flush=True)
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:

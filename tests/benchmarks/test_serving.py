@@ -39,3 +39,37 @@ def test_relay_registers_the_system_prompts_and_relay_plain_registers_nothing():
 def test_an_unknown_config_is_refused_by_name():
     with pytest.raises(ValueError, match="unknown config 'relay_plain'"):
         bench.server_command(args(), "relay_plain", [[1]], 0, gpu=False)
+
+
+def test_server_phase_means_from_a_metrics_page():
+    """vLLM's request-phase histograms, written by prometheus_client as vLLM's server writes them (two
+    engines' label sets), read back as per-phase means over the requests between two pages."""
+    import random
+
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+    reg = CollectorRegistry()
+    hists = {phase: Histogram(name, "x", ["engine"], registry=reg)
+             for phase, name in bench.PHASES.items()}
+    rng = random.Random(5)
+
+    def page():
+        return generate_latest(reg).decode()
+
+    for h in hists.values():
+        h.labels(engine="0").observe(1.0)
+    before = bench.histogram_totals(page())
+    seen = {phase: [] for phase in hists}
+    for phase, h in hists.items():
+        if phase == "decode":
+            continue  # no request finished decoding: no mean
+        for _ in range(rng.randint(1, 9)):
+            x = rng.random()
+            seen[phase].append(x)
+            h.labels(engine=str(rng.randint(0, 1))).observe(x)
+    means = bench.phase_means_ms(before, bench.histogram_totals(page()))
+    for phase, xs in seen.items():
+        if xs:
+            assert means[phase] == pytest.approx(sum(xs) / len(xs) * 1e3)
+        else:
+            assert means[phase] is None
