@@ -146,7 +146,25 @@ def one_step(runner, planner, cm, counts):
     return t1 - t0, t2 - t1, t3 - t2, step
 
 
-def bench(scenario, B, prompt, device, steps, chunks=0):
+def profile_steps(runner, planner, cm, counts, steps: int, path: str) -> None:
+    """`steps` more steps under cProfile, the 30 costliest functions (own time) written to `path`:
+    which call of a phase the host time goes to."""
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(steps):
+        one_step(runner, planner, cm, counts)
+    prof.disable()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(30)
+    with open(path, "w") as f:
+        f.write(text.getvalue())
+
+
+def bench(scenario, B, prompt, device, steps, chunks=0, profile_dir=None):
     mixed = scenario == "mixed"
     table, seq, slot, shift, q_lens = decode_batch("registered" if mixed else scenario, B, prompt,
                                                    chunks=chunks if mixed else 0)
@@ -155,6 +173,9 @@ def bench(scenario, B, prompt, device, steps, chunks=0):
     runner = runner_stand_in(table, seq, slot, shift, q_lens, device)
     cm = attention_metadata(table, seq, q_lens, device)
     times = [one_step(runner, planner, cm, q_lens) for _ in range(steps + 10)][10:]
+    if profile_dir:
+        profile_steps(runner, planner, cm, q_lens, steps,
+                      os.path.join(profile_dir, f"host_profile_{scenario}_{B}{f'_{chunks}' if mixed else ''}.txt"))
     step = times[-1][3]
     tree = step.tree
     if device.type == "cuda":
@@ -190,9 +211,13 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--chunks", type=int, default=120, help="mixed: prompt chunks of 128 tokens beside the decodes "
                     "(requests + 128 x chunks <= 16384, a step's tokens)")
+    ap.add_argument("--profile", action="store_true", help="also each point's steps under cProfile, the costliest "
+                    "functions in <out>/host_profile_<scenario>_<requests>[_<chunks>].txt")
     ap.add_argument("--out", default="bench_out")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
+    if args.profile:
+        os.makedirs(args.out, exist_ok=True)
     rule = planner_module.MIN_SAVED_TOKENS
     gpu_rule = {("cpu", gqa): rule["cuda", gqa] for gqa in (False, True)}
     rows = []
@@ -200,7 +225,8 @@ def main(argv=None):
     with mock.patch.dict(rule, gpu_rule if device.type == "cpu" else {}):
         for scenario in args.scenarios.split(","):
             for B in map(int, args.reqs.split(",")):
-                rows.append(bench(scenario, B, args.prompt, device, args.steps, args.chunks))
+                rows.append(bench(scenario, B, args.prompt, device, args.steps, args.chunks,
+                                  args.out if args.profile else None))
                 print(rows[-1], flush=True)
     import platform
 

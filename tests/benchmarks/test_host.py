@@ -22,3 +22,11 @@ def test_each_scenario_finds_its_levels(tmp_path):
     saved = json.loads((tmp_path / "host.json").read_text())
     assert saved["rows"] == rows and "| tree | 64 | 2048 |" in (tmp_path / "host.md").read_text()
     assert "| mixed (+8 chunks) | 64 | 2048 |" in (tmp_path / "host.md").read_text()
+
+
+def test_profile_names_the_planners_calls(tmp_path):
+    argv = ["--device", "cpu", "--reqs", "8", "--scenarios", "mixed", "--chunks", "1", "--steps", "2", "--profile",
+            "--out", str(tmp_path)]
+    load("bench_host").main(argv)
+    text = (tmp_path / "host_profile_mixed_8_1.txt").read_text()
+    assert "planner.py" in text and "(plan)" in text and "(prepare)" in text
