@@ -147,8 +147,8 @@ def one_step(runner, planner, cm, counts):
 
 
 def profile_steps(runner, planner, cm, counts, steps: int, path: str) -> None:
-    """`steps` more steps under cProfile, the 30 costliest functions (own time) written to `path`:
-    which call of a phase the host time goes to."""
+    """`steps` more steps under cProfile, the 30 costliest functions (own time) written to `path`,
+    then relay's own 30: which call of a phase the host time goes to."""
     import cProfile
     import io
     import pstats
@@ -159,7 +159,9 @@ def profile_steps(runner, planner, cm, counts, steps: int, path: str) -> None:
         one_step(runner, planner, cm, counts)
     prof.disable()
     text = io.StringIO()
-    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(30)
+    stats = pstats.Stats(prof, stream=text).sort_stats("tottime")
+    stats.print_stats(30)
+    stats.print_stats("vllm_relay", 30)
     with open(path, "w") as f:
         f.write(text.getvalue())
 
