@@ -12,8 +12,8 @@
 #   previous implementation when present: `git archive 3c09a6c vllm_relay | tar -x -C .old`)
 #   TESTS may list paths with commas (an on_gpus.sh job's words hold no spaces); RELAY_INSTALLED=1 skips the
 #   install (jobs beside others that import /tmp/site: installing again replaces it under them)
-#   pages: benchmarks/bench_page_size.py, a level and (--causal) prompt chunks through 16-token pages, FA3-tile
-#   pages and unpaged keys (about 1 min each)
+#   pages: benchmarks/bench_page_size.py, a level and (--causal) prompt chunks through 16-token and FA3-tile
+#   pages (about 1 min each)
 #   joint: benchmarks/bench_joint.py, JOINT_ARGS its arguments (",," for spaces, as HOST_ARGS below)
 #   host: benchmarks/bench_host.py (relay's host work per step, HOST_ARGS its arguments with ",," for spaces,
 #   e.g. HOST_ARGS=--scenarios,,registered,mixed,,--reqs,,256,891; with .old/ present, the same
