@@ -42,7 +42,7 @@ from vllm_relay.config import RelayConfig
 from vllm_relay.ops import SharedLevel, prefix_block_table
 from vllm_relay.ops.joint import joint_capacity, joint_layout
 from vllm_relay.ops.level_attention import level_splits, max_tiles, plan_tiles, workspace
-from vllm_relay.ops.level_tree import LevelRule, LevelTree, find_levels, level_rows, saved_bound
+from vllm_relay.ops.level_tree import LevelRule, LevelTree, find_levels, level_rows, saved_bound, slot_front
 from vllm_relay.ops.fuse_in_place import warm_up_fuse_in_place
 from vllm_relay.stats import add_stats, sum_stats
 
@@ -355,7 +355,7 @@ class RelayPlanner:
         if step is not None:
             root[: step.num_reqs] = step.req_slot
             root_pages = self._root_pages(step)
-        ctx_front = np.where(root >= 0, root_pages[np.maximum(root, 0)], 0).astype(np.int32)
+        ctx_front = slot_front(root, root_pages).astype(np.int32)
         ctx_skip = np.zeros(B, dtype=np.int32)
         query_start = cm.query_start_loc_cpu.numpy()
         if tree is not None:

@@ -118,7 +118,7 @@ def find_levels(block_table: np.ndarray, shareable: np.ndarray, root: np.ndarray
     root = root.astype(np.int64)
     root_pages = np.asarray(root_pages, dtype=np.int64)
     has_root = root >= 0
-    my_front = np.where(has_root, root_pages[np.where(has_root, root, 0)] if root_pages.size else 0, 0)
+    my_front = slot_front(root, root_pages)
     row_skip = np.zeros(B, dtype=np.int64)
     row_front = my_front.copy()
     row_groups = np.full((B, rule.max_depth), -1, dtype=np.int32)
@@ -201,12 +201,22 @@ def saved_bound(shareable: np.ndarray, root: np.ndarray, root_pages: np.ndarray)
         >>> saved_bound(np.array([3, 3, 0]), np.array([-1, 0, 0]), np.array([4]))
         7
     """
-    root = np.asarray(root, dtype=np.int64)
-    front = np.zeros(root.shape[0], dtype=np.int64)
-    if np.asarray(root_pages).size:
-        front = np.where(root >= 0, np.asarray(root_pages, dtype=np.int64)[np.maximum(root, 0)], 0)
-    cover = front + np.asarray(shareable, dtype=np.int64)
+    cover = slot_front(root, root_pages) + np.asarray(shareable, dtype=np.int64)
     return int(cover.sum() - cover.max(initial=0))
+
+
+def slot_front(root: np.ndarray, root_pages: np.ndarray) -> np.ndarray:
+    """int64 [B]: the slot pages each row reads first (`root_pages[root]`, 0 for a row with no slot).
+
+    Example:
+        >>> slot_front(np.array([1, -1, 0]), np.array([4, 2])).tolist()
+        [2, 0, 4]
+    """
+    root = np.asarray(root, dtype=np.int64)
+    root_pages = np.asarray(root_pages, dtype=np.int64)
+    if not root_pages.size:
+        return np.zeros(root.shape[0], dtype=np.int64)
+    return np.where(root >= 0, root_pages[np.maximum(root, 0)], 0)
 
 
 def _nodes(key: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
