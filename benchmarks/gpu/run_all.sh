@@ -38,8 +38,8 @@ for step in "$@"; do
            timeout 240 python3 benchmarks/bench_page_size.py --causal --out "$out" 2>&1 | tail -22 ;;
     joint) timeout 540 python3 benchmarks/bench_joint.py ${JOINT_ARGS//,,/ } --out "$out" 2>&1 | tee "$out/joint.txt" | tail -30 ;;
     host) timeout 240 python3 benchmarks/bench_host.py --device cuda ${HOST_ARGS//,,/ } --out "$out" 2>&1 | tee "$out/host.txt" | tail -12
-          [ -d .old/vllm_relay ] && PYTHONPATH=.old:$PYTHONPATH timeout 240 python3 benchmarks/bench_host.py \
-            --device cuda --out "$out/host_old" 2>&1 | tail -12 ;;
+          if [ -d .old/vllm_relay ]; then PYTHONPATH=.old:$PYTHONPATH timeout 240 python3 benchmarks/bench_host.py \
+            --device cuda --out "$out/host_old" 2>&1 | tail -12; fi ;;
     layer-quick) timeout 300 python3 benchmarks/bench_layer.py --quick $old --out "$out" 2>&1 | tee "$out/layer.txt" | tail -40 ;;
   esac
 done
