@@ -16,9 +16,16 @@ end-to-end latency, p50 and p99, and the achieved request throughput.
 Per rate also the server's own means of vLLM's request phases (`server_mean_ms`: TTFT from the front
 end's arrival, the queue in the engine core, prefill from scheduled to the first token, decode), from
 its /metrics before and after the rate: where a TTFT difference between two servers goes.
+
+With --rounds R > 1 the configurations are compared interleaved on one GPU: every server is started (one
+after another, each with an equal share of the GPU's memory) and kept up, then R rounds run every rate on
+each server in turn, the order reversed each round (A B, B A, ...). A row's figures are then the median
+over the rounds of each round's figure, and "rounds" lists the rounds' own rows.
 Writes {"model", "workload", "configs": {NAME: [{"rate", "ttft_ms": {"p50", "p99"}, "tpot_ms",
-"e2e_ms", "req_per_s", "requests", "server_mean_ms"}]}} (the shape benchmarks/plot.py reads). Usage (GPU host):
+"e2e_ms", "req_per_s", "requests", "server_mean_ms"[, "rounds"]}]}} (the shape benchmarks/plot.py reads).
+Usage (GPU host):
   python3 benchmarks/bench_serving.py --model DIR --rates 1,4,8,16,32 --duration 25 --out results.json
+  python3 benchmarks/bench_serving.py --model DIR --rates 1,4,8 --duration 20 --rounds 2 --out results.json
 """
 
 import argparse
@@ -28,6 +35,7 @@ import os
 import random
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -48,6 +56,8 @@ def parse_args():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--server-args", default="", help="extra server arguments")
     p.add_argument("--startup-timeout", type=float, default=900)
+    p.add_argument("--rounds", type=int, default=1,
+                   help="above 1: all servers up at once, the rates run on each in turn, R times (A B, B A, ...)")
     p.add_argument("--out")
     return p.parse_args()
 
@@ -88,8 +98,16 @@ def check_config(config: str) -> None:
         raise ValueError(f"unknown config {config!r}: one of {', '.join(CONFIGS)}")
 
 
-def server_command(args, config, systems, port, gpu: bool) -> list[str]:
-    """The server's command line for one configuration."""
+def gpu_share(args, n_servers: int) -> str | None:
+    """Each server's --gpu-memory-utilization when several share the GPU (None: vLLM's default, or the
+    user's own in --server-args)."""
+    if n_servers == 1 or "--gpu-memory-utilization" in args.server_args:
+        return None
+    return f"{0.88 / n_servers:.2f}"
+
+
+def server_command(args, config, systems, port, gpu: bool, share: str | None = None) -> list[str]:
+    """The server's command line for one configuration (`share`: its --gpu-memory-utilization)."""
     check_config(config)
     entry = ["-m", "vllm.entrypoints.cli.main", "serve", args.model] if gpu else \
             ["-m", "vllm.entrypoints.openai.api_server", "--model", args.model]
@@ -97,6 +115,8 @@ def server_command(args, config, systems, port, gpu: bool) -> list[str]:
            "--max-model-len", str(args.max_model_len), "--seed", str(args.seed), *args.server_args.split()]
     if gpu:
         cmd += ["--load-format", "dummy"]
+    if share is not None:
+        cmd += ["--gpu-memory-utilization", share]
     if config.startswith("relay"):
         cmd += ["--attention-backend", "relay"]
     if config == "relay":
@@ -106,8 +126,8 @@ def server_command(args, config, systems, port, gpu: bool) -> list[str]:
     return cmd
 
 
-def start_server(args, config, systems, port, log_path):
-    cmd = server_command(args, config, systems, port, _has_gpu())
+def start_server(args, config, systems, port, log_path, share=None):
+    cmd = server_command(args, config, systems, port, _has_gpu(), share)
     log = open(log_path, "w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     return proc, log
@@ -235,60 +255,139 @@ async def run_rate(session, base, rate, args, request):
             "tpot_ms": percentiles(tpot), "e2e_ms": percentiles(e2e)}
 
 
-async def bench_config(args, config, systems, request, log_dir):
+class Server:
+    """One configuration's server process, up between `start` and `stop`."""
+
+    def __init__(self, args, config, systems, log_dir, share=None):
+        self.config, self.port = config, free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.proc, self.log = start_server(args, config, systems, self.port,
+                                           os.path.join(log_dir, f"server_{config}.log"), share)
+
+    async def wait(self, session, args, request):
+        t0 = time.monotonic()
+        await wait_healthy(session, self.base, self.proc, args.startup_timeout)
+        print(f"[{self.config}] healthy after {time.monotonic() - t0:.0f} s", flush=True)
+        await one_request(session, self.base, request(random.Random(-1)), 8)  # warm-up
+
+    def stop(self):
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.log.close()
+
+
+async def run_rates(session, server, args, request):
+    """Every rate on one server: the rows, with the server's phase means."""
+    rows = []
+    for rate in map(float, args.rates.split(",")):
+        before = await server_totals(session, server.base)
+        row = await run_rate(session, server.base, rate, args, request)
+        row["server_mean_ms"] = phase_means_ms(before, await server_totals(session, server.base))
+        rows.append(row)
+        phases = ", ".join(f"{k} {v:.2f}" for k, v in row["server_mean_ms"].items() if v is not None)
+        print(f"[{server.config}] rate {rate:5.1f}: {row['req_per_s']:.2f} req/s, TTFT p50 "
+              f"{row['ttft_ms']['p50']:.1f} ms, TPOT p50 {row['tpot_ms']['p50']:.2f} ms "
+              f"(p99 {row['tpot_ms']['p99']:.2f}), E2E p50 {row['e2e_ms']['p50']:.0f} ms; "
+              f"server means (ms): {phases}", flush=True)
+    return rows
+
+
+def _median(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def merge_rounds(rounds: list[list[dict]]) -> list[dict]:
+    """Per rate, each figure's median over the rounds' rows, the rounds' rows kept under "rounds".
+
+    Example:
+        >>> r = lambda t: [{"rate": 4.0, "requests": 10, "req_per_s": 3.9, "ttft_ms": {"p50": t, "p99": 2 * t},
+        ...                 "tpot_ms": {"p50": 5.0, "p99": 6.0}, "e2e_ms": {"p50": 1e3, "p99": 1e3},
+        ...                 "server_mean_ms": {"ttft": t, "queue": None}}]
+        >>> row, = merge_rounds([r(20.0), r(22.0), r(30.0)])
+        >>> row["ttft_ms"], row["server_mean_ms"], row["requests"], len(row["rounds"])
+        ({'p50': 22.0, 'p99': 44.0}, {'ttft': 22.0, 'queue': None}, 30, 3)
+    """
+    merged = []
+    for rows in zip(*rounds):
+        row = {"rate": rows[0]["rate"], "requests": sum(r["requests"] for r in rows),
+               "req_per_s": _median(r["req_per_s"] for r in rows)}
+        for key in ("ttft_ms", "tpot_ms", "e2e_ms", "server_mean_ms"):
+            row[key] = {k: _median(r[key][k] for r in rows) for k in rows[0][key]}
+        row["rounds"] = list(rows)
+        merged.append(row)
+    return merged
+
+
+async def bench(args, configs, systems, request, log_dir, save):
+    """Each configuration's rows: one server at a time (--rounds 1), or all up at once in rounds."""
     import aiohttp
 
-    port = free_port()
-    proc, log = start_server(args, config, systems, port, os.path.join(log_dir, f"server_{config}.log"))
-    base = f"http://127.0.0.1:{port}"
-    rows = []
-    try:
-        timeout = aiohttp.ClientTimeout(total=None)
-        async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
-            t0 = time.monotonic()
-            await wait_healthy(session, base, proc, args.startup_timeout)
-            print(f"[{config}] healthy after {time.monotonic() - t0:.0f} s", flush=True)
-            await one_request(session, base, request(random.Random(-1)), 8)  # warm-up
-            for rate in map(float, args.rates.split(",")):
-                before = await server_totals(session, base)
-                row = await run_rate(session, base, rate, args, request)
-                row["server_mean_ms"] = phase_means_ms(before, await server_totals(session, base))
-                rows.append(row)
-                phases = ", ".join(f"{k} {v:.2f}" for k, v in row["server_mean_ms"].items() if v is not None)
-                print(f"[{config}] rate {rate:5.1f}: {row['req_per_s']:.2f} req/s, TTFT p50 "
-                      f"{row['ttft_ms']['p50']:.1f} ms, TPOT p50 {row['tpot_ms']['p50']:.2f} ms "
-                      f"(p99 {row['tpot_ms']['p99']:.2f}), E2E p50 {row['e2e_ms']['p50']:.0f} ms; "
-                      f"server means (ms): {phases}", flush=True)
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
+    timeout = aiohttp.ClientTimeout(total=None)
+    together = args.rounds > 1
+    share = gpu_share(args, len(configs)) if together and _has_gpu() else None
+    results, servers = {}, []
+    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
         try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        log.close()
-    return rows
+            if not together:
+                for config in configs:
+                    server = Server(args, config, systems, log_dir)
+                    servers.append(server)
+                    await server.wait(session, args, request)
+                    results[config] = await run_rates(session, server, args, request)
+                    server.stop()
+                    servers.remove(server)
+                    save(results)
+                return results
+            for config in configs:  # one after another: each profiles its memory with the others settled
+                servers.append(Server(args, config, systems, log_dir, share))
+                await servers[-1].wait(session, args, request)
+            by_config = {s.config: [] for s in servers}
+            for r in range(args.rounds):
+                for server in servers if r % 2 == 0 else servers[::-1]:
+                    print(f"round {r + 1}/{args.rounds}", end=" ", flush=True)
+                    by_config[server.config].append(await run_rates(session, server, args, request))
+                save({c: merge_rounds(rs) for c, rs in by_config.items()})
+            return {c: merge_rounds(rs) for c, rs in by_config.items()}
+        finally:
+            for server in servers:
+                server.stop()
 
 
 def main():
     args = parse_args()
-    for config in args.configs.split(","):  # an unknown name fails before any server starts
+    configs = args.configs.split(",")
+    for config in configs:  # an unknown name fails before any server starts
         check_config(config)
+    if args.rounds < 1:
+        raise ValueError(f"--rounds must be at least 1, not {args.rounds}")
     systems, request = make_workload(args)
     log_dir = os.path.dirname(os.path.abspath(args.out)) if args.out else "."
     out = {"model": os.path.basename(os.path.normpath(args.model)),
            "workload": {k: getattr(args, k) for k in ("system_lens", "plain_fraction", "user_len", "output_len",
-                                                       "duration", "seed")},
+                                                       "duration", "seed", "rounds")},
            "configs": {}}
-    for config in args.configs.split(","):
-        out["configs"][config] = asyncio.run(bench_config(args, config, systems, request, log_dir))
-        if args.out:  # keep what is done, whatever fails later
+
+    def save(results):  # keep what is done, whatever fails later
+        out["configs"] = dict(results)
+        if args.out:
             with open(args.out, "w") as f:
                 json.dump(out, f, indent=1)
+
+    save(asyncio.run(bench(args, configs, systems, request, log_dir, save)))
     for name in [c for c in out["configs"] if c.startswith("relay")] if "default" in out["configs"] else []:
-        print(f"rate | TTFT p50 {name}/default | TPOT p50 {name}/default | E2E p50 {name}/default")
+        print(f"rate | TTFT p50 {name}/default | TPOT p50 {name}/default | E2E p50 {name}/default"
+              + (" | TTFT, TPOT p50 ratios per round" if args.rounds > 1 else ""))
         for d, r in zip(out["configs"]["default"], out["configs"][name]):
+            per_round = " | " + ", ".join(
+                f"{rr['ttft_ms']['p50'] / dr['ttft_ms']['p50']:.3f}/{rr['tpot_ms']['p50'] / dr['tpot_ms']['p50']:.3f}"
+                for dr, rr in zip(d["rounds"], r["rounds"])) if "rounds" in d else ""
             print(f"{d['rate']:5.1f} | {r['ttft_ms']['p50'] / d['ttft_ms']['p50']:.3f} | "
-                  f"{r['tpot_ms']['p50'] / d['tpot_ms']['p50']:.3f} | {r['e2e_ms']['p50'] / d['e2e_ms']['p50']:.3f}")
+                  f"{r['tpot_ms']['p50'] / d['tpot_ms']['p50']:.3f} | {r['e2e_ms']['p50'] / d['e2e_ms']['p50']:.3f}"
+                  + per_round)
 
 
 if __name__ == "__main__":

@@ -62,7 +62,8 @@
 #   tp2048 tp8192 ref2048 noprefix   the earlier single-workload runs (see benchmarks/README.md)
 # N (requests per throughput workload, default 500) and RATES (default 1,4,8,16,32) tune the size;
 # l2_8192 also takes CONFIGS (default default,relay,noprefix) and REPEAT (runs per engine, default 1); single2
-# takes CONFIGS (default relay,noprefix); serve3 SERVE_CONFIGS (default default,relay; relay-plain: nothing registered).
+# takes CONFIGS (default relay,noprefix); serve3 SERVE_CONFIGS (default default,relay; relay-plain: nothing registered) and ROUNDS (above 1: the servers
+# up at once on one GPU, the rates run on each in turn, ROUNDS times).
 # BT_EXTRA: more bench_throughput.py options for every throughput step, e.g. BT_EXTRA=--triton-cache=/tmp/tc
 # (a fresh Triton cache per configuration: the kernels compiled inside a timed run are named in its JSON).
 set -uo pipefail
@@ -155,7 +156,8 @@ for step in "$@"; do
       a="--model $m2 --prefix-len $P --num-prompts 1000 --max-model-len $L --repeat ${REPEAT:-2} --configs relay"
       for j in 0 1; do VLLM_RELAY_JOINT=$j $bt $a --out "$out/joint_llama2_${P}_joint-$j.json"; done ;;
     serve2) $bs --model "$m2" --rates "$RATES" --duration "$DUR" --out "$out/serving_llama2.json" ;;
-    serve3) $bs --model "$m3" --rates "$RATES" --duration "$DUR" --configs "${SERVE_CONFIGS:-default,relay}" --out "$out/serving_llama3.json" ;;
+    serve3) $bs --model "$m3" --rates "$RATES" --duration "$DUR" --configs "${SERVE_CONFIGS:-default,relay}" \
+              --rounds "${ROUNDS:-1}" --out "$out/serving_llama3.json" ;;
     tp2048) $bt --model "$m2" --prefix-len 2048 --num-prompts 1000 --max-model-len 4096 \
               --configs default,relay --out "$out/tp_2048.json" ;;
     tp8192) $bt --model "$m2" --prefix-len 8192 --num-prompts 500 --max-model-len 9000 \

@@ -73,3 +73,43 @@ def test_server_phase_means_from_a_metrics_page():
             assert means[phase] == pytest.approx(sum(xs) / len(xs) * 1e3)
         else:
             assert means[phase] is None
+
+
+def test_servers_sharing_the_gpu_get_equal_memory_shares_unless_the_user_set_one():
+    assert bench.gpu_share(args(), 1) is None
+    assert bench.gpu_share(args(), 2) == "0.44" and bench.gpu_share(args(), 3) == "0.29"
+    mine = args("--server-args", "--gpu-memory-utilization 0.3")
+    assert bench.gpu_share(mine, 2) is None
+    cmd = bench.server_command(args(), "relay", [[1, 2]], 8000, gpu=True, share="0.44")
+    assert value(cmd, "--gpu-memory-utilization") == "0.44"
+    assert "--gpu-memory-utilization" not in bench.server_command(args(), "relay", [[1, 2]], 8000, gpu=True)
+
+
+def test_rounds_merge_into_per_rate_medians_and_keep_each_round():
+    import random
+
+    rng = random.Random(11)
+
+    def row(rate):
+        f = lambda: {"p50": rng.random(), "p99": rng.random()}  # noqa: E731
+        return {"rate": rate, "requests": rng.randint(5, 50), "req_per_s": rng.random(), "ttft_ms": f(),
+                "tpot_ms": f(), "e2e_ms": f(), "server_mean_ms": {"ttft": rng.random(), "decode": None}}
+
+    rounds = [[row(1.0), row(4.0)] for _ in range(3)]
+    merged = bench.merge_rounds(rounds)
+    assert [m["rate"] for m in merged] == [1.0, 4.0]
+    for i, m in enumerate(merged):
+        mine = [r[i] for r in rounds]
+        assert m["rounds"] == mine and m["requests"] == sum(r["requests"] for r in mine)
+        for key, q in (("ttft_ms", "p50"), ("tpot_ms", "p99"), ("e2e_ms", "p50"), ("server_mean_ms", "ttft")):
+            assert m[key][q] == sorted(r[key][q] for r in mine)[1]
+        assert m["server_mean_ms"]["decode"] is None
+
+
+def test_rounds_below_one_are_refused():
+    sys_argv, sys.argv = sys.argv, ["bench_serving.py", "--model", "/m", "--rounds", "0"]
+    try:
+        with pytest.raises(ValueError, match="--rounds must be at least 1"):
+            bench.main()
+    finally:
+        sys.argv = sys_argv
