@@ -117,6 +117,39 @@ def test_relay_matches_flash_attention_on_cuda(name, parallel, tmp_path):
     assert replay_err <= logprob_bound(ref_err), (replay_err, ref_err)
 
 
+@pytest.mark.parametrize("name", ["tiny-llama-mha", "tiny-llama-gqa"])
+def test_unsplit_joint_graphs_match_eager_on_cuda(name, tmp_path, monkeypatch):
+    """VLLM_RELAY_JOINT_UNSPLIT_TOKENS=1: every full graph captures its joint call unsplit (no split
+    workspace, no combine). Its replays hold to the same rules against FLASH_ATTN and relay's eager run."""
+    model = get_model(name)
+    vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
+    systems, prompts, _ = workload(vocab, seed=5)
+    base = {"model": model, "dtype": "bfloat16", "max_model_len": 512, "max_num_batched_tokens": 64}
+    relay_config = {"relay": {"system_prompts": systems, "max_prompts": 2, "max_prompt_tokens": 256,
+                              "shared_path": "always"}}
+    spec = {"prompts": prompts, "max_tokens": 16}
+    graphs = {"enforce_eager": False}
+    eager, _ = run_engine({**spec, "engine": {**base, "attention_backend": "relay",
+                                              "additional_config": relay_config}}, tmp_path, "relay-eager")
+    flash, _ = run_engine({**spec, "engine": {**base, **graphs, "attention_backend": "FLASH_ATTN"}}, tmp_path,
+                          "flash")
+    triton, _ = run_engine({**spec, "engine": {**base, **graphs, "attention_backend": "TRITON_ATTN"}}, tmp_path,
+                           "triton")
+    monkeypatch.setenv("VLLM_RELAY_JOINT_UNSPLIT_TOKENS", "1")
+    unsplit, _ = run_engine({**spec, "engine": {**base, **graphs, "attention_backend": "relay",
+                                                "additional_config": relay_config}}, tmp_path, "relay-unsplit")
+    stats = unsplit["worker_stats"]
+    print(name, "unsplit worker stats:", stats)
+    assert stats["level_graph_steps"] > 0 and stats["joint_steps"] > 0, stats
+    _, ref_err = divergence(triton["outputs"], flash["outputs"])
+    relay_same, relay_err = divergence(unsplit["outputs"], flash["outputs"])
+    replay_same, replay_err = divergence(unsplit["outputs"], eager["outputs"])
+    print(f"{name}: unsplit graphs vs FA: {relay_same:.0%} identical, max diff {relay_err:.3g}; vs relay eager: "
+          f"{replay_same:.0%}, {replay_err:.3g}; TRITON vs FA {ref_err:.3g}")
+    assert relay_err <= logprob_bound(ref_err) and replay_err <= logprob_bound(ref_err), (relay_err, replay_err)
+    assert tie_margin(unsplit["outputs"], flash["outputs"]) <= tie_bound(ref_err)
+
+
 def test_shared_levels_match_flash_attention_on_cuda(tmp_path):
     """Levels found in the block tables (a registered preamble, documents under it, the same prompt
     several times, seeded samples of questions: up to three levels per token) on CUDA: relay within
