@@ -18,8 +18,10 @@ system prompt; `relay` the levels as their own call (VLLM_RELAY_JOINT=0: on the 
 `joint_{order}_{rows}` one call built here from relay's plan, the level's sequences of `rows` query
 rows placed `first`, `last` or `mix` (spread evenly among the context's), then the LSE merge
 (relay_fusion); `_s{cap}` with FA3's split cap (FA3 splits a sequence by its share of the work),
-else one split; `lib` the backend's joint plan (planner and `relay_attention`, the backend's split
-rule), `lib1` the same with one split; `err_*` the largest difference from relay's output.
+else one split; `lib` the backend's joint plan (planner and `relay_attention`) with FA3's split cap and
+its own split choice, `libf` the same split call with every sequence forced to one split (what a graph
+captured split runs on the steps the planner unsplits: FA3's combine still launched), `lib1` the call
+unsplit (VLLM_RELAY_JOINT_UNSPLIT_TOKENS: no combine); `err_*` the largest difference from relay's output.
 Writes <out>/joint.{json,md}.
 Usage: python3 benchmarks/bench_joint.py [--ns 256,1024] [--rows 64,128] [--orders mix,first] [--out DIR]
 """
@@ -38,7 +40,7 @@ from bench_ops import BLOCK, DTYPE, FA  # noqa: E402
 from bench_ops import HEAD_DIM as D  # noqa: E402
 
 from vllm_relay.attention.backend import LEVEL_STREAM_PRIORITY  # noqa: E402
-from vllm_relay.ops.split_schedule import FA3_DYNAMIC_SPLIT_BATCHES  # noqa: E402
+from vllm_relay.ops.split_schedule import FA3_DYNAMIC_SPLIT_BATCHES, force_one_split  # noqa: E402
 from vllm_relay.ops import relay_fusion  # noqa: E402
 
 
@@ -134,7 +136,7 @@ def main():
     orders = args.orders.split(",")
     split_list = [int(x) for x in args.splits.split(",")]
     sfx = lambda sp: "" if sp == 1 else f"_s{sp}"  # noqa: E731
-    cols = ["noprompt", "relay", "lib", "lib1"] + [f"joint_{o}_{r}{sfx(sp)}" for o in orders for r in rows_list
+    cols = ["noprompt", "relay", "lib", "libf", "lib1"] + [f"joint_{o}_{r}{sfx(sp)}" for o in orders for r in rows_list
                                                    for sp in split_list]
     rows, t0 = [], time.time()
     for layer, row, cap, hq, hkv in decode_points(args, fa, sms):
@@ -146,12 +148,14 @@ def main():
         run(layer, plan)()
         ref = layer.out.clone()
         call = lib.shared[0].call
-        for col, sp in (("lib", cap if call["seqused_k"].shape[0] <= FA3_DYNAMIC_SPLIT_BATCHES else 1),
-                        ("lib1", 1)):
+        split = cap if call["seqused_k"].shape[0] <= FA3_DYNAMIC_SPLIT_BATCHES else 1
+        for col, sp in (("lib", split), ("libf", split), ("lib1", 1)):
             call["num_splits"] = sp
             call["scheduler_metadata"] = fa.schedule(
                 call["seqused_k"].shape[0], call["cu_seqlens_q"], call["max_seqlen_q"], call["seqused_k"],
                 call["max_seqlen_k"], False, hq, hkv, sp)
+            if col == "libf" and sp > 1:  # a graph captured split, its steps forced to one (ops.force_one_split)
+                force_one_split(call["scheduler_metadata"], call["seqused_k"].shape[0])
             row[f"err_{col}"] = err_vs(layer, run(layer, lib), ref)
             row[col] = graph_ms(run(layer, lib)) * 1e3
         for o in orders:
