@@ -69,6 +69,21 @@ PARALLEL = {"tp1": {}, "tp2": {"tensor_parallel_size": 2}, "tp4": {"tensor_paral
             "dp2": {"data_parallel_size": 2}}
 
 
+def run_four(spec: dict, base: dict, relay_config: dict, tmp_path) -> tuple[dict, str]:
+    """The same requests on relay with vLLM's default CUDA graphs, relay eager, and vLLM's FLASH_ATTN and
+    TRITON_ATTN with graphs: ({"relay", "eager", "flash", "triton"}: outputs, relay's log)."""
+    graphs = {"enforce_eager": False}
+    relay = {"attention_backend": "relay", "additional_config": relay_config}
+    engines = {"relay": {**base, **graphs, **relay}, "eager": {**base, **relay},
+               "flash": {**base, **graphs, "attention_backend": "FLASH_ATTN"},
+               "triton": {**base, **graphs, "attention_backend": "TRITON_ATTN"}}
+    runs, log = {}, ""
+    for name, engine in engines.items():
+        runs[name], out = run_engine({**spec, "engine": engine}, tmp_path, name)
+        log = log or out
+    return runs, log
+
+
 @pytest.mark.parametrize("parallel", list(PARALLEL))
 @pytest.mark.parametrize("name", ["tiny-llama-mha", "tiny-llama-gqa"])
 def test_relay_matches_flash_attention_on_cuda(name, parallel, tmp_path):
@@ -84,17 +99,8 @@ def test_relay_matches_flash_attention_on_cuda(name, parallel, tmp_path):
             **PARALLEL[parallel]}
     relay_config = {"relay": {"system_prompts": systems, "max_prompts": 2, "max_prompt_tokens": 256,
                               "shared_path": "always"}}
-    spec = {"prompts": prompts, "max_tokens": 16}
-    graphs = {"enforce_eager": False}
-    relay, log = run_engine({**spec, "engine": {**base, **graphs, "attention_backend": "relay",
-                                                "additional_config": relay_config}}, tmp_path, "relay")
-    eager, _ = run_engine({**spec, "engine": {**base, "attention_backend": "relay",
-                                              "additional_config": relay_config}}, tmp_path, "relay-eager")
-    flash, _ = run_engine({**spec, "engine": {**base, **graphs, "attention_backend": "FLASH_ATTN"}}, tmp_path,
-                          "flash")
-    triton, _ = run_engine({**spec, "engine": {**base, **graphs, "attention_backend": "TRITON_ATTN"}}, tmp_path,
-                           "triton")
-
+    runs, log = run_four({"prompts": prompts, "max_tokens": 16}, base, relay_config, tmp_path)
+    relay, eager, flash, triton = runs["relay"], runs["eager"], runs["flash"], runs["triton"]
     assert "implementation: cuda-flash-attn-3" in log
     print(name, "relay stats:", relay["relay_stats"])
     assert relay["relay_stats"]["relay_requests"] == num_relay, relay["relay_stats"]  # no sampled_prompts here
@@ -120,34 +126,26 @@ def test_relay_matches_flash_attention_on_cuda(name, parallel, tmp_path):
 @pytest.mark.parametrize("name", ["tiny-llama-mha", "tiny-llama-gqa"])
 def test_unsplit_joint_graphs_match_eager_on_cuda(name, tmp_path, monkeypatch):
     """VLLM_RELAY_JOINT_UNSPLIT_TOKENS=1: every full graph captures its joint call unsplit (no split
-    workspace, no combine). Its replays hold to the same rules against FLASH_ATTN and relay's eager run."""
+    workspace, no combine). Its replays hold to the same rules against FLASH_ATTN and relay's eager run
+    (the knob changes graph steps only)."""
+    monkeypatch.setenv("VLLM_RELAY_JOINT_UNSPLIT_TOKENS", "1")
     model = get_model(name)
     vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
     systems, prompts, _ = workload(vocab, seed=5)
     base = {"model": model, "dtype": "bfloat16", "max_model_len": 512, "max_num_batched_tokens": 64}
     relay_config = {"relay": {"system_prompts": systems, "max_prompts": 2, "max_prompt_tokens": 256,
                               "shared_path": "always"}}
-    spec = {"prompts": prompts, "max_tokens": 16}
-    graphs = {"enforce_eager": False}
-    eager, _ = run_engine({**spec, "engine": {**base, "attention_backend": "relay",
-                                              "additional_config": relay_config}}, tmp_path, "relay-eager")
-    flash, _ = run_engine({**spec, "engine": {**base, **graphs, "attention_backend": "FLASH_ATTN"}}, tmp_path,
-                          "flash")
-    triton, _ = run_engine({**spec, "engine": {**base, **graphs, "attention_backend": "TRITON_ATTN"}}, tmp_path,
-                           "triton")
-    monkeypatch.setenv("VLLM_RELAY_JOINT_UNSPLIT_TOKENS", "1")
-    unsplit, _ = run_engine({**spec, "engine": {**base, **graphs, "attention_backend": "relay",
-                                                "additional_config": relay_config}}, tmp_path, "relay-unsplit")
-    stats = unsplit["worker_stats"]
+    runs, _ = run_four({"prompts": prompts, "max_tokens": 16}, base, relay_config, tmp_path)
+    stats = runs["relay"]["worker_stats"]
     print(name, "unsplit worker stats:", stats)
     assert stats["level_graph_steps"] > 0 and stats["joint_steps"] > 0, stats
-    _, ref_err = divergence(triton["outputs"], flash["outputs"])
-    relay_same, relay_err = divergence(unsplit["outputs"], flash["outputs"])
-    replay_same, replay_err = divergence(unsplit["outputs"], eager["outputs"])
+    _, ref_err = divergence(runs["triton"]["outputs"], runs["flash"]["outputs"])
+    relay_same, relay_err = divergence(runs["relay"]["outputs"], runs["flash"]["outputs"])
+    replay_same, replay_err = divergence(runs["relay"]["outputs"], runs["eager"]["outputs"])
     print(f"{name}: unsplit graphs vs FA: {relay_same:.0%} identical, max diff {relay_err:.3g}; vs relay eager: "
           f"{replay_same:.0%}, {replay_err:.3g}; TRITON vs FA {ref_err:.3g}")
     assert relay_err <= logprob_bound(ref_err) and replay_err <= logprob_bound(ref_err), (relay_err, replay_err)
-    assert tie_margin(unsplit["outputs"], flash["outputs"]) <= tie_bound(ref_err)
+    assert tie_margin(runs["relay"]["outputs"], runs["flash"]["outputs"]) <= tie_bound(ref_err)
 
 
 def test_shared_levels_match_flash_attention_on_cuda(tmp_path):
@@ -164,14 +162,8 @@ def test_shared_levels_match_flash_attention_on_cuda(tmp_path):
     relay_config = {"relay": {"system_prompts": {"preamble": spec["preamble"]}, "max_prompt_tokens": 256,
                               "shared_path": "always"}}
     run = {"prompts": spec["prompts"], "max_tokens": 16, "samples": spec["samples"]}
-    graphs = {"enforce_eager": False}
-    relay, _ = run_engine({**run, "engine": {**base, **graphs, "attention_backend": "relay",
-                                             "additional_config": relay_config}}, tmp_path, "relay")
-    eager, _ = run_engine({**run, "engine": {**base, "attention_backend": "relay",
-                                             "additional_config": relay_config}}, tmp_path, "relay-eager")
-    flash, _ = run_engine({**run, "engine": {**base, **graphs, "attention_backend": "FLASH_ATTN"}}, tmp_path, "flash")
-    triton, _ = run_engine({**run, "engine": {**base, **graphs, "attention_backend": "TRITON_ATTN"}}, tmp_path,
-                           "triton")
+    runs, _ = run_four(run, base, relay_config, tmp_path)
+    relay, eager, flash, triton = runs["relay"], runs["eager"], runs["flash"], runs["triton"]
     relay_same, relay_err = divergence(relay["outputs"], flash["outputs"])
     ref_same, ref_err = divergence(triton["outputs"], flash["outputs"])
     replay_same, replay_err = divergence(relay["outputs"], eager["outputs"])
