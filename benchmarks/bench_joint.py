@@ -136,8 +136,8 @@ def main():
     orders = args.orders.split(",")
     split_list = [int(x) for x in args.splits.split(",")]
     sfx = lambda sp: "" if sp == 1 else f"_s{sp}"  # noqa: E731
-    cols = ["noprompt", "relay", "lib", "libf", "lib1"] + [f"joint_{o}_{r}{sfx(sp)}" for o in orders for r in rows_list
-                                                   for sp in split_list]
+    cols = ["noprompt", "relay", "lib", "libf", "lib1"] + [f"joint_{o}_{r}{sfx(sp)}" for o in orders
+                                                           for r in rows_list for sp in split_list]
     rows, t0 = [], time.time()
     for layer, row, cap, hq, hkv in decode_points(args, fa, sms):
         os.environ["VLLM_RELAY_JOINT"] = "1"
@@ -154,7 +154,7 @@ def main():
             call["scheduler_metadata"] = fa.schedule(
                 call["seqused_k"].shape[0], call["cu_seqlens_q"], call["max_seqlen_q"], call["seqused_k"],
                 call["max_seqlen_k"], False, hq, hkv, sp)
-            if col == "libf" and sp > 1:  # a graph captured split, its steps forced to one (ops.force_one_split)
+            if col == "libf" and sp > 1:  # captured split, every step forced to one (ops.force_one_split)
                 force_one_split(call["scheduler_metadata"], call["seqused_k"].shape[0])
             row[f"err_{col}"] = err_vs(layer, run(layer, lib), ref)
             row[col] = graph_ms(run(layer, lib)) * 1e3

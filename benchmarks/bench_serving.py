@@ -57,7 +57,7 @@ def parse_args():
     p.add_argument("--server-args", default="", help="extra server arguments")
     p.add_argument("--startup-timeout", type=float, default=900)
     p.add_argument("--rounds", type=int, default=1,
-                   help="above 1: all servers up at once, the rates run on each in turn, R times (A B, B A, ...)")
+                   help="above 1: all servers up at once, every rate on each in turn, R times (A B, B A...)")
     p.add_argument("--out")
     return p.parse_args()
 
@@ -256,7 +256,7 @@ async def run_rate(session, base, rate, args, request):
 
 
 class Server:
-    """One configuration's server process, up between `start` and `stop`."""
+    """One configuration's server process, started on construction and up until `stop`."""
 
     def __init__(self, args, config, systems, log_dir, share=None):
         self.config, self.port = config, free_port()
@@ -304,8 +304,9 @@ def merge_rounds(rounds: list[list[dict]]) -> list[dict]:
     """Per rate, each figure's median over the rounds' rows, the rounds' rows kept under "rounds".
 
     Example:
-        >>> r = lambda t: [{"rate": 4.0, "requests": 10, "req_per_s": 3.9, "ttft_ms": {"p50": t, "p99": 2 * t},
-        ...                 "tpot_ms": {"p50": 5.0, "p99": 6.0}, "e2e_ms": {"p50": 1e3, "p99": 1e3},
+        >>> r = lambda t: [{"rate": 4.0, "requests": 10, "req_per_s": 3.9,
+        ...                 "ttft_ms": {"p50": t, "p99": 2 * t}, "tpot_ms": {"p50": 5.0, "p99": 6.0},
+        ...                 "e2e_ms": {"p50": 1e3, "p99": 1e3},
         ...                 "server_mean_ms": {"ttft": t, "queue": None}}]
         >>> row, = merge_rounds([r(20.0), r(22.0), r(30.0)])
         >>> row["ttft_ms"], row["server_mean_ms"], row["requests"], len(row["rounds"])
@@ -378,16 +379,17 @@ def main():
                 json.dump(out, f, indent=1)
 
     save(asyncio.run(bench(args, configs, systems, request, log_dir, save)))
+    def ratio(a: dict, b: dict, key: str) -> str:
+        return f"{a[key]['p50'] / b[key]['p50']:.3f}"
+
     for name in [c for c in out["configs"] if c.startswith("relay")] if "default" in out["configs"] else []:
         print(f"rate | TTFT p50 {name}/default | TPOT p50 {name}/default | E2E p50 {name}/default"
               + (" | TTFT, TPOT p50 ratios per round" if args.rounds > 1 else ""))
         for d, r in zip(out["configs"]["default"], out["configs"][name]):
-            per_round = " | " + ", ".join(
-                f"{rr['ttft_ms']['p50'] / dr['ttft_ms']['p50']:.3f}/{rr['tpot_ms']['p50'] / dr['tpot_ms']['p50']:.3f}"
-                for dr, rr in zip(d["rounds"], r["rounds"])) if "rounds" in d else ""
-            print(f"{d['rate']:5.1f} | {r['ttft_ms']['p50'] / d['ttft_ms']['p50']:.3f} | "
-                  f"{r['tpot_ms']['p50'] / d['tpot_ms']['p50']:.3f} | {r['e2e_ms']['p50'] / d['e2e_ms']['p50']:.3f}"
-                  + per_round)
+            pairs = zip(d["rounds"], r["rounds"]) if "rounds" in d else []
+            per_round = ", ".join(ratio(rr, dr, "ttft_ms") + "/" + ratio(rr, dr, "tpot_ms") for dr, rr in pairs)
+            ratios = " | ".join(ratio(r, d, key) for key in ("ttft_ms", "tpot_ms", "e2e_ms"))
+            print(f"{d['rate']:5.1f} | {ratios}" + (f" | {per_round}" if per_round else ""))
 
 
 if __name__ == "__main__":
