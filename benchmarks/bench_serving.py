@@ -387,7 +387,8 @@ def main():
               + (" | TTFT, TPOT p50 ratios per round" if args.rounds > 1 else ""))
         for d, r in zip(out["configs"]["default"], out["configs"][name]):
             pairs = zip(d["rounds"], r["rounds"]) if "rounds" in d else []
-            per_round = ", ".join(ratio(rr, dr, "ttft_ms") + "/" + ratio(rr, dr, "tpot_ms") for dr, rr in pairs)
+            per_round = ", ".join(ratio(rr, dr, "ttft_ms") + "/" + ratio(rr, dr, "tpot_ms")
+                                  for dr, rr in pairs)
             ratios = " | ".join(ratio(r, d, key) for key in ("ttft_ms", "tpot_ms", "e2e_ms"))
             print(f"{d['rate']:5.1f} | {ratios}" + (f" | {per_round}" if per_round else ""))
 
