@@ -61,7 +61,7 @@
 #   serve2 serve3    serving through the OpenAI server at Poisson rates, default vs relay
 #   tp2048 tp8192 ref2048 noprefix   the earlier single-workload runs (see benchmarks/README.md)
 # N (requests per throughput workload, default 500) and RATES (default 1,4,8,16,32) tune the size; l2 and l3
-# take CONFIGS, REPEAT and LATENCY (set empty: no decode-latency sweep), l3 VARIANTS too;
+# take CONFIGS, REPEAT, LATENCY (set empty: no decode-latency sweep) and VARIANTS;
 # l2_8192 also takes CONFIGS (default default,relay,noprefix) and REPEAT (runs per engine, default 1); single2
 # takes CONFIGS (default relay,noprefix); serve3 SERVE_CONFIGS (default default,relay; relay-plain: nothing registered) and ROUNDS (above 1: the servers
 # up at once on one GPU, the rates run on each in turn, ROUNDS times).
@@ -82,12 +82,12 @@ for step in "$@"; do
   case $step in
     acc2) $bt --model "$m2" --accuracy --prefix-len 2048 --out "$out/acc_llama2.json" ;;
     acc3) $bt --model "$m3" --accuracy --prefix-len 2048 --out "$out/acc_llama3.json" ;;
-    l2) $bt --model "$m2" --prefix-len 2048 --num-prompts "$N" --max-model-len 5120 --workloads single,multi \
-          ${LATENCY---latency} --repeat "${REPEAT:-1}" --configs "${CONFIGS:-default,relay,noprefix}" --out "$out/e2e_llama2.json" ;;
-    l3) a="--model $m3 --prefix-len 2048 --num-prompts $N --max-model-len 5120 --workloads single,multi"
-        a="$a ${LATENCY---latency} --repeat ${REPEAT:-1}"
-        $bt $a --configs "${CONFIGS:-default,relay,noprefix,noprefix-relay}" --out "$out/e2e_llama3.json" &&
-          variants "$a" e2e_llama3 ;;
+    l2|l3)
+      m=$m2 name=llama2 configs=default,relay,noprefix
+      [ $step = l3 ] && m=$m3 name=llama3 configs=default,relay,noprefix,noprefix-relay
+      a="--model $m --prefix-len 2048 --num-prompts $N --max-model-len 5120 --workloads single,multi"
+      a="$a ${LATENCY---latency} --repeat ${REPEAT:-1}"
+      $bt $a --configs "${CONFIGS:-$configs}" --out "$out/e2e_$name.json" && variants "$a" "e2e_$name" ;;
     l3_n1000) $bt --model "$m3" --prefix-len 2048 --num-prompts 1000 --max-model-len 4096 --repeat 2 \
           --triton-cache /tmp/tc-l3 --configs relay,noprefix,noprefix-relay,default --out "$out/e2e_llama3_n1000.json" ;;
     l3_runners) $bt --model "$m3" --prefix-len 2048 --num-prompts 1000 --max-model-len 4096 --repeat 2 \
