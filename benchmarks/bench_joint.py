@@ -21,7 +21,8 @@ rows placed `first`, `last` or `mix` (spread evenly among the context's), then t
 else one split; `lib` the backend's joint plan (planner and `relay_attention`) with FA3's split cap and
 its own split choice, `libf` the same split call with every sequence forced to one split (what a graph
 captured split runs on the steps the planner unsplits: FA3's combine still launched), `lib1` the call
-unsplit (VLLM_RELAY_JOINT_UNSPLIT_TOKENS: no combine); `err_*` the largest difference from relay's output.
+unsplit (the unsplit twin graph, VLLM_RELAY_UNSPLIT_GRAPHS: no combine); `err_*` the largest difference
+from relay's output.
 Writes <out>/joint.{json,md}.
 Usage: python3 benchmarks/bench_joint.py [--ns 256,1024] [--rows 64,128] [--orders mix,first] [--out DIR]
 """

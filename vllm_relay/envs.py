@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     VLLM_RELAY_CHUNK_LEVELS: int | None = None
     VLLM_RELAY_JOINT: int | None = None
     VLLM_RELAY_JOINT_ROWS: int | None = None
-    VLLM_RELAY_JOINT_UNSPLIT_TOKENS: int | None = None
+    VLLM_RELAY_UNSPLIT_GRAPHS: int | None = None
     VLLM_RELAY_LEVEL_STREAM: int | None = None
     VLLM_RELAY_LEVEL_STREAM_PRIORITY: int | None = None
     VLLM_RELAY_DETOKENIZER_PRIME: int | None = None
@@ -82,11 +82,13 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # Tuning knob for benchmarks: the query rows (tokens x query heads per KV head) of each level
     # sequence of a joint call in every step (unset: attention.rules.joint_tokens). Same results.
     "VLLM_RELAY_JOINT_ROWS": lambda: _int("VLLM_RELAY_JOINT_ROWS"),
-    # Tuning knob for benchmarks: full CUDA graphs of at least this many decode tokens capture their
-    # joint call unsplit (FlashAttention-3's one-pass kernel, no split workspace, no combine launch);
-    # unset or 0: captured split, each step forced to one split or left to FA3 (rules.JOINT_SPLIT_FILL),
-    # the combine launched over the whole call either way. Same results; only the speed changes.
-    "VLLM_RELAY_JOINT_UNSPLIT_TOKENS": lambda: _int("VLLM_RELAY_JOINT_UNSPLIT_TOKENS"),
+    # Tuning knob for benchmarks: 1 captures each full decode graph with levels twice, its joint call split
+    # and unsplit (FlashAttention-3's one-pass kernel: no split workspace, no combine launch), and
+    # replays the unsplit one on the steps the planner runs unsplit anyway (rules.joint_one_split);
+    # 2 replays it on every step with levels (its tests); unset or 0: the split graph alone, its
+    # combine launched over the whole call every step (hooks/graphs.py). Same results; only the speed
+    # and the graphs captured change.
+    "VLLM_RELAY_UNSPLIT_GRAPHS": lambda: _int("VLLM_RELAY_UNSPLIT_GRAPHS"),
     # Tuning knob for benchmarks: 0 runs the levels in vLLM's stream after the context call; 1 on a
     # second stream, concurrently, in every step; unset or 2 on it in full-CUDA-graph steps only,
     # eager steps in vLLM's stream (attention.backend.level_stream_mode). Same results.

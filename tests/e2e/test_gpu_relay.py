@@ -125,10 +125,10 @@ def test_relay_matches_flash_attention_on_cuda(name, parallel, tmp_path):
 
 @pytest.mark.parametrize("name", ["tiny-llama-mha", "tiny-llama-gqa"])
 def test_unsplit_joint_graphs_match_eager_on_cuda(name, tmp_path, monkeypatch):
-    """VLLM_RELAY_JOINT_UNSPLIT_TOKENS=1: every full graph captures its joint call unsplit (no split
-    workspace, no combine). Its replays hold to the same rules against FLASH_ATTN and relay's eager run
-    (the knob changes graph steps only)."""
-    monkeypatch.setenv("VLLM_RELAY_JOINT_UNSPLIT_TOKENS", "1")
+    """VLLM_RELAY_UNSPLIT_GRAPHS=2: every decode size has a twin with its joint call captured unsplit
+    (no split workspace, no combine), replayed on every step with levels. Its replays hold to the same
+    rules against FLASH_ATTN and relay's eager run (the knob changes graph steps only)."""
+    monkeypatch.setenv("VLLM_RELAY_UNSPLIT_GRAPHS", "2")
     model = get_model(name)
     vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
     systems, prompts, _ = workload(vocab, seed=5)
@@ -139,6 +139,7 @@ def test_unsplit_joint_graphs_match_eager_on_cuda(name, tmp_path, monkeypatch):
     stats = runs["relay"]["worker_stats"]
     print(name, "unsplit worker stats:", stats)
     assert stats["level_graph_steps"] > 0 and stats["joint_steps"] > 0, stats
+    assert stats["unsplit_graph_steps"] == stats["level_graph_steps"], stats
     _, ref_err = divergence(runs["triton"]["outputs"], runs["flash"]["outputs"])
     relay_same, relay_err = divergence(runs["relay"]["outputs"], runs["flash"]["outputs"])
     replay_same, replay_err = divergence(runs["relay"]["outputs"], runs["eager"]["outputs"])

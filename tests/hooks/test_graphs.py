@@ -123,3 +123,56 @@ def test_vllm_asking_relays_graph_support_applies_the_worker_hooks_first():
         assert support == FlashAttentionMetadataBuilder.get_cudagraph_support(VllmConfig(), spec)
     finally:
         vllm_relay.register()
+
+
+def test_unsplit_twins_are_keyed_captured_last_and_chosen_by_the_planners_rule(current, monkeypatch):
+    """VLLM_RELAY_UNSPLIT_GRAPHS=1: each size also has the levels' graph with its joint call unsplit,
+    captured after vLLM's own (the memory estimate's second graph stays vLLM's), and chosen only for
+    steps the planner runs unsplit; 2 chooses it for every step with levels; unset, none is keyed."""
+    from vllm.config import CUDAGraphMode
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum as E
+
+    from vllm_relay.attention import planner
+    from vllm_relay.hooks.graphs import RelayLevelsDescriptor, levels_twin
+
+    asked = []
+    monkeypatch.setattr(planner, "step_runs_unsplit", lambda step, n: asked.append(n) or step.tree == "wide")
+    d = dispatcher(E.CUSTOM)
+    assert not any(getattr(k, "relay_unsplit", False) for k in d.cudagraph_keys[CUDAGraphMode.FULL])
+    relay_step._current = step_with("wide")
+    assert not d.dispatch(num_tokens=3, uniform_decode=True)[1].relay_unsplit and asked == []
+
+    monkeypatch.setenv("VLLM_RELAY_UNSPLIT_GRAPHS", "1")
+    d = dispatcher(E.CUSTOM)
+    full = d.cudagraph_keys[CUDAGraphMode.FULL]
+    plain = {k for k in full if not isinstance(k, RelayLevelsDescriptor)}
+    assert full == plain | {levels_twin(k) for k in plain} | {levels_twin(k, True) for k in plain}
+    assert len(full) == 12 and levels_twin(next(iter(plain)), True) != levels_twin(next(iter(plain)))
+    order = dict(d.get_capture_descs())[CUDAGraphMode.FULL]
+    def kind(x):
+        return "plain" if not isinstance(x, RelayLevelsDescriptor) else "unsplit" if x.relay_unsplit else "split"
+
+    assert [(x.num_tokens, kind(x)) for x in order] == \
+        [(n, k) for n in (8, 4, 2, 1) for k in ("split", "plain", "unsplit")]
+
+    desc = d.dispatch(num_tokens=3, uniform_decode=True)[1]  # the planner runs this step unsplit
+    assert desc.relay_unsplit and desc.num_tokens == 4 and asked == [4]
+    assert relay_step._current.graph_levels and relay_step._current.graph_unsplit
+    relay_step._current = step_with("narrow")  # it splits this one
+    desc = d.dispatch(num_tokens=3, uniform_decode=True)[1]
+    assert isinstance(desc, RelayLevelsDescriptor) and not desc.relay_unsplit
+    assert relay_step._current.graph_levels and not relay_step._current.graph_unsplit
+    relay_step._current = step_with(None)  # no levels: vLLM's graph, the rule not asked
+    assert type(d.dispatch(num_tokens=3, uniform_decode=True)[1]) is not RelayLevelsDescriptor
+    assert asked == [4, 4]
+    assert not relay_step._current.graph_unsplit
+
+    relay_step.clear()
+    with relay_step.capturing(True, True):  # capturing the unsplit twin
+        assert d.dispatch(num_tokens=8, uniform_decode=True)[1].relay_unsplit
+    with relay_step.capturing(True):
+        assert not d.dispatch(num_tokens=8, uniform_decode=True)[1].relay_unsplit
+
+    monkeypatch.setenv("VLLM_RELAY_UNSPLIT_GRAPHS", "2")  # every step with levels
+    relay_step._current = step_with("narrow")
+    assert d.dispatch(num_tokens=3, uniform_decode=True)[1].relay_unsplit

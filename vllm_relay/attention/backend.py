@@ -95,7 +95,6 @@ class RelayMetadataBuilder(FlashAttentionMetadataBuilder):
             # (vLLM's cap, 32, is 8x what FA3 can use with 32 KV heads on an H100).
             self.max_num_splits = graph_split_cap(self.max_num_splits, self.planner.num_sms, self.num_heads_kv)
         self.level_splits = envs.VLLM_RELAY_LEVEL_SPLITS or 0
-        self.joint_unsplit_tokens = envs.VLLM_RELAY_JOINT_UNSPLIT_TOKENS or 0
         self.level_stream = level_stream(device)
         self.level_stream_eager = level_stream_mode() == "all"
         self.level_scheduler_metadata = None
@@ -128,7 +127,7 @@ class RelayMetadataBuilder(FlashAttentionMetadataBuilder):
                 splits = meta.max_num_splits
                 if plan.joint and (level.call["seqused_k"].shape[0] > FA3_DYNAMIC_SPLIT_BATCHES
                                    or (plan.one_split and not plan.graph)
-                                   or (plan.graph and self.unsplit_joint_graph(cm.num_actual_tokens))):
+                                   or (plan.graph and unsplit_graph(step, capture))):
                     splits = 1  # (FA3 would split every sequence alike, the tokens' too; or unsplit)
                 level.call["num_splits"] = splits
                 if plan.run_level or plan.graph:
@@ -148,14 +147,6 @@ class RelayMetadataBuilder(FlashAttentionMetadataBuilder):
         stream = self.level_stream if plan.graph or self.level_stream_eager else None
         meta.relay = RelayPlan(context=context, shared=[level] if plan.run_level else [], level_stream=stream)
         return meta
-
-    def unsplit_joint_graph(self, num_tokens: int) -> bool:
-        """Whether a full graph of `num_tokens` (its capture size: vLLM pads a replayed step to it, so
-        capture and replay agree) holds its joint call unsplit (VLLM_RELAY_JOINT_UNSPLIT_TOKENS).
-        Captured split, the call launches FA3's combine over all its sequences every step, even when
-        the step's schedule runs each whole (Llama-2-7B shape, P=8192, H200: 80 us a layer, against
-        19 for vLLM's context-only graphs)."""
-        return 0 < self.joint_unsplit_tokens <= num_tokens
 
     def _schedule_level(self, call: dict, num_splits: int, fast_build: bool):
         """FlashAttention-3's ahead-of-time schedule of the levels' call, as FA's builder makes
@@ -177,6 +168,16 @@ class RelayMetadataBuilder(FlashAttentionMetadataBuilder):
         buf[n:] = 0  # as FlashAttention does: stale entries could let extra blocks write
         return buf[:n]
 
+
+
+def unsplit_graph(step, capture: bool) -> bool:
+    """Whether the full graph being captured or replayed holds its joint call unsplit (its unsplit
+    twin, hooks/graphs.py): no split workspace, no combine; replayed only on steps the planner runs
+    unsplit (or every step with levels under VLLM_RELAY_UNSPLIT_GRAPHS=2), so it splits no sequence
+    that a split graph would have."""
+    if capture:
+        return relay_step.capturing_unsplit()
+    return step is not None and step.graph_unsplit
 
 # Levels on their own stream (issue 16): a decode step's context call is bound by its reads, a system
 # level by its FLOPs, so the two overlap. Priority: the level's few CTAs take SMs as they free up,

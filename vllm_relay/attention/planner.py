@@ -30,11 +30,11 @@ from vllm_relay import envs
 from vllm_relay.attention import step as relay_step
 from vllm_relay.attention.rules import (
     GRAPH_LEVELS,
-    JOINT_SPLIT_FILL,
     MAX_LEVELS,
     MIN_SAVED_TOKENS,
     fills_tiles,
     graph_one_split,
+    joint_one_split,
     joint_tokens,
 )
 from vllm_relay.attention.staging import Staged, StagingBuffer, same_key
@@ -46,7 +46,8 @@ from vllm_relay.ops.level_tree import LevelRule, LevelTree, find_levels, level_r
 from vllm_relay.ops.fuse_in_place import warm_up_fuse_in_place
 from vllm_relay.stats import add_stats, sum_stats
 
-STATS = ("planned_steps", "graph_steps", "level_graph_steps", "one_split_steps", "joint_steps", "prefix_requests",
+STATS = ("planned_steps", "graph_steps", "level_graph_steps", "one_split_steps", "unsplit_graph_steps",
+         "joint_steps", "prefix_requests",
          "shared_tokens", "level_groups", "saved_kv_tokens", "saved_kv_bytes",
          *(f"tokens_under_{k}_levels" for k in range(1, MAX_LEVELS + 1)), "max_level_rows")
 
@@ -70,6 +71,13 @@ def find_step_levels(step: relay_step.RelayStep) -> None:
     right after the runner prepared the step's inputs: before vLLM picks its CUDA graph."""
     if _planners:
         _planners[0].levels_for(step)
+
+
+def step_runs_unsplit(step: relay_step.RelayStep, num_tokens: int) -> bool:
+    """Whether `step`, a decode step with levels replayed in a full graph of `num_tokens` (padded),
+    runs its joint call unsplit: what `_stage_plan` will decide for it, asked before vLLM picks the
+    graph (hooks/graphs.py)."""
+    return bool(_planners) and step.tree is not None and _planners[0].runs_unsplit(step.tree, num_tokens)
 
 
 @dataclass
@@ -179,6 +187,12 @@ class RelayPlanner:
         them there are."""
         return (min(self.max_rows, num_tokens * self.max_depth),
                 min(self.max_groups, self.num_slots + min(num_tokens * self.max_depth // 2, self.graph_levels)))
+
+    def runs_unsplit(self, tree: LevelTree, num_tokens: int) -> bool:
+        """Whether a decode step over `tree`'s levels, in a full graph of `num_tokens`, runs its joint
+        call unsplit (`_stage_plan`'s `one_split`: each level's rows in sequences of `per`)."""
+        per = joint_tokens(num_tokens, self.gqa, self.joint_rows)
+        return self.joint and joint_one_split(tree.size, per, self.hkv, self.num_sms)
 
     def is_graph_step(self, cm) -> bool:
         """A uniform decode batch that vLLM runs as a full CUDA graph (FULL_AND_PIECEWISE)."""
@@ -305,6 +319,7 @@ class RelayPlanner:
             add_stats(self.stats, staged.counts)
             add_stats(self.stats, {"graph_steps": graph, "one_split_steps": staged.one_split,
                                    "level_graph_steps": graph and with_level,
+                                   "unsplit_graph_steps": graph and with_level and step.graph_unsplit,
                                    "joint_steps": staged.joint_tokens > 0 and (graph or staged.num_rows > 0)})
         groups, rows, depth, G = staged.groups, staged.rows, staged.depth, self.max_seqs
         graph_len = self.level_table.shape[1] * self.page_size
@@ -399,7 +414,7 @@ class RelayPlanner:
         one_split = bool(graph and tree is not None and self.level_kernel == "flash" and self.one_split and not joint
                          and graph_one_split(group_sizes, self.gqa, self.hkv, self.num_sms))
         if joint:
-            one_split = J * self.hkv >= JOINT_SPLIT_FILL * self.num_sms
+            one_split = joint_one_split(group_sizes, per, self.hkv, self.num_sms)
         return Staged(key, groups, rows, depth, num_rows, int(group_sizes.max(initial=0)), int(lens.max(initial=0)),
                        int(ctx_front.max(initial=0)), one_split, n_tiles, splits,
                        self._counts(tree, ctx_front, root, num_rows, row_index), per)

@@ -36,10 +36,12 @@ class RelayStep:
     seq_lens: np.ndarray | None = None
     # The step's shared levels (an ops.LevelTree, found by the planner right after the inputs are
     # prepared: before vLLM picks the CUDA graph), None for none; and which full graph vLLM runs
-    # it with: True the one with the levels, False vLLM's own, None no full graph (hooks/graphs.py).
+    # it with: True the one with the levels, False vLLM's own, None no full graph (hooks/graphs.py),
+    # and whether that graph's joint call was captured unsplit.
     tree: object | None = None
     levels_planned: bool = False
     graph_levels: bool | None = None
+    graph_unsplit: bool = False
 
 
 class SlotPages:
@@ -58,38 +60,50 @@ class SlotPages:
 
 _current: RelayStep | None = None
 _slot_pages: SlotPages | None = None
-_capturing_levels = False  # the CUDA graph being captured is the one with the levels
+# The CUDA graph being captured: (it runs the levels, its joint call is unsplit).
+_capturing: tuple[bool, bool] = (False, False)
 
 
 def wants_levels() -> bool:
     """Whether the full CUDA graph about to be chosen must run the shared levels: the graph being
     captured is the levels' one, or the step being run has levels."""
-    return _capturing_levels or (_current is not None and _current.tree is not None)
+    return _capturing[0] or (_current is not None and _current.tree is not None)
 
 
-def dispatched(full_graph: bool, levels: bool) -> None:
-    """Record the graph vLLM chose for the step being run (read by the planner)."""
+def running() -> RelayStep | None:
+    """The step being run, None while capturing or between steps."""
+    return _current
+
+
+def dispatched(full_graph: bool, levels: bool, unsplit: bool = False) -> None:
+    """Record the graph vLLM chose for the step being run (read by the planner and the builder)."""
     if _current is not None:
         _current.graph_levels = levels if full_graph else None
+        _current.graph_unsplit = full_graph and levels and unsplit
 
 
 def capturing_levels() -> bool:
-    return _capturing_levels
+    return _capturing[0]
+
+
+def capturing_unsplit() -> bool:
+    return _capturing[1]
 
 
 class capturing:  # noqa: N801 - a context manager, named like one
-    """`with capturing(levels):` the CUDA graphs captured inside do (or do not) run the levels."""
+    """`with capturing(levels, unsplit):` the CUDA graphs captured inside do (or do not) run the
+    levels, their joint call unsplit (or split)."""
 
-    def __init__(self, levels: bool) -> None:
-        self.levels = levels
+    def __init__(self, levels: bool, unsplit: bool = False) -> None:
+        self.state = (levels, levels and unsplit)
 
     def __enter__(self):
-        global _capturing_levels
-        self.before, _capturing_levels = _capturing_levels, self.levels
+        global _capturing
+        self.before, _capturing = _capturing, self.state
 
     def __exit__(self, *exc):
-        global _capturing_levels
-        _capturing_levels = self.before
+        global _capturing
+        _capturing = self.before
 
 
 def slot_pages_for(cfg, page_size: int) -> SlotPages:

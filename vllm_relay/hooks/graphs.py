@@ -9,9 +9,17 @@ before vLLM dispatches, and the dispatcher returns the levels' twin of the graph
 that has levels. A step without them replays exactly vLLM's graph (attention reading the context
 tables relay writes, which are vLLM's own tables when nothing is shared).
 
-The twin is a subclass of vLLM's `BatchDescriptor` with one more field: it never equals vLLM's
+The twin is a subclass of vLLM's `BatchDescriptor` with fields of its own: it never equals vLLM's
 descriptor, so vLLM's CUDA-graph wrappers keep a graph for each, and everything else vLLM does with
 descriptors (padding, `replace`) carries it along.
+
+With VLLM_RELAY_UNSPLIT_GRAPHS, each size has a third graph: the twin with its joint call captured
+unsplit (`relay_unsplit`). Captured split (FlashAttention-3's split count is fixed at capture), the
+call launches FA3's combine over all its sequences every step, also on the steps the planner runs
+unsplit (`ops.force_one_split`): 80 us a layer, against 19 for vLLM's own graphs (Llama-2-7B shape,
+P=8192, H200, ceiling_h100 session 17). The unsplit twin runs the same tiles without it, and is
+chosen only for those steps (`planner.step_runs_unsplit`, the planner's own rule), so no step loses
+a split it would have had.
 
 vLLM sizes the KV cache after estimating its graphs' memory: it captures a mode's first two graphs
 of the capture list (largest first), the first for the pool it holds and the second for what each
@@ -29,6 +37,7 @@ from dataclasses import dataclass, fields
 
 from vllm.forward_context import BatchDescriptor
 
+from vllm_relay import envs
 from vllm_relay.hooks._patch import original, patch
 from vllm_relay.protocol import relay_enabled
 
@@ -37,14 +46,24 @@ _Dispatcher = _GPUModelRunner = None
 
 @dataclass(frozen=True)
 class RelayLevelsDescriptor(BatchDescriptor):
-    """The `BatchDescriptor` of a full CUDA graph that also runs the shared levels."""
+    """The `BatchDescriptor` of a full CUDA graph that also runs the shared levels (`relay_unsplit`:
+    their joint call captured unsplit)."""
 
     relay_levels: bool = True
+    relay_unsplit: bool = False
 
 
-def levels_twin(desc) -> RelayLevelsDescriptor:
-    """The descriptor of `desc`'s graph that also runs the levels."""
-    return RelayLevelsDescriptor(**{f.name: getattr(desc, f.name) for f in fields(BatchDescriptor)})
+def levels_twin(desc, unsplit: bool = False) -> RelayLevelsDescriptor:
+    """The descriptor of `desc`'s graph that also runs the levels (`unsplit`: its unsplit twin)."""
+    return RelayLevelsDescriptor(**{f.name: getattr(desc, f.name) for f in fields(BatchDescriptor)},
+                                 relay_unsplit=unsplit)
+
+
+def _rank(d) -> int:
+    """A size's graphs in capture order, highest first: the split twin, vLLM's, the unsplit twin."""
+    if not isinstance(d, RelayLevelsDescriptor):
+        return 1
+    return 0 if d.relay_unsplit else 2
 
 
 def _initialize_cudagraph_keys(self, cudagraph_mode, *args, **kwargs):
@@ -53,7 +72,8 @@ def _initialize_cudagraph_keys(self, cudagraph_mode, *args, **kwargs):
         from vllm.config import CUDAGraphMode
 
         full = self.cudagraph_keys[CUDAGraphMode.FULL]
-        full |= {levels_twin(d) for d in full}
+        twins = (False, True) if envs.VLLM_RELAY_UNSPLIT_GRAPHS else (False,)
+        full |= {levels_twin(d, unsplit) for d in full for unsplit in twins}
 
 
 def _dispatch(self, *args, **kwargs):
@@ -65,25 +85,41 @@ def _dispatch(self, *args, **kwargs):
 
         full = mode == CUDAGraphMode.FULL
         if full and step.wants_levels():
-            twin = levels_twin(desc)
-            if twin in self.cudagraph_keys[CUDAGraphMode.FULL]:
+            keys = self.cudagraph_keys[CUDAGraphMode.FULL]
+            unsplit = levels_twin(desc, True)
+            twin = unsplit if unsplit in keys and _runs_unsplit(desc.num_tokens) else levels_twin(desc)
+            if twin in keys:
                 desc = twin
-        step.dispatched(full, isinstance(desc, RelayLevelsDescriptor))
+        levels = isinstance(desc, RelayLevelsDescriptor)
+        step.dispatched(full, levels, levels and desc.relay_unsplit)
     return mode, desc
+
+
+def _runs_unsplit(num_tokens: int) -> bool:
+    """Whether the graph with levels about to be chosen is the unsplit twin: capturing it, or the step
+    runs its joint call unsplit (the planner's rule; every step with VLLM_RELAY_UNSPLIT_GRAPHS=2)."""
+    from vllm_relay.attention import step
+    from vllm_relay.attention.planner import step_runs_unsplit
+
+    running = step.running()
+    if running is None:
+        return step.capturing_unsplit()
+    return envs.VLLM_RELAY_UNSPLIT_GRAPHS == 2 or step_runs_unsplit(running, num_tokens)
 
 
 def _get_capture_descs(self):
     descs = original(_Dispatcher, "get_capture_descs")(self)
     if not relay_enabled(self.vllm_config):
         return descs
-    order = lambda d: (d.num_tokens, d.num_active_loras, isinstance(d, RelayLevelsDescriptor))  # noqa: E731
+    order = lambda d: (d.num_tokens, d.num_active_loras, _rank(d))  # noqa: E731
     return [(mode, sorted(batch, key=order, reverse=True)) for mode, batch in descs]
 
 
 def _warmup_and_capture(self, desc, *args, **kwargs):
     from vllm_relay.attention import step
 
-    with step.capturing(isinstance(desc, RelayLevelsDescriptor)):
+    twin = isinstance(desc, RelayLevelsDescriptor)
+    with step.capturing(twin, twin and desc.relay_unsplit):
         return original(_GPUModelRunner, "_warmup_and_capture")(self, desc, *args, **kwargs)
 
 
