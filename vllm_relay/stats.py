@@ -35,7 +35,7 @@ class RelayCounters:
 
 
 def merge_worker_stats(workers: list[dict]) -> dict:
-    """One engine's workers' planner stats (`attention.planner.worker_stats` of each) as one:
+    """One engine's workers' planner stats (`attention.workers.worker_stats` of each) as one:
     every tensor-parallel rank plans the same steps, so counts are the first worker's; KV bytes
     (each rank reads its own KV heads) are summed over the workers."""
     if not workers:
@@ -125,7 +125,7 @@ def relay_stats(llm) -> dict:
 
 def planner_stats(llm) -> dict:
     """What the workers' relay planners did (steps planned, levels, tokens under them, KV bytes
-    not read again: `attention.planner.worker_stats`), for this engine's workers."""
+    not read again: `attention.workers.worker_stats`), for this engine's workers."""
     return _call(llm, "relay_planner_stats")
 
 

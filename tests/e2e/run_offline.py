@@ -45,7 +45,7 @@ def main() -> None:
                             lora_request=lora_requests(first["prompts"]))
         result["first"] = {"outputs": [greedy(out) for out in outs]}
         if relay:
-            from vllm_relay.attention.planner import worker_stats
+            from vllm_relay.attention.workers import worker_stats
 
             result["first"]["worker_stats"] = llm.collective_rpc(worker_stats)[0]
     if level := spec.get("sleep"):
@@ -79,7 +79,7 @@ def main() -> None:
         from vllm_relay.stats import relay_stats
 
         result["relay_stats"] = relay_stats(llm)
-        from vllm_relay.attention.planner import worker_stats
+        from vllm_relay.attention.workers import worker_stats
 
         result["worker_stats"] = llm.collective_rpc(worker_stats)[0]
     json.dump(result, open(out_path, "w"))
@@ -127,7 +127,7 @@ def run_async(engine: dict, prompts: list, params: list) -> dict:
             outs = await asyncio.gather(*(one(i, ids, sp) for i, (ids, sp) in enumerate(zip(prompts, params))))
             result = {"outputs": [greedy(out) for out in outs], "sampled": [], "preemptions": None}
             if engine.get("attention_backend") == "relay":
-                from vllm_relay.attention.planner import worker_stats
+                from vllm_relay.attention.workers import worker_stats
                 from vllm_relay.stats import async_planner_stats, async_relay_stats
 
                 result["relay_stats"] = await async_relay_stats(llm)

@@ -132,11 +132,11 @@ def test_unsplit_twins_are_keyed_captured_last_and_chosen_by_the_planners_rule(c
     from vllm.config import CUDAGraphMode
     from vllm.v1.attention.backends.registry import AttentionBackendEnum as E
 
-    from vllm_relay.attention import planner
+    from vllm_relay.attention import workers
     from vllm_relay.hooks.graphs import RelayLevelsDescriptor, levels_twin
 
     asked = []
-    monkeypatch.setattr(planner, "step_runs_unsplit", lambda step, n: asked.append(n) or step.tree == "wide")
+    monkeypatch.setattr(workers, "step_runs_unsplit", lambda step, n: asked.append(n) or step.tree == "wide")
     d = dispatcher(E.CUSTOM)
     assert not any(getattr(k, "relay_unsplit", False) for k in d.cudagraph_keys[CUDAGraphMode.FULL])
     relay_step._current = step_with("wide")
@@ -149,6 +149,7 @@ def test_unsplit_twins_are_keyed_captured_last_and_chosen_by_the_planners_rule(c
     assert full == plain | {levels_twin(k) for k in plain} | {levels_twin(k, True) for k in plain}
     assert len(full) == 12 and levels_twin(next(iter(plain)), True) != levels_twin(next(iter(plain)))
     order = dict(d.get_capture_descs())[CUDAGraphMode.FULL]
+
     def kind(x):
         return "plain" if not isinstance(x, RelayLevelsDescriptor) else "unsplit" if x.relay_unsplit else "split"
 

@@ -44,41 +44,8 @@ from vllm_relay.ops.joint import joint_capacity, joint_layout
 from vllm_relay.ops.level_attention import level_splits, max_tiles, plan_tiles, workspace
 from vllm_relay.ops.level_tree import LevelRule, LevelTree, find_levels, level_rows, saved_bound, slot_front
 from vllm_relay.ops.fuse_in_place import warm_up_fuse_in_place
-from vllm_relay.stats import add_stats, sum_stats
-
-STATS = ("planned_steps", "graph_steps", "level_graph_steps", "one_split_steps", "unsplit_graph_steps",
-         "joint_steps", "prefix_requests",
-         "shared_tokens", "level_groups", "saved_kv_tokens", "saved_kv_bytes",
-         *(f"tokens_under_{k}_levels" for k in range(1, MAX_LEVELS + 1)), "max_level_rows")
-
-
-# Every planner of this worker process, for `worker_stats`.
-_planners: list[RelayPlanner] = []
-
-
-def worker_stats(_worker=None) -> dict:
-    """What this worker's planners did, summed: steps planned (full-graph ones, and those replaying
-    the graph with the levels, too), requests that
-    read their system pages through the prefix path, level rows (`shared_tokens`), levels, KV tokens
-    and bytes not read again thanks to them, tokens by how many levels they read, and the most rows
-    one level had (a maximum, not a sum). Callable through `LLM.collective_rpc(worker_stats)` (the
-    worker argument is ignored)."""
-    return sum_stats([dict.fromkeys(STATS, 0), *(planner.stats for planner in _planners)])
-
-
-def find_step_levels(step: relay_step.RelayStep) -> None:
-    """The step's levels, found once by this worker's planner (relay serves one KV-cache group),
-    right after the runner prepared the step's inputs: before vLLM picks its CUDA graph."""
-    if _planners:
-        _planners[0].levels_for(step)
-
-
-def step_runs_unsplit(step: relay_step.RelayStep, num_tokens: int) -> bool:
-    """Whether `step`, a decode step with levels replayed in a full graph of `num_tokens` (padded),
-    runs its joint call unsplit: what `_stage_plan` will decide for it, asked before vLLM picks the
-    graph (hooks/graphs.py)."""
-    return bool(_planners) and step.tree is not None and _planners[0].runs_unsplit(step.tree, num_tokens)
-
+from vllm_relay.attention.workers import STATS, register
+from vllm_relay.stats import add_stats
 
 @dataclass
 class StepPlan:
@@ -177,7 +144,7 @@ class RelayPlanner:
         self.stats = dict.fromkeys(STATS, 0)
         self._last = None  # (row facts, tree) of the last decode step, while reusable
         self._staged: Staged | None = None  # the last plan's staged part, while reusable
-        _planners.append(self)
+        register(self)
 
     def graph_capacity(self, num_tokens: int) -> tuple[int, int]:
         """(level rows, levels) a full graph of `num_tokens` decode tokens holds: each token in at

@@ -18,8 +18,8 @@ unsplit (`relay_unsplit`). Captured split (FlashAttention-3's split count is fix
 call launches FA3's combine over all its sequences every step, also on the steps the planner runs
 unsplit (`ops.force_one_split`): 80 us a layer, against 19 for vLLM's own graphs (Llama-2-7B shape,
 P=8192, H200, ceiling_h100 session 17). The unsplit twin runs the same tiles without it, and is
-chosen only for those steps (`planner.step_runs_unsplit`, the planner's own rule), so no step loses
-a split it would have had.
+chosen only for those steps (`attention.workers.step_runs_unsplit`, the planner's own rule), so no
+step loses a split it would have had.
 
 vLLM sizes the KV cache after estimating its graphs' memory: it captures a mode's first two graphs
 of the capture list (largest first), the first for the pool it holds and the second for what each
@@ -99,7 +99,7 @@ def _runs_unsplit(num_tokens: int) -> bool:
     """Whether the graph with levels about to be chosen is the unsplit twin: capturing it, or the step
     runs its joint call unsplit (the planner's rule; every step with VLLM_RELAY_UNSPLIT_GRAPHS=2)."""
     from vllm_relay.attention import step
-    from vllm_relay.attention.planner import step_runs_unsplit
+    from vllm_relay.attention.workers import step_runs_unsplit
 
     running = step.running()
     if running is None:

@@ -30,16 +30,16 @@ def _prepare_inputs(self, scheduler_output, num_scheduled_tokens):
             self._relay_auto_levels = cfg.auto_levels and cfg.shared_path != "never"
         step.prepare(self, num_scheduled_tokens, pages, self.cache_config.block_size, self._relay_auto_levels)
         if step._current is not None:
-            from vllm_relay.attention.planner import find_step_levels
+            from vllm_relay.attention.workers import find_step_levels
 
             find_step_levels(step._current)
     return result
 
 
 def _relay_worker_stats(self) -> dict:
-    """What this worker's relay planners did (`attention.planner.worker_stats`), for the engine
+    """What this worker's relay planners did (`attention.workers.worker_stats`), for the engine
     core's `collective_rpc("relay_worker_stats")`."""
-    from vllm_relay.attention.planner import worker_stats
+    from vllm_relay.attention.workers import worker_stats
 
     return worker_stats()
 
