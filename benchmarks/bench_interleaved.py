@@ -138,6 +138,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     # bench_throughput's engine_kwargs reads these; they stay at its defaults here
     args.tensor_parallel_size, args.shared_path, args.profile, args.max_cudagraph_capture_size = 1, None, None, None
+    args.max_num_seqs = None
     return args
 
 

@@ -96,6 +96,8 @@ def engine_kwargs(args, config, systems):
               enable_logging_iteration_details=args.iteration_details)
     if args.gpu_memory_utilization:
         kw["gpu_memory_utilization"] = args.gpu_memory_utilization
+    if args.max_num_seqs:
+        kw["max_num_seqs"] = args.max_num_seqs
     if args.max_cudagraph_capture_size:
         kw["compilation_config"] = {"max_cudagraph_capture_size": args.max_cudagraph_capture_size}
     if config == "noprefix-relay":
@@ -242,16 +244,18 @@ def worker(args):
             profiling = args.profile and i == 0 and name == names[0]
             if profiling:  # (outside the timed span; the profiler itself slows the steps it records)
                 llm.start_profile()
-            t0, wall0 = time.perf_counter(), time.time()
+            t0, wall0, preempted = time.perf_counter(), time.time(), preemptions(llm)
             outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
-            runs.append({"elapsed_s": time.perf_counter() - t0, "wall": [wall0, time.time()]})
+            runs.append({"elapsed_s": time.perf_counter() - t0, "wall": [wall0, time.time()],
+                         "preemptions": preemptions(llm) - preempted})
             if profiling:
                 llm.stop_profile()
         elapsed = runs[0]["elapsed_s"]
         r = {"requests": len(prompts), "elapsed_s": elapsed, "requests_per_s": len(prompts) / elapsed,
              "system_lens": [len(s) for s in load_systems], "prompt_tokens": sum(map(len, prompts)),
              "output_tokens": sum(len(o.outputs[0].token_ids) for o in outs),
-             "runs_requests_per_s": [len(prompts) / x["elapsed_s"] for x in runs]}
+             "runs_requests_per_s": [len(prompts) / x["elapsed_s"] for x in runs],
+             "runs_preemptions": [x["preemptions"] for x in runs]}
         r["triton_compiled"] = [compiled_during(*x["wall"]) for x in runs]
         relayed += sum(1 for p in prompts if any(p[: len(s)] == s and len(p) > len(s) for s in load_systems))
         if accuracy:
@@ -260,7 +264,8 @@ def worker(args):
                             for o in outs]
         result[name] = r
         print(f"  {args.worker} {name}: {', '.join(f'{x:.2f}' for x in r['runs_requests_per_s'])} requests/s; "
-              f"Triton kernels compiled during the runs: {r['triton_compiled']}", flush=True)
+              f"preemptions {r['runs_preemptions']}; Triton kernels compiled during the runs: "
+              f"{r['triton_compiled']}", flush=True)
     result["allocator"] = llm.collective_rpc(allocator_stats)
     print(f"  {args.worker} allocator: {result['allocator']}", flush=True)
     if args.latency and not accuracy:
@@ -278,6 +283,12 @@ def worker(args):
             raise RuntimeError(f"relay served only {result['relay_stats']['relay_requests']} of the "
                                f"{relayed} requests behind a system prompt: they were not routed")
     print("RESULT " + json.dumps(result), flush=True)
+
+
+def preemptions(llm) -> int:
+    """Requests vLLM's scheduler has preempted so far (its `vllm:num_preemptions` counter): each is
+    computed again from its first token (a relay request's tokens then attend its system prompt again)."""
+    return int(sum(m.value for m in llm.get_metrics() if m.name == "vllm:num_preemptions"))
 
 
 def run_config(args, config):
@@ -372,6 +383,8 @@ def main():
     p.add_argument("--configs", default="default,relay")
     p.add_argument("--max-cudagraph-capture-size", type=int, help="vLLM's largest CUDA graph, for every config "
                    "(default: its own, min(2 x max_num_seqs, 512): larger decode batches run eagerly)")
+    p.add_argument("--max-num-seqs", type=int, help="vLLM's cap on running requests, for every config "
+                   "(default: its own); one the KV cache finishes without preempting: what preemption costs")
     p.add_argument("--gpu-memory-utilization", type=float, help="vLLM's (default: its own; on the CPU the "
                    "fraction of host memory for the KV cache)")
     p.add_argument("--workloads", default="single", help="single and/or multi, comma-separated")

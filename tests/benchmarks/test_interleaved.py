@@ -34,3 +34,5 @@ def test_engine_arguments_come_from_bench_throughputs_engine_kwargs():
     kw = bench.engine_kwargs(args, "noprefix-relay", [])
     assert kw["gpu_memory_utilization"] == 0.3 and kw["attention_backend"] == "relay"
     assert kw["tensor_parallel_size"] == 1 and "compilation_config" not in kw and "profiler_config" not in kw
+    assert "max_num_seqs" not in kw
+
