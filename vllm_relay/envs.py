@@ -82,8 +82,8 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # Tuning knob for benchmarks: the query rows (tokens x query heads per KV head) of each level
     # sequence of a joint call in every step (unset: attention.rules.joint_tokens). Same results.
     "VLLM_RELAY_JOINT_ROWS": lambda: _int("VLLM_RELAY_JOINT_ROWS"),
-    # Tuning knob for benchmarks: 1 captures each full decode graph with levels twice, its joint call split
-    # and unsplit (FlashAttention-3's one-pass kernel: no split workspace, no combine launch), and
+    # Tuning knob for benchmarks: 1 captures each full decode graph with levels twice, its joint call
+    # split and unsplit (FlashAttention-3's one-pass kernel: no split workspace, no combine launch), and
     # replays the unsplit one on the steps the planner runs unsplit anyway (rules.joint_one_split);
     # 2 replays it on every step with levels (its tests); unset or 0: the split graph alone, its
     # combine launched over the whole call every step (hooks/graphs.py). Same results; only the speed

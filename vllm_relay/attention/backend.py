@@ -169,7 +169,6 @@ class RelayMetadataBuilder(FlashAttentionMetadataBuilder):
         return buf[:n]
 
 
-
 def unsplit_graph(step, capture: bool) -> bool:
     """Whether the full graph being captured or replayed holds its joint call unsplit (its unsplit
     twin, hooks/graphs.py): no split workspace, no combine; replayed only on steps the planner runs
@@ -178,6 +177,7 @@ def unsplit_graph(step, capture: bool) -> bool:
     if capture:
         return relay_step.capturing_unsplit()
     return step is not None and step.graph_unsplit
+
 
 # Levels on their own stream (issue 16): a decode step's context call is bound by its reads, a system
 # level by its FLOPs, so the two overlap. Priority: the level's few CTAs take SMs as they free up,

@@ -38,14 +38,15 @@ from vllm_relay.attention.rules import (
     joint_tokens,
 )
 from vllm_relay.attention.staging import Staged, StagingBuffer, same_key
+from vllm_relay.attention.workers import STATS, register
 from vllm_relay.config import RelayConfig
 from vllm_relay.ops import SharedLevel, prefix_block_table
 from vllm_relay.ops.joint import joint_capacity, joint_layout
 from vllm_relay.ops.level_attention import level_splits, max_tiles, plan_tiles, workspace
 from vllm_relay.ops.level_tree import LevelRule, LevelTree, find_levels, level_rows, saved_bound, slot_front
 from vllm_relay.ops.fuse_in_place import warm_up_fuse_in_place
-from vllm_relay.attention.workers import STATS, register
 from vllm_relay.stats import add_stats
+
 
 @dataclass
 class StepPlan:

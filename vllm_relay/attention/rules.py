@@ -80,7 +80,6 @@ def graph_one_split(group_rows: np.ndarray, gqa: int, num_kv_heads: int, num_sms
     return int(query_tiles(group_rows, gqa).sum()) * num_kv_heads >= ONE_SPLIT_FILL * num_sms
 
 
-
 def joint_one_split(group_rows: np.ndarray, tokens_per_seq: int, num_kv_heads: int, num_sms: int) -> bool:
     """Whether a joint call over levels of these rows runs unsplit: their sequences of at most
     `tokens_per_seq` rows (`ops.joint_layout`) times the KV heads fill JOINT_SPLIT_FILL of the
@@ -92,6 +91,7 @@ def joint_one_split(group_rows: np.ndarray, tokens_per_seq: int, num_kv_heads: i
     """
     seqs = int((-(-np.asarray(group_rows, dtype=np.int64) // tokens_per_seq)).sum())
     return seqs * num_kv_heads >= JOINT_SPLIT_FILL * num_sms
+
 
 def fills_tiles(q_lens: np.ndarray, gqa: int) -> np.ndarray:
     """Prompt chunks that fill their own query tiles (the tiles at least four fifths full).

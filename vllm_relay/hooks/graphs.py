@@ -1,13 +1,13 @@
 """Two full CUDA graphs per decode size: vLLM's own, and one that also runs the shared levels.
 
-Imported in workers only (with the runner hooks). A full CUDA graph replays a fixed list of launches. Captured with the levels' launches, it costs
-every step that replays it those launches, rows or not (on the H200, 13-14 us a layer at 256
-requests on a Llama-7B shape: 5% for traffic that shares nothing); captured without them, no step
-can use levels. So relay captures both kinds of each FULL decode graph vLLM keys, and picks one per
-step: the planner finds the step's levels right after its inputs are prepared (`attention.step`),
-before vLLM dispatches, and the dispatcher returns the levels' twin of the graph only for a step
-that has levels. A step without them replays exactly vLLM's graph (attention reading the context
-tables relay writes, which are vLLM's own tables when nothing is shared).
+Imported in workers only (with the runner hooks). A full CUDA graph replays a fixed list of launches.
+Captured with the levels' launches, it costs every step that replays it those launches, rows or not (on
+the H200, 13-14 us a layer at 256 requests on a Llama-7B shape: 5% for traffic that shares nothing);
+captured without them, no step can use levels. So relay captures both kinds of each FULL decode graph
+vLLM keys, and picks one per step: the planner finds the step's levels right after its inputs are
+prepared (`attention.step`), before vLLM dispatches, and the dispatcher returns the levels' twin of the
+graph only for a step that has levels. A step without them replays exactly vLLM's graph (attention
+reading the context tables relay writes, which are vLLM's own tables when nothing is shared).
 
 The twin is a subclass of vLLM's `BatchDescriptor` with fields of its own: it never equals vLLM's
 descriptor, so vLLM's CUDA-graph wrappers keep a graph for each, and everything else vLLM does with
