@@ -272,7 +272,8 @@ def level_attention(q, k_cache, v_cache, out, lse, perm, tiles, group_pages, gro
         `out`: rows of tiled tokens merged with their level's attention, other rows untouched.
 
     Example:
-        >>> level_attention(q, k_cache, v_cache, out, lse, perm, tiles, slot_pages, lens, 0.088, ws, 4)
+        >>> level_attention(q, k_cache, v_cache, out, lse, perm, tiles,  # doctest: +SKIP
+        ...                 slot_pages, lens, 0.088, ws, 4)
     """
     if q.is_cuda or os.environ.get("TRITON_INTERPRET", "0") == "1":
         return level_attention_triton(q, k_cache, v_cache, out, lse, perm, tiles, group_pages, group_lens,

@@ -118,7 +118,8 @@ def prefix_block_table(block_table, seq_lens, pages, slot, slot_pages, page_size
         (out_table, out_lens). No host synchronization.
 
     Example:
-        >>> prefix_block_table(bt, lens, pages, slot, slot_pages, 16, ctx_bt, ctx_lens, start=skip)
+        >>> prefix_block_table(bt, lens, pages, slot, slot_pages, 16,  # doctest: +SKIP
+        ...                    ctx_bt, ctx_lens, start=skip)
     """
     if block_table.is_cuda or os.environ.get("TRITON_INTERPRET", "0") == "1":
         return prefix_block_table_triton(block_table, seq_lens, pages, slot, slot_pages, page_size,

@@ -49,7 +49,8 @@ def varlen_attention_torch(q, k_cache=None, v_cache=None, cu_seqlens_q=None, seq
         lse = -inf (FlashAttention-3's convention).
 
     Example:
-        >>> o, lse = varlen_attention_torch(q=q, k=k_cache, v=v_cache, cu_seqlens_q=cu, seqused_k=kl,
+        >>> o, lse = varlen_attention_torch(  # doctest: +SKIP
+        ...     q=q, k=k_cache, v=v_cache, cu_seqlens_q=cu, seqused_k=kl,
         ...     max_seqlen_q=mq, max_seqlen_k=mk, softmax_scale=0.088, causal=True,
         ...     block_table=bt, return_softmax_lse=True)
     """
