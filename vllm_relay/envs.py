@@ -82,12 +82,13 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # Tuning knob for benchmarks: the query rows (tokens x query heads per KV head) of each level
     # sequence of a joint call in every step (unset: attention.rules.joint_tokens). Same results.
     "VLLM_RELAY_JOINT_ROWS": lambda: _int("VLLM_RELAY_JOINT_ROWS"),
-    # Tuning knob for benchmarks: 1 captures each full decode graph with levels twice, its joint call
-    # split and unsplit (FlashAttention-3's one-pass kernel: no split workspace, no combine launch), and
-    # replays the unsplit one on the steps the planner runs unsplit anyway (rules.joint_one_split);
-    # 2 replays it on every step with levels (its tests); unset or 0: the split graph alone, its
-    # combine launched over the whole call every step (hooks/graphs.py). Same results; only the speed
-    # and the graphs captured change.
+    # Tuning knob for benchmarks: unset or 1 captures each full decode graph with levels twice, its
+    # joint call split and unsplit (FlashAttention-3's one-pass kernel: no split workspace, no combine
+    # launch), and replays the unsplit one on the steps the planner runs unsplit anyway
+    # (rules.joint_one_split); 2 replays it on every step with levels (its tests); 0: the split graph
+    # alone, its combine launched over the whole call every step (hooks/graphs.py). Same results; only
+    # the speed and the graphs captured change (H200, ceiling_h100 session 19: +0.9% at P=8192, 0.12 GiB
+    # more graph memory on a Llama-2-7B shape).
     "VLLM_RELAY_UNSPLIT_GRAPHS": lambda: _int("VLLM_RELAY_UNSPLIT_GRAPHS"),
     # Tuning knob for benchmarks: 0 runs the levels in vLLM's stream after the context call; 1 on a
     # second stream, concurrently, in every step; unset or 2 on it in full-CUDA-graph steps only,

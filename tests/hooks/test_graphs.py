@@ -42,12 +42,14 @@ def current():
     relay_step.clear()
 
 
-def test_every_full_graph_has_a_levels_twin_chosen_only_for_steps_with_levels(current):
+def test_every_full_graph_has_a_levels_twin_chosen_only_for_steps_with_levels(current, monkeypatch):
+    """With VLLM_RELAY_UNSPLIT_GRAPHS=0 (the unsplit twins are the next test's)."""
     from vllm.config import CUDAGraphMode
     from vllm.v1.attention.backends.registry import AttentionBackendEnum as E
 
     from vllm_relay.hooks.graphs import RelayLevelsDescriptor, levels_twin
 
+    monkeypatch.setenv("VLLM_RELAY_UNSPLIT_GRAPHS", "0")
     d = dispatcher(E.CUSTOM)
     full = d.cudagraph_keys[CUDAGraphMode.FULL]
     plain = {k for k in full if not isinstance(k, RelayLevelsDescriptor)}
@@ -85,14 +87,16 @@ def test_engines_without_relay_keep_vllms_keys(current):
     assert not isinstance(d.dispatch(num_tokens=3, uniform_decode=True)[1], RelayLevelsDescriptor)
 
 
-def test_each_size_captures_its_twin_first_and_plain_engines_keep_vllms_order():
+def test_each_size_captures_its_twin_first_and_plain_engines_keep_vllms_order(monkeypatch):
     """vLLM estimates its graphs' memory from a mode's first two captures: the largest twin first,
-    then vLLM's graph of that size (what each further graph adds)."""
+    then vLLM's graph of that size (what each further graph adds). VLLM_RELAY_UNSPLIT_GRAPHS=0; with
+    the unsplit twins, the next test."""
     from vllm.config import CUDAGraphMode
     from vllm.v1.attention.backends.registry import AttentionBackendEnum as E
 
     from vllm_relay.hooks.graphs import RelayLevelsDescriptor
 
+    monkeypatch.setenv("VLLM_RELAY_UNSPLIT_GRAPHS", "0")
     full = dict(dispatcher(E.CUSTOM).get_capture_descs())[CUDAGraphMode.FULL]
     assert [(d.num_tokens, isinstance(d, RelayLevelsDescriptor)) for d in full] == \
         [(n, twin) for n in (8, 4, 2, 1) for twin in (True, False)]
@@ -126,9 +130,9 @@ def test_vllm_asking_relays_graph_support_applies_the_worker_hooks_first():
 
 
 def test_unsplit_twins_are_keyed_captured_last_and_chosen_by_the_planners_rule(current, monkeypatch):
-    """VLLM_RELAY_UNSPLIT_GRAPHS=1: each size also has the levels' graph with its joint call unsplit,
-    captured after vLLM's own (the memory estimate's second graph stays vLLM's), and chosen only for
-    steps the planner runs unsplit; 2 chooses it for every step with levels; unset, none is keyed."""
+    """By default (VLLM_RELAY_UNSPLIT_GRAPHS unset, or 1) each size also has the levels' graph with its
+    joint call unsplit, captured after vLLM's own (the memory estimate's second graph stays vLLM's), and
+    chosen only for steps the planner runs unsplit; 2 chooses it for every step with levels; 0 keys none."""
     from vllm.config import CUDAGraphMode
     from vllm.v1.attention.backends.registry import AttentionBackendEnum as E
 
@@ -137,12 +141,13 @@ def test_unsplit_twins_are_keyed_captured_last_and_chosen_by_the_planners_rule(c
 
     asked = []
     monkeypatch.setattr(workers, "step_runs_unsplit", lambda step, n: asked.append(n) or step.tree == "wide")
+    monkeypatch.setenv("VLLM_RELAY_UNSPLIT_GRAPHS", "0")
     d = dispatcher(E.CUSTOM)
     assert not any(getattr(k, "relay_unsplit", False) for k in d.cudagraph_keys[CUDAGraphMode.FULL])
     relay_step._current = step_with("wide")
     assert not d.dispatch(num_tokens=3, uniform_decode=True)[1].relay_unsplit and asked == []
 
-    monkeypatch.setenv("VLLM_RELAY_UNSPLIT_GRAPHS", "1")
+    monkeypatch.delenv("VLLM_RELAY_UNSPLIT_GRAPHS")  # the default
     d = dispatcher(E.CUSTOM)
     full = d.cudagraph_keys[CUDAGraphMode.FULL]
     plain = {k for k in full if not isinstance(k, RelayLevelsDescriptor)}
