@@ -21,8 +21,9 @@ rows placed `first`, `last` or `mix` (spread evenly among the context's), then t
 else one split; `lib` the backend's joint plan (planner and `relay_attention`) with FA3's split cap and
 its own split choice, `libf` the same split call with every sequence forced to one split (what a graph
 captured split runs on the steps the planner unsplits: FA3's combine still launched), `lib1` the call
-unsplit (the unsplit twin graph, VLLM_RELAY_UNSPLIT_GRAPHS: no combine); `err_*` the largest difference
-from relay's output.
+unsplit (the unsplit twin graph, VLLM_RELAY_UNSPLIT_GRAPHS: no combine), `lib1e` the same call planned for
+an eager step (no graph: no empty level sequences padding it to the graph's capacity, the step's own
+longest key length); `err_*` the largest difference from relay's output.
 Writes <out>/joint.{json,md}.
 Usage: python3 benchmarks/bench_joint.py [--ns 256,1024] [--rows 64,128] [--orders mix,first] [--out DIR]
 """
@@ -137,12 +138,13 @@ def main():
     orders = args.orders.split(",")
     split_list = [int(x) for x in args.splits.split(",")]
     sfx = lambda sp: "" if sp == 1 else f"_s{sp}"  # noqa: E731
-    cols = ["noprompt", "relay", "lib", "libf", "lib1"] + [f"joint_{o}_{r}{sfx(sp)}" for o in orders
+    cols = ["noprompt", "relay", "lib", "libf", "lib1", "lib1e"] + [f"joint_{o}_{r}{sfx(sp)}" for o in orders
                                                            for r in rows_list for sp in split_list]
     rows, t0 = [], time.time()
     for layer, row, cap, hq, hkv in decode_points(args, fa, sms):
         os.environ["VLLM_RELAY_JOINT"] = "1"
         lib, _ = layer.plan("always", True, stream=high)
+        eager, _ = layer.plan("always", False, stream=high)  # the same call without the graph's padding
         os.environ["VLLM_RELAY_JOINT"] = "0"
         plan, planner = layer.plan("always", True, stream=high)
         row["relay"] = graph_ms(run(layer, plan)) * 1e3
@@ -159,6 +161,17 @@ def main():
                 force_one_split(call["scheduler_metadata"], call["seqused_k"].shape[0])
             row[f"err_{col}"] = err_vs(layer, run(layer, lib), ref)
             row[col] = graph_ms(run(layer, lib)) * 1e3
+        row["lib1e"] = row["err_lib1e"] = float("nan")
+        if eager.shared and eager.shared[0].ctx_start is not None:
+            call = eager.shared[0].call
+            call["num_splits"] = 1
+            call["scheduler_metadata"] = fa.schedule(
+                call["seqused_k"].shape[0], call["cu_seqlens_q"], call["max_seqlen_q"], call["seqused_k"],
+                call["max_seqlen_k"], False, hq, hkv, 1)
+            row["err_lib1e"] = err_vs(layer, run(layer, eager), ref)
+            row["lib1e"] = graph_ms(run(layer, eager)) * 1e3
+        else:
+            print("  lib1e: the eager plan holds no joint call", flush=True)
         for o in orders:
             for r in rows_list:
                 for sp in split_list:
@@ -173,7 +186,7 @@ def main():
         rows.append(row)
         print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
               flush=True)
-        del layer, plan, planner, lib
+        del layer, plan, planner, lib, eager
     md = [f"# A decode layer as one FA3 call: {torch.cuda.get_device_name()} ({sms} SMs)", "",
           __doc__.split("\n\n")[3], "", "| model | S | n | c | " + " | ".join(cols) + " | max err |",
           "|---" * (5 + len(cols)) + "|"]
