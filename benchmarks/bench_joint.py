@@ -150,28 +150,21 @@ def main():
         row["relay"] = graph_ms(run(layer, plan)) * 1e3
         run(layer, plan)()
         ref = layer.out.clone()
-        call = lib.shared[0].call
-        split = cap if call["seqused_k"].shape[0] <= FA3_DYNAMIC_SPLIT_BATCHES else 1
-        for col, sp in (("lib", split), ("libf", split), ("lib1", 1)):
+        split = cap if lib.shared[0].call["seqused_k"].shape[0] <= FA3_DYNAMIC_SPLIT_BATCHES else 1
+        for col, jp, sp in (("lib", lib, split), ("libf", lib, split), ("lib1", lib, 1), ("lib1e", eager, 1)):
+            if not jp.shared or jp.shared[0].ctx_start is None:  # (a graph's plan is always joint)
+                print(f"  {col}: the plan holds no joint call", flush=True)
+                row[col] = row[f"err_{col}"] = float("nan")
+                continue
+            call = jp.shared[0].call
             call["num_splits"] = sp
             call["scheduler_metadata"] = fa.schedule(
                 call["seqused_k"].shape[0], call["cu_seqlens_q"], call["max_seqlen_q"], call["seqused_k"],
                 call["max_seqlen_k"], False, hq, hkv, sp)
             if col == "libf" and sp > 1:  # captured split, every step forced to one (ops.force_one_split)
                 force_one_split(call["scheduler_metadata"], call["seqused_k"].shape[0])
-            row[f"err_{col}"] = err_vs(layer, run(layer, lib), ref)
-            row[col] = graph_ms(run(layer, lib)) * 1e3
-        row["lib1e"] = row["err_lib1e"] = float("nan")
-        if eager.shared and eager.shared[0].ctx_start is not None:
-            call = eager.shared[0].call
-            call["num_splits"] = 1
-            call["scheduler_metadata"] = fa.schedule(
-                call["seqused_k"].shape[0], call["cu_seqlens_q"], call["max_seqlen_q"], call["seqused_k"],
-                call["max_seqlen_k"], False, hq, hkv, 1)
-            row["err_lib1e"] = err_vs(layer, run(layer, eager), ref)
-            row["lib1e"] = graph_ms(run(layer, eager)) * 1e3
-        else:
-            print("  lib1e: the eager plan holds no joint call", flush=True)
+            row[f"err_{col}"] = err_vs(layer, run(layer, jp), ref)
+            row[col] = graph_ms(run(layer, jp)) * 1e3
         for o in orders:
             for r in rows_list:
                 for sp in split_list:
