@@ -23,9 +23,12 @@ its own split choice, `libf` the same split call with every sequence forced to o
 captured split runs on the steps the planner unsplits: FA3's combine still launched), `lib1` the call
 unsplit (the unsplit twin graph, VLLM_RELAY_UNSPLIT_GRAPHS: no combine), `lib1e` the same call planned for
 an eager step (no graph: no empty level sequences padding it to the graph's capacity, the step's own
-longest key length); `err_*` the largest difference from relay's output.
+longest key length); `err_*` the largest difference from relay's output. With `--kernels`, each
+column's GPU time kernel by kernel as well (eager launches under the torch profiler,
+`layer_kernels.kernels_of`): which kernel makes two columns differ.
 Writes <out>/joint.{json,md}.
-Usage: python3 benchmarks/bench_joint.py [--ns 256,1024] [--rows 64,128] [--orders mix,first] [--out DIR]
+Usage: python3 benchmarks/bench_joint.py [--ns 256,1024] [--rows 64,128] [--orders mix,first] [--kernels]
+       [--out DIR]
 """
 
 import argparse
@@ -40,6 +43,7 @@ from bench_layer import graph_ms, write_results  # noqa: E402
 from bench_margin import add_point_args, decode_points, err_vs, run  # noqa: E402
 from bench_ops import BLOCK, DTYPE, FA  # noqa: E402
 from bench_ops import HEAD_DIM as D  # noqa: E402
+from layer_kernels import kernels_of  # noqa: E402
 
 from vllm_relay.attention.backend import LEVEL_STREAM_PRIORITY  # noqa: E402
 from vllm_relay.ops.split_schedule import FA3_DYNAMIC_SPLIT_BATCHES, force_one_split  # noqa: E402
@@ -130,6 +134,7 @@ def main():
     p.add_argument("--rows", default="64,128", help="query rows (tokens x heads per KV head) per level sequence")
     p.add_argument("--orders", default="mix,first,last")
     p.add_argument("--splits", default="1", help="FA3's split caps (0: the backend's graph cap)")
+    p.add_argument("--kernels", action="store_true", help="each column's GPU time kernel by kernel too")
     args = p.parse_args()
     fa = FA()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -142,12 +147,19 @@ def main():
                                                            for r in rows_list for sp in split_list]
     rows, t0 = [], time.time()
     for layer, row, cap, hq, hkv in decode_points(args, fa, sms):
+        row["kernels"] = {}
+
+        def time_(col, fn):
+            row[col] = graph_ms(fn) * 1e3
+            if args.kernels:
+                row["kernels"][col] = {k: us for k, (us, _) in kernels_of(fn).items()}
+
         os.environ["VLLM_RELAY_JOINT"] = "1"
         lib, _ = layer.plan("always", True, stream=high)
         eager, _ = layer.plan("always", False, stream=high)  # the same call without the graph's padding
         os.environ["VLLM_RELAY_JOINT"] = "0"
         plan, planner = layer.plan("always", True, stream=high)
-        row["relay"] = graph_ms(run(layer, plan)) * 1e3
+        time_("relay", run(layer, plan))
         run(layer, plan)()
         ref = layer.out.clone()
         split = cap if lib.shared[0].call["seqused_k"].shape[0] <= FA3_DYNAMIC_SPLIT_BATCHES else 1
@@ -164,7 +176,7 @@ def main():
             if col == "libf" and sp > 1:  # captured split, every step forced to one (ops.force_one_split)
                 force_one_split(call["scheduler_metadata"], call["seqused_k"].shape[0])
             row[f"err_{col}"] = err_vs(layer, run(layer, jp), ref)
-            row[col] = graph_ms(run(layer, jp)) * 1e3
+            time_(col, run(layer, jp))
         for o in orders:
             for r in rows_list:
                 for sp in split_list:
@@ -172,19 +184,25 @@ def main():
                     try:
                         fn = joint(layer, plan, r, o, sp or cap)
                         row[f"err_{col}"] = err_vs(layer, fn, ref)
-                        row[f"joint_{col}"] = graph_ms(fn) * 1e3
+                        time_(f"joint_{col}", fn)
                     except Exception as e:  # noqa: BLE001 - report and go on
                         print(f"  joint {col} failed: {type(e).__name__}: {str(e)[:300]}", flush=True)
                         row[f"joint_{col}"] = row[f"err_{col}"] = float("nan")
         rows.append(row)
-        print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
-              flush=True)
+        print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()
+                       if k != "kernels"), flush=True)
         del layer, plan, planner, lib, eager
     md = [f"# A decode layer as one FA3 call: {torch.cuda.get_device_name()} ({sms} SMs)", "",
           __doc__.split("\n\n")[3], "", "| model | S | n | c | " + " | ".join(cols) + " | max err |",
           "|---" * (5 + len(cols)) + "|"]
     md += [f"| {r['model']} | {r['S']} | {r['n']} | {r['c']} | " + " | ".join(f"{r[c]:.1f}" for c in cols) +
            f" | {max(v for k, v in r.items() if k.startswith('err_')):.4f} |" for r in rows]
+    if args.kernels:
+        md += ["", "Kernel by kernel (us per layer call, eager; kernels under 1 us left out):", "",
+               "| model | S | n | c | column | total | kernels |", "|---|---|---|---|---|---|---|"]
+        md += [f"| {r['model']} | {r['S']} | {r['n']} | {r['c']} | {col} | {sum(ks.values()):.1f} | "
+               + ", ".join(f"{k} {us:.1f}" for k, us in sorted(ks.items(), key=lambda kv: -kv[1]) if us >= 1) + " |"
+               for r in rows for col, ks in r["kernels"].items()]
     write_results(args.out, "joint", dict(sms=sms, seconds=time.time() - t0, rows=rows), "\n".join(md) + "\n")
     print("\n".join(md))
 
