@@ -15,8 +15,13 @@ This splits the difference of the two profiled runs' times into rows that add up
   outside steps    the run's time outside the profiled steps: before the first step starts, the last
                    step (which has no next start), and the host's work after it
 
+With --recompute the prefill steps split in two: "prompt" (steps with prompt chunks) and
+"recompute" (steps whose only tokens past one a request are generation tokens: preempted requests
+computed again, as vLLM's V1 runner annotates them). Only where both configurations run on the V1
+runner (relay, noprefix-relay): Model Runner V2 annotates those tokens as context.
+
 Usage: python3 benchmarks/account.py RESULT.json [--a relay --b noprefix] [--workload single] [--out F]
-       [--unprofiled MORE.json ...]
+       [--unprofiled MORE.json ...] [--recompute]
 (RESULT.json is bench_throughput.py's --out; the profiles lie beside it, as it leaves them. MORE.json:
 more runs of both configurations without the profiler, e.g. from the next call on the same machine;
 their runs join the later runs of RESULT.json in the unprofiled gap's medians. One run a side is 1-2%
@@ -36,16 +41,26 @@ from bench_throughput import profile_dir  # noqa: E402
 
 FAMILIES = ("attention", "relay", "gemm", "other")
 KINDS = ("prefill", "decode")
+SPLIT_KINDS = ("prompt", "recompute", "decode")  # --recompute
 PARTS = (*FAMILIES, "overlap", "idle")
 NAMES = {"idle": "GPU idle", "overlap": "kernel overlap"}
 
 
-def totals(rows: list[dict]) -> dict:
+def kind_of(r: dict, kinds: tuple[str, ...] = KINDS) -> str:
+    """A trace_steps row's kind of step, one of `kinds` (KINDS or SPLIT_KINDS)."""
+    if r["ctx_tokens"]:
+        return "prompt" if kinds == SPLIT_KINDS else "prefill"
+    if r["gen_tokens"] > r["gen_reqs"]:
+        return "recompute" if kinds == SPLIT_KINDS else "prefill"
+    return "decode"
+
+
+def totals(rows: list[dict], kinds: tuple[str, ...] = KINDS) -> dict:
     """Seconds per (kind, part) and step counts per kind, from trace_steps rows (us)."""
-    out = {(k, p): 0.0 for k in KINDS for p in PARTS}
-    count = dict.fromkeys(KINDS, 0)
+    out = {(k, p): 0.0 for k in kinds for p in PARTS}
+    count = dict.fromkeys(kinds, 0)
     for r in rows:
-        kind = "prefill" if r["ctx_tokens"] or r["gen_tokens"] > r["gen_reqs"] else "decode"
+        kind = kind_of(r, kinds)
         count[kind] += 1
         for fam, us in r["families_us"].items():
             out[kind, fam if fam in FAMILIES else "other"] += us / 1e6
@@ -56,11 +71,12 @@ def totals(rows: list[dict]) -> dict:
     return {"seconds": out, "steps": count, "in_steps": sum(r["cycle_us"] for r in rows) / 1e6}
 
 
-def account(rows_a: list[dict], elapsed_a: float, rows_b: list[dict], elapsed_b: float) -> list[dict]:
+def account(rows_a: list[dict], elapsed_a: float, rows_b: list[dict], elapsed_b: float,
+            kinds: tuple[str, ...] = KINDS) -> list[dict]:
     """Rows (name, a, b, a - b) whose differences add up to elapsed_a - elapsed_b."""
-    ta, tb = totals(rows_a), totals(rows_b)
-    table = [{"row": f"{k} steps", "a": ta["steps"][k], "b": tb["steps"][k], "diff": None} for k in KINDS]
-    for k in KINDS:
+    ta, tb = totals(rows_a, kinds), totals(rows_b, kinds)
+    table = [{"row": f"{k} steps", "a": ta["steps"][k], "b": tb["steps"][k], "diff": None} for k in kinds]
+    for k in kinds:
         for p in PARTS:
             a, b = ta["seconds"][k, p], tb["seconds"][k, p]
             table.append({"row": f"{k}: {NAMES.get(p, p)}", "a": a, "b": b, "diff": a - b})
@@ -134,13 +150,15 @@ def main():
                                  "<stem>.json is bench_throughput's result)")
     p.add_argument("--unprofiled", nargs="*", default=[], help="more bench_throughput results of both "
                    "configs, run without the profiler: their runs join the unprofiled medians")
+    p.add_argument("--recompute", action="store_true", help="prefill steps split into prompt and recompute "
+                   "steps (both configurations on vLLM's V1 runner)")
     args = p.parse_args()
     rows_a, ea, _ = load(args.result, args.a, args.workload)
     rows_b, eb, _ = load(args.result, args.b, args.workload)
     sa, sb = ([t for path, profiled in ((args.result, True), *((u, None) for u in args.unprofiled))
                for t in run_seconds(path, c, args.workload, profiled)] for c in (args.a, args.b))
     ua, ub = (float(np.median(s)) if s else None for s in (sa, sb))
-    table = account(rows_a, ea, rows_b, eb)
+    table = account(rows_a, ea, rows_b, eb, SPLIT_KINDS if args.recompute else KINDS)
     md = markdown(table, (args.a, args.b), (ua, ub) if ua and ub else None, (len(sa), len(sb)))
     print(md)
     if args.out:

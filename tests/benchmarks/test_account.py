@@ -49,6 +49,27 @@ def test_a_resumed_request_computed_again_makes_a_prefill_step():
     assert rows["decode: gemm"]["a"] == pytest.approx((1500 + 1500) / 1e6)
 
 
+def test_recompute_splits_prefill_steps_into_prompts_and_recomputed_requests():
+    """--recompute: a step with prompt chunks is a prompt step (even beside resumed tokens), a step
+    whose only multi-token requests are generation tokens (the V1 runner's resumed requests) a
+    recompute step; the rows still add up to the gap, and to the two-kind table's prefill rows."""
+    recompute = step(0, 7000, {"gemm": 4000, "attention": 1500}, gen_tokens=4 + 300)
+    both = step(256, 6000, {"gemm": 3000, "attention": 900}, gen_tokens=4 + 100)
+    a = A + [recompute, both]
+    table = account.account(a, 0.033, B, 0.012, account.SPLIT_KINDS)
+    rows = {r["row"]: r for r in table}
+    assert (rows["prompt steps"]["a"], rows["recompute steps"]["a"], rows["decode steps"]["a"]) == (2, 1, 2)
+    assert (rows["prompt steps"]["b"], rows["recompute steps"]["b"]) == (1, 0)
+    assert rows["recompute: attention"]["a"] == pytest.approx(1500 / 1e6)
+    assert rows["prompt: gemm"]["a"] == pytest.approx((5000 + 3000) / 1e6)
+    assert rows["prompt: GPU idle"]["a"] == pytest.approx((9000 - 7500 + 6000 - 3900) / 1e6)
+    assert sum(r["diff"] for r in table[:-1] if r["diff"] is not None) == pytest.approx(0.021, abs=1e-12)
+    two = {r["row"]: r for r in account.account(a, 0.033, B, 0.012)}
+    for part in ("attention", "gemm", "GPU idle"):
+        assert rows[f"prompt: {part}"]["diff"] + rows[f"recompute: {part}"]["diff"] == \
+            pytest.approx(two[f"prefill: {part}"]["diff"])
+
+
 def test_load_reads_the_profiles_beside_the_result_and_the_unprofiled_run(tmp_path):
     result = {"relay": {"single": {"requests": 100, "elapsed_s": 2.0, "runs_requests_per_s": [50.0, 40.0]}}}
     (tmp_path / "r.json").write_text(json.dumps(result))
