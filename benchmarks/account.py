@@ -16,9 +16,10 @@ This splits the difference of the two profiled runs' times into rows that add up
                    step (which has no next start), and the host's work after it
 
 With --recompute the prefill steps split in two: "prompt" (steps with prompt chunks) and
-"recompute" (steps whose only tokens past one a request are generation tokens: preempted requests
-computed again, as vLLM's V1 runner annotates them). Only where both configurations run on the V1
-runner (relay, noprefix-relay): Model Runner V2 annotates those tokens as context.
+"recompute" (steps without any in which a request computes more than one token: a preempted request
+computed again, whose tokens vLLM's V1 runner annotates as generation). Only where both
+configurations run on the V1 runner (relay, noprefix-relay): Model Runner V2 annotates those tokens
+as context.
 
 Usage: python3 benchmarks/account.py RESULT.json [--a relay --b noprefix] [--workload single] [--out F]
        [--unprofiled MORE.json ...] [--recompute]
@@ -46,21 +47,22 @@ PARTS = (*FAMILIES, "overlap", "idle")
 NAMES = {"idle": "GPU idle", "overlap": "kernel overlap"}
 
 
-def kind_of(r: dict, kinds: tuple[str, ...] = KINDS) -> str:
-    """A trace_steps row's kind of step, one of `kinds` (KINDS or SPLIT_KINDS)."""
+def kind_of(r: dict, split: bool = False) -> str:
+    """A trace_steps row's kind of step: one of KINDS, or with `split` of SPLIT_KINDS."""
     if r["ctx_tokens"]:
-        return "prompt" if kinds == SPLIT_KINDS else "prefill"
+        return "prompt" if split else "prefill"
     if r["gen_tokens"] > r["gen_reqs"]:
-        return "recompute" if kinds == SPLIT_KINDS else "prefill"
+        return "recompute" if split else "prefill"
     return "decode"
 
 
-def totals(rows: list[dict], kinds: tuple[str, ...] = KINDS) -> dict:
+def totals(rows: list[dict], split: bool = False) -> dict:
     """Seconds per (kind, part) and step counts per kind, from trace_steps rows (us)."""
+    kinds = SPLIT_KINDS if split else KINDS
     out = {(k, p): 0.0 for k in kinds for p in PARTS}
     count = dict.fromkeys(kinds, 0)
     for r in rows:
-        kind = kind_of(r, kinds)
+        kind = kind_of(r, split)
         count[kind] += 1
         for fam, us in r["families_us"].items():
             out[kind, fam if fam in FAMILIES else "other"] += us / 1e6
@@ -72,9 +74,11 @@ def totals(rows: list[dict], kinds: tuple[str, ...] = KINDS) -> dict:
 
 
 def account(rows_a: list[dict], elapsed_a: float, rows_b: list[dict], elapsed_b: float,
-            kinds: tuple[str, ...] = KINDS) -> list[dict]:
-    """Rows (name, a, b, a - b) whose differences add up to elapsed_a - elapsed_b."""
-    ta, tb = totals(rows_a, kinds), totals(rows_b, kinds)
+            split: bool = False) -> list[dict]:
+    """Rows (name, a, b, a - b) whose differences add up to elapsed_a - elapsed_b (`split`: the
+    prefill steps as prompt and recompute steps)."""
+    ta, tb = totals(rows_a, split), totals(rows_b, split)
+    kinds = SPLIT_KINDS if split else KINDS
     table = [{"row": f"{k} steps", "a": ta["steps"][k], "b": tb["steps"][k], "diff": None} for k in kinds]
     for k in kinds:
         for p in PARTS:
@@ -158,7 +162,7 @@ def main():
     sa, sb = ([t for path, profiled in ((args.result, True), *((u, None) for u in args.unprofiled))
                for t in run_seconds(path, c, args.workload, profiled)] for c in (args.a, args.b))
     ua, ub = (float(np.median(s)) if s else None for s in (sa, sb))
-    table = account(rows_a, ea, rows_b, eb, SPLIT_KINDS if args.recompute else KINDS)
+    table = account(rows_a, ea, rows_b, eb, split=args.recompute)
     md = markdown(table, (args.a, args.b), (ua, ub) if ua and ub else None, (len(sa), len(sb)))
     print(md)
     if args.out:

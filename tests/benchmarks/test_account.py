@@ -56,7 +56,7 @@ def test_recompute_splits_prefill_steps_into_prompts_and_recomputed_requests():
     recompute = step(0, 7000, {"gemm": 4000, "attention": 1500}, gen_tokens=4 + 300)
     both = step(256, 6000, {"gemm": 3000, "attention": 900}, gen_tokens=4 + 100)
     a = A + [recompute, both]
-    table = account.account(a, 0.033, B, 0.012, account.SPLIT_KINDS)
+    table = account.account(a, 0.033, B, 0.012, split=True)
     rows = {r["row"]: r for r in table}
     assert (rows["prompt steps"]["a"], rows["recompute steps"]["a"], rows["decode steps"]["a"]) == (2, 1, 2)
     assert (rows["prompt steps"]["b"], rows["recompute steps"]["b"]) == (1, 0)
