@@ -78,9 +78,8 @@ def account(rows_a: list[dict], elapsed_a: float, rows_b: list[dict], elapsed_b:
     """Rows (name, a, b, a - b) whose differences add up to elapsed_a - elapsed_b (`split`: the
     prefill steps as prompt and recompute steps)."""
     ta, tb = totals(rows_a, split), totals(rows_b, split)
-    kinds = SPLIT_KINDS if split else KINDS
-    table = [{"row": f"{k} steps", "a": ta["steps"][k], "b": tb["steps"][k], "diff": None} for k in kinds]
-    for k in kinds:
+    table = [{"row": f"{k} steps", "a": ta["steps"][k], "b": tb["steps"][k], "diff": None} for k in ta["steps"]]
+    for k in ta["steps"]:
         for p in PARTS:
             a, b = ta["seconds"][k, p], tb["seconds"][k, p]
             table.append({"row": f"{k}: {NAMES.get(p, p)}", "a": a, "b": b, "diff": a - b})
