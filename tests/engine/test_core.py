@@ -1,10 +1,13 @@
 """Engine-core hooks without an engine: a real vLLM Scheduler, a hand-built EngineCore, no model.
 
-`core` is an EngineCore object with only what preprocess/add/abort need (no executor): a step is
+`core` is an EngineCore object with only what preprocess/add/abort need (a stand-in executor that
+records the workers' calls): a step is
 `schedule()`, a fake model output (one token per request whose prefill is done), and
 `update_from_output()`, all through the patched classes. Routing, holding, fills, releases and
 counters are checked on the Request objects and the registry.
 """
+
+from types import SimpleNamespace
 
 import msgspec
 import pytest
@@ -58,6 +61,8 @@ def make_core(model_path, relay=None, tokenizer=False, backend="relay", batched_
     kv = KVCacheConfig(num_blocks=64, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["l0"], spec)])
     core = object.__new__(core_cls or EngineCore)
     core.vllm_config, core.mm_receiver_cache = vllm_config, None
+    rpcs = []  # the workers' calls (pause_scheduler synchronizes the device through one, for example)
+    core.model_executor = SimpleNamespace(rpcs=rpcs, collective_rpc=lambda method, *a, **k: rpcs.append(method) or [])
     for name, value in attrs.items():
         setattr(core, name, value)
     core.structured_output_manager = StructuredOutputManager(vllm_config)

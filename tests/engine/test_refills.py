@@ -7,8 +7,6 @@ fails is retried, then the prompt dropped and its requests ended with an error; 
 while it refills has its refill aborted.
 """
 
-from types import SimpleNamespace
-
 import pytest
 
 from tests.engine.test_core import OWN, SHARED, SYS, ecr, make_core, relay_of, run_until_idle, step, submit
@@ -19,10 +17,7 @@ from vllm_relay.system_prompts.fill import fill_request_id
 @pytest.fixture
 def core(model_path, request):
     batched = getattr(request, "param", 64)
-    core = make_core(model_path, relay={"system_prompts": {"sys": SYS}}, batched_tokens=batched)
-    rpcs = []
-    core.model_executor = SimpleNamespace(rpcs=rpcs, collective_rpc=lambda method, *a, **k: rpcs.append(method) or [])
-    return core
+    return make_core(model_path, relay={"system_prompts": {"sys": SYS}}, batched_tokens=batched)
 
 
 @pytest.fixture(scope="module")

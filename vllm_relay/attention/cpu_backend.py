@@ -15,7 +15,7 @@ from typing import ClassVar
 
 import torch
 from vllm import _custom_ops as ops
-from vllm.v1.attention.backend import AttentionType
+from vllm.v1.attention.backend import AttentionType, MultipleOf
 from vllm.v1.attention.backends.cpu_attn import (
     CPUAttentionBackend,
     CPUAttentionBackendImpl,
@@ -59,6 +59,12 @@ class RelayCPUBackend(CPUAttentionBackend):
         return "CUSTOM"  # the enum member `relay` aliases; see vllm_relay.register
 
     @staticmethod
+    def get_supported_kernel_block_sizes(kv_cache_spec=None) -> list[int | MultipleOf]:
+        # vLLM's CPU kernel runs any multiple of 16 (its "vec16" ISA below 32); vLLM's own backend
+        # says 32 but its platform never validates it, so an engine of block size 16 runs there.
+        return [MultipleOf(16)]
+
+    @staticmethod
     def get_impl_cls() -> type["RelayCPUImpl"]:
         return RelayCPUImpl
 
@@ -90,6 +96,7 @@ class RelayCPUMetadataBuilder(CPUAttentionMetadataBuilder):
 
         apply_worker()
         self.planner = RelayPlanner(vllm_config, kv_cache_spec, device, num_layers=len(layer_names))
+        log_active(f"cpu (vLLM's CPU attention kernel, isa {self.isa}; the shared levels in torch)")
 
     def build(self, common_prefix_len, common_attn_metadata, fast_build: bool = False):
         cm = common_attn_metadata
@@ -112,7 +119,6 @@ class RelayCPUImpl(CPUAttentionBackendImpl):
         check_engine()
         super().__init__(num_heads, head_size, scale, num_kv_heads, alibi_slopes, sliding_window,
                          kv_cache_dtype, logits_soft_cap, attn_type, kv_sharing_target_layer_name, sinks)
-        log_active(f"cpu (vLLM's CPU attention kernel, isa {self.isa}; the shared levels in torch)")
 
     def forward(self, layer, query, key, value, kv_cache, attn_metadata, output,
                 output_scale=None, output_block_scale=None) -> torch.Tensor:
@@ -132,8 +138,8 @@ class RelayCPUImpl(CPUAttentionBackendImpl):
                 softcap=0, scheduler_metadata=attn_metadata.scheduler_metadata, s_aux=None,
                 kv_cache_dtype=self.kv_cache_dtype)
             return output
-        if not torch_views_match(self.isa, kv_cache.dtype, block_size, self.head_size):
-            raise RuntimeError(f"vllm-relay: the shared levels cannot read vLLM's CPU KV cache with ISA {self.isa!r} "
+        if not torch_views_match(layer.isa, kv_cache.dtype, block_size, self.head_size):
+            raise RuntimeError(f"vllm-relay: the shared levels cannot read vLLM's CPU KV cache with ISA {layer.isa!r} "
                                "(an unknown block layout); use shared_path 'auto' or 'never' on this machine")
         k, v = torch_views(key_cache, value_cache)
         relay_attention(query[:n], k, v, plan, output[:n], self.scale, attn_fn=varlen_attention_torch)

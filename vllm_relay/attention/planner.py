@@ -281,8 +281,7 @@ class RelayPlanner:
         max_seq_len = cm.max_seq_len + staged.max_front * self.page_size
         # Host copies and caches derived from the own lengths would be stale: drop them.
         context = dataclasses.replace(cm, seq_lens=ctx_lens, block_table_tensor=ctx_table, max_seq_len=max_seq_len,
-                                      seq_lens_cpu_upper_bound=None, _seq_lens_cpu=None,
-                                      _num_computed_tokens_cpu=None, _num_computed_tokens_cache=None)
+                                      seq_lens_cpu_upper_bound=None, _num_computed_tokens_cache=None)
         if not capture:
             add_stats(self.stats, staged.counts)
             add_stats(self.stats, {"graph_steps": graph, "one_split_steps": staged.one_split,

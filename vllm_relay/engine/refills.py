@@ -103,7 +103,7 @@ class Refills:
                     self.relay.fills.refill(prompt)
                 else:
                     del self.stale[prompt]
-        queues = [(q, [r for r in q if self._waits(r)]) for q in (sched.waiting, sched.skipped_waiting)]
+        queues = [(q, [r for r in q if self._waits(r)]) for q in (sched.waiting, sched.kv_holding_waiting)]
         for q, out in queues:
             if out:
                 q.remove_requests(out)

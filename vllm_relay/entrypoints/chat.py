@@ -40,7 +40,7 @@ def system_message_text(messages: Sequence[Any]) -> str:
 async def render_tokens(online_renderer, messages: list[dict]) -> list[int]:
     """The prompt token ids of a chat request with `messages`, as the server renders it."""
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
-    from vllm.entrypoints.openai.engine.protocol import ErrorResponse
+    from vllm.entrypoints.serve.engine.protocol import ErrorResponse
 
     result = await online_renderer.render_chat(ChatCompletionRequest(messages=messages))
     if isinstance(result, ErrorResponse):

@@ -190,7 +190,7 @@ class RelayServing:
     async def _text_token_ids(self, text: str) -> list[int]:
         """`text` tokenized as a completion prompt is, by this server's renderer."""
         from vllm.entrypoints.openai.completion.protocol import CompletionRequest
-        from vllm.entrypoints.openai.engine.protocol import ErrorResponse
+        from vllm.entrypoints.serve.engine.protocol import ErrorResponse
 
         result = await self.online_renderer.render_completion(CompletionRequest(prompt=text, max_tokens=1))
         if isinstance(result, ErrorResponse):

@@ -12,8 +12,9 @@ import sys
 
 def main(argv: list[str] | None = None) -> None:
     from vllm.entrypoints.cli.serve import ServeSubcommand
-    from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
     from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    from vllm_relay.compat import cli_env_setup
 
     cli_env_setup()
     parser = FlexibleArgumentParser(description="vllm serve (vllm-relay test launcher)")
