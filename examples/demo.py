@@ -59,9 +59,9 @@ def main() -> int:
 
     t0 = time.monotonic()
     server = RelayServer(get_model(MODEL), MODEL, relay=RELAY_CONFIG,
-                         # Blocks of 16 (vLLM's CPU default is 128): relay shares whole blocks.
+                         # Blocks of 32 (vLLM's CPU kernel needs a multiple of 32; its default is 128).
                          args=["--max-model-len", "2048", "--enable-prompt-tokens-details",
-                               "--block-size", "16"])
+                               "--block-size", "32"])
     print(f"[demo] starting: VLLM_PLUGINS=relay {shlex.join(['python', *server.cmd[1:]])}\n"
           f"[demo] server log: {server.log_path}", flush=True)
     previous = signal.signal(signal.SIGTERM, lambda *_: (server.stop(), sys.exit(143)))

@@ -2,7 +2,7 @@
 a third registered at run time, one batch of chats over all three.
 
     python examples/offline_batch.py                  # the tiny test model, built locally, on the CPU
-    python examples/offline_batch.py --model DIR [--dtype auto] [--block-size 16]
+    python examples/offline_batch.py --model DIR [--dtype auto] [--block-size 32]
 
 Prints each reply and the relay counters; exits 1 if a chat was not served by relay.
 """
@@ -26,14 +26,14 @@ def main() -> int:
     p.add_argument("--model", help="a model folder or hub name (default: the tiny test model)")
     p.add_argument("--dtype", default=None, help="default: float32 for the tiny model, else vLLM's auto")
     p.add_argument(
-        "--block-size", type=int, help="KV cache block size (default: 16 for the tiny model, else vLLM's)"
+        "--block-size", type=int, help="KV cache block size (default: 32 for the tiny model, else vLLM's)"
     )
     args = p.parse_args()
     if args.model is None:
         from vllm_relay.testing.models import get_model
 
         args.model, args.dtype = get_model("tiny-llama-gqa"), args.dtype or "float32"
-        args.block_size = args.block_size or 16  # relay shares whole blocks; vLLM's CPU default is 128
+        args.block_size = args.block_size or 32  # relay shares whole blocks; vLLM's CPU default is 128
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache on the CPU: plenty here
 
     from vllm import LLM, SamplingParams

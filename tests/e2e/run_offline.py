@@ -29,7 +29,7 @@ def main() -> None:
 
     spec = json.load(open(spec_path))
     engine = {"dtype": "float32", "enforce_eager": True, "max_model_len": 1024, "seed": 0,
-              "block_size": 16, "disable_log_stats": False, **spec["engine"]}
+              "block_size": 32, "disable_log_stats": False, **spec["engine"]}
     max_tokens = spec.get("max_tokens", 12)
     if isinstance(max_tokens, int):
         max_tokens = [max_tokens] * len(spec["prompts"])

@@ -109,7 +109,7 @@ def test_a_request_aborted_while_its_siblings_share_its_prefix(tmp_path):
     rng = random.Random(9)
     doc = [1] + [rng.randrange(8, vocab) for _ in range(149)]
     prompts = [doc + [rng.randrange(8, vocab) for _ in range(n)] for n in (3, 9, 17, 4, 25, 11)]
-    base = {"model": model, "dtype": "float32", "enforce_eager": True, "seed": 0, "block_size": 16,
+    base = {"model": model, "dtype": "float32", "enforce_eager": True, "seed": 0, "block_size": 32,
             "max_model_len": 512, "max_num_batched_tokens": 1024}
     spec = {"prompts": prompts, "max_tokens": 14, "abort": 2, "steps_before_abort": 5}
     relay = run_module("tests.e2e.run_abort", {**spec, "engine": {

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.engine
 
 RUNNER = Path(__file__).with_name("run_traffic.py")
 OLD_RELAY_SALT = "vllm-relay:a:1"  # what relay's salt for prompt "a" used to be: anyone could send it
-BLOCK = 16
+BLOCK = 32
 SHARED_A = 96  # "a" has 100 tokens; relay requests read its 6 whole blocks from its pages
 
 
@@ -69,7 +69,7 @@ def scenario(vocab: int, seed: int = 5):
 
 
 def engine(model: str, startup: dict) -> dict:
-    return {"model": model, "dtype": "float32", "enforce_eager": True, "seed": 0, "block_size": 16,
+    return {"model": model, "dtype": "float32", "enforce_eager": True, "seed": 0, "block_size": 32,
             "disable_log_stats": False,
             "attention_backend": "relay", "max_model_len": 512, "max_num_batched_tokens": 64, "max_num_seqs": 16,
             "num_gpu_blocks_override": 48,  # 768 tokens of paged KV: the traffic preempts

@@ -54,7 +54,7 @@ def test_weight_update_and_prefix_resets_refill_the_system_prompt(tmp_path):
     spec = {"new_weights": str(second_checkpoint(model, tmp_path / "second")), "steps_before_update": 4,
             "before": batch("before", 12), "reset": batch("reset", 8), "inflight": batch("inflight", 16),
             "after": batch("after", 12)}
-    engine = {"model": model, "dtype": "float32", "enforce_eager": True, "seed": 0, "block_size": 16,
+    engine = {"model": model, "dtype": "float32", "enforce_eager": True, "seed": 0, "block_size": 32,
               "max_model_len": 512, "max_num_batched_tokens": 1024}  # every prompt of a batch in one step
     relay = run_module("tests.e2e.run_weights", {**spec, "engine": {**engine, "attention_backend": "relay",
                                      "additional_config": {"relay": {"system_prompts": {"s": system}}}}},

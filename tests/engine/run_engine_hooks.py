@@ -26,7 +26,7 @@ def main() -> None:
     result: dict = {}
     start = time.monotonic()
     llm = LLM(model=model, dtype="float32", enforce_eager=True, attention_backend="relay", max_model_len=1024,
-              block_size=16, seed=0, additional_config={"relay": {
+              block_size=32, seed=0, additional_config={"relay": {
                   "max_prompts": 3, "max_prompt_tokens": 256,
                   "system_prompts": {"sys": SYS, "chat": {"chat_system": SYSTEM_MESSAGE}}}})
     result["startup_s"] = time.monotonic() - start

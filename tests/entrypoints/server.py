@@ -33,7 +33,7 @@ RELAY = {
     "system_prompts": {"greeter": {"chat_system": GREETER}},
 }
 # Blocks of 16 tokens (vLLM's CPU default is 128): relay shares a prompt's whole blocks only.
-ARGS = ["--max-model-len", "1024", "--enable-prompt-tokens-details", "--block-size", "16"]
+ARGS = ["--max-model-len", "1024", "--enable-prompt-tokens-details", "--block-size", "32"]
 PROMPTS = "/v1/relay/system_prompts"
 # How long a test waits for the server to catch up (a counter, a drain) before it fails: generous, as
 # a slow or shared machine only makes the wait longer; a waiting test returns as soon as it is there.

@@ -36,7 +36,7 @@ def server(tmp_path_factory):
         "--max-model-len",
         "1024",
         "--block-size",
-        "16",
+        "32",
         "--chat-template",
         str(template),
         "--trust-request-chat-template",

@@ -31,7 +31,7 @@ def server():
         get_model("tiny-llama-gqa"),
         SERVED_NAME,
         relay=relay,
-        args=["--max-model-len", "1024", "--block-size", "16"],
+        args=["--max-model-len", "1024", "--block-size", "32"],
         api_key=API_KEY,
         api_server_count=2,
     ) as s:

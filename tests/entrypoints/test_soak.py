@@ -45,7 +45,7 @@ SYSTEMS = [f"You answer questions about {t} for a small company. Be brief, polit
 QUESTIONS = [f"Question {j}: where is item {j * 7 % 11} and when will it arrive?" for j in range(20)]
 PLAIN = [f"Write one sentence about the number {j}." for j in range(20)]
 RELAY = {"max_prompts": 3, "max_prompt_tokens": 512, "log_stats_interval_s": 0, "metrics_interval_s": 0.2}
-ARGS = ["--max-model-len", "1024", "--block-size", "16", "--max-num-seqs", "16"]
+ARGS = ["--max-model-len", "1024", "--block-size", "32", "--max-num-seqs", "16"]
 
 
 def traffic(n: int) -> list[dict]:

@@ -87,7 +87,7 @@ def test_cpu_platform_selects_relay_only_when_asked():
     import torch
 
     vllm_relay.register()
-    cfg = AttentionSelectorConfig(head_size=64, dtype=torch.float32, kv_cache_dtype="auto", block_size=16)
+    cfg = AttentionSelectorConfig(head_size=64, dtype=torch.float32, kv_cache_dtype="auto", block_size=32)
     assert CpuPlatform.get_attn_backend_cls(E.CUSTOM, cfg) == vllm_relay.RELAY_CPU_BACKEND
     assert CpuPlatform.get_attn_backend_cls(None, cfg) == E.CPU_ATTN.get_path()
     assert CpuPlatform.get_attn_backend_cls(E.FLASH_ATTN, cfg) == E.CPU_ATTN.get_path()

@@ -38,7 +38,7 @@ def server(tmp_path_factory):
                        "log_stats_interval_s": 1}}
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", get_model("tiny-llama-gqa"),
            "--served-model-name", "tiny", "--attention-backend", "relay", "--dtype", "float32", "--enforce-eager",
-           "--max-model-len", "512", "--block-size", "16", "--port", str(port),
+           "--max-model-len", "512", "--block-size", "32", "--port", str(port),
            "--additional-config", json.dumps(relay)]
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,

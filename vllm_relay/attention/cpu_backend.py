@@ -15,7 +15,7 @@ from typing import ClassVar
 
 import torch
 from vllm import _custom_ops as ops
-from vllm.v1.attention.backend import AttentionType, MultipleOf
+from vllm.v1.attention.backend import AttentionType
 from vllm.v1.attention.backends.cpu_attn import (
     CPUAttentionBackend,
     CPUAttentionBackendImpl,
@@ -57,12 +57,6 @@ class RelayCPUBackend(CPUAttentionBackend):
     @staticmethod
     def get_name() -> str:
         return "CUSTOM"  # the enum member `relay` aliases; see vllm_relay.register
-
-    @staticmethod
-    def get_supported_kernel_block_sizes(kv_cache_spec=None) -> list[int | MultipleOf]:
-        # vLLM's CPU kernel runs any multiple of 16 (its "vec16" ISA below 32); vLLM's own backend
-        # says 32 but its platform never validates it, so an engine of block size 16 runs there.
-        return [MultipleOf(16)]
 
     @staticmethod
     def get_impl_cls() -> type["RelayCPUImpl"]:
