@@ -4,7 +4,7 @@
 #   acc2 acc3        relay vs FLASH_ATTN logprobs/greedy agreement (Llama-2-7B / Llama-3-8B shapes)
 #   l2 l3            throughput, single (P=2048) and multi-prompt workloads, default / relay / no system
 #                    prompt (+ relay backend without prompts on l3), and the decode-latency sweep
-#   l3_n1000 l2_n1000  the acceptance size (1000 requests; results/n1000/): Llama-3 run twice per engine
+#   l3_n1000 l2_n1000  the acceptance size (1000 requests; results/archive/2026-11-22_h200_n1000/): Llama-3 run twice per engine
 #                    with the relay backend without prompts, Llama-2 single and multi-prompt (about 8 min each)
 #   l3_runners       no system prompt at 1000 requests, run twice per engine: Model Runner V2 (vLLM's
 #                    default), the V1 runner relay selects, the relay backend (about 7 min)
