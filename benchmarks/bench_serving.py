@@ -11,7 +11,7 @@ end-to-end latency, p50 and p99, and the achieved request throughput.
   default      vLLM as it ships (prefix caching on, full and piecewise CUDA graphs)
   relay        --attention-backend relay with the two system prompts registered
   relay-plain  --attention-backend relay with nothing registered (with --plain-fraction 1: traffic
-               sharing nothing, issue 15's (d))
+               sharing nothing)
 
 Per rate also the server's own means of vLLM's request phases (`server_mean_ms`: TTFT from the front
 end's arrival, the queue in the engine core, prefill from scheduled to the first token, decode), from
@@ -40,6 +40,9 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import model_config  # noqa: E402
+
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -62,16 +65,11 @@ def parse_args():
     return p.parse_args()
 
 
-def vocab_size(model: str) -> int:
-    with open(os.path.join(model, "config.json")) as f:
-        return json.load(f)["vocab_size"]
-
-
 def make_workload(args):
     """(system prompts as token ids, a request generator) from a seed; token ids avoid the
     special tokens at the start of the vocabulary."""
     rng = random.Random(args.seed)
-    vocab = vocab_size(args.model)
+    vocab = model_config(args.model)["vocab_size"]
     systems = [[1] + [rng.randrange(100, vocab) for _ in range(n - 1)] for n in map(int, args.system_lens.split(","))]
     lo, hi = map(int, args.user_len.split(","))
 

@@ -10,7 +10,7 @@ Workloads (`--workloads`, each point with fresh random ids, so no point reuses a
   tree     two levels: a system prompt (`--tree-system`) over D documents, Q questions each, n samples
            per question (`--tree D,Q,n,doc_len,question_len`).
 Configs (`--configs`, each in its own process: a fresh engine runs every point of every workload):
-  default        vLLM 0.26 as it ships (prefix caching on, Model Runner V2, cascade off)
+  default        vLLM as it ships (prefix caching on, Model Runner V2, cascade off)
   relay          --attention-backend relay, nothing registered (tree: its system prompt registered)
   relay-sysonly  relay with auto_levels off (tree: the registered system prompt is the only level)
   cascade        vLLM's opt-in cascade attention (VLLM_USE_V2_MODEL_RUNNER=0, disable_cascade_attn=False)
@@ -36,7 +36,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_throughput import profiler_config, run_logged  # noqa: E402
+from common import model_config, profiler_config, result_line, run_logged, worker_command  # noqa: E402
 
 
 def measure_card() -> dict:
@@ -59,7 +59,7 @@ def measure_card() -> dict:
 
 
 def shape(model: str) -> dict:
-    c = json.load(open(os.path.join(model, "config.json")))
+    c = model_config(model)
     hd = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
     return {"layers": c["num_hidden_layers"], "hq": c["num_attention_heads"], "hkv": c["num_key_value_heads"],
             "head_dim": hd, "vocab": c["vocab_size"], "hidden": c["hidden_size"], "inter": c["intermediate_size"]}
@@ -179,10 +179,10 @@ def summarize(point: dict, runs: list[dict]) -> dict:
 
 
 def run_config(args, config) -> dict:
-    log, rc = run_logged([sys.executable, __file__, *sys.argv[1:], "--worker", config], args, config)
-    for line in log.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[7:])
+    log, rc = run_logged(worker_command(__file__, config), args, config)
+    result = result_line(log)
+    if result is not None:
+        return result
     raise RuntimeError(f"{config} failed (rc {rc}):\n{log[-6000:]}")
 
 
@@ -330,9 +330,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--iteration-details", action="store_true", help="vLLM's per-step log in <out>.<config>.log")
     p.add_argument("--profile", help="DELAY,STEPS: vLLM's torch profiler over STEPS engine steps of the first "
                    "point, after DELAY (0,0: its whole first run); its kernel table lands in "
-                   "<out>.<config>.profile/profiler_out_0.txt, each step's times in steps_0.json (trace_steps.py)")
-    p.add_argument("--idle-host", type=int, default=0, help="with --profile: the N steps that idled longest "
-                   "also list the host's annotations and calls while their GPU waited (trace_steps.py)")
+                   "<out>.<config>.profile/profiler_out_0.txt")
     p.add_argument("--out")
     p.add_argument("--worker")
     return p

@@ -10,7 +10,7 @@ Workloads (`--workloads`, several run one after the other on the same engine):
 system prompt (128 own tokens), ms per decode step = (time of 1 + N tokens - time of 1 token) / N,
 for B in 1..256. Each configuration runs in its own process (a fresh engine, its own GPU memory):
 
-  default   vLLM 0.26 as it ships (prefix caching on, Model Runner V2, cascade off), full prompts
+  default   vLLM as it ships (prefix caching on, Model Runner V2, cascade off), full prompts
   relay     --attention-backend relay with the shared prefix registered up front as a system prompt
   noprefix  the same requests with no system prompt at all (P = 0): the target's reference
   noprefix-relay  the same, with --attention-backend relay (no system prompt registered): what relay
@@ -32,16 +32,16 @@ over N GPUs (data parallelism is a serving feature: vllm.LLM refuses it). Usage 
 
 import argparse
 import functools
-import glob
 import json
 import os
 import re
-import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import model_config, profiler_config, result_line, run_logged, worker_command  # noqa: E402
 
-from vllm_relay.system_prompts.fill import common_prefix
+from vllm_relay.system_prompts.fill import common_prefix  # noqa: E402
 
 
 def sample_requests(args):
@@ -61,7 +61,7 @@ def multi_requests(args):
     import random
 
     rng = random.Random(args.seed + 1)
-    vocab = json.load(open(os.path.join(args.model, "config.json")))["vocab_size"]
+    vocab = model_config(args.model)["vocab_size"]
     lens = [int(n) for n in args.multi_system_lens.split(",")]
     systems = [[1] + [rng.randrange(100, vocab) for _ in range(n - 1)] for n in lens]
     prompts, out_lens = [], []
@@ -116,38 +116,6 @@ def engine_kwargs(args, config, systems):
     return kw
 
 
-def profiler_config(args, config) -> dict:
-    """vLLM's torch profiler over a window of the first run's steps (`--profile DELAY,STEPS`)."""
-    delay, steps = map(int, args.profile.split(","))
-    return dict(profiler="torch", torch_profiler_dir=profile_dir(args, config), delay_iterations=delay,
-                max_iterations=steps, torch_profiler_with_stack=False)
-
-
-def profile_dir(args, config) -> str:
-    return os.path.abspath(f"{os.path.splitext(args.out or 'bench')[0]}.{config}.profile")
-
-
-def drop_traces(args, config) -> None:
-    """Keep vLLM's kernel table (profiler_out_0.txt) and each trace's steps (trace_steps.py: cycle,
-    GPU busy and idle time, busy time by kernel family; --idle-host: the host's work in the longest
-    idles; the decode steps' kernels by whole name and grid), not the traces (large)."""
-    from trace_steps import kernels, load, steps, summary
-
-    folder = profile_dir(args, config)
-    for i, trace in enumerate(sorted(glob.glob(os.path.join(folder, "*.pt.trace.json*")))):
-        try:
-            events = load(trace)
-            rows = steps(events, args.idle_host)
-            kept = {"trace": os.path.basename(trace), "summary": summary(rows), "steps": rows,
-                    "decode_kernels": kernels(events)}
-        except Exception as e:  # the run's figures stand without it: say so, keep going
-            print(f"trace_steps failed on {trace}: {e!r}", file=sys.stderr, flush=True)
-            kept = {"trace": os.path.basename(trace), "error": repr(e)}
-        with open(os.path.join(folder, f"steps_{i}.json"), "w") as f:
-            json.dump(kept, f, indent=1)
-        os.remove(trace)
-
-
 def decode_latency(llm, system_ids, args):
     """ms per decode step at each batch size, behind `system_ids` (or none), 128 own tokens each:
     B requests start together and decode 1 + N tokens; a request's step time is the engine's
@@ -159,7 +127,7 @@ def decode_latency(llm, system_ids, args):
     from vllm.inputs import TokensPrompt
 
     rng = random.Random(args.seed + 2)
-    vocab = json.load(open(os.path.join(args.model, "config.json")))["vocab_size"]
+    vocab = model_config(args.model)["vocab_size"]
     rows, steps = [], args.latency_steps
     for B in map(int, args.latency_batches.split(",")):
         prompts = [TokensPrompt(prompt_token_ids=system_ids + [rng.randrange(100, vocab) for _ in range(128)])
@@ -299,43 +267,29 @@ def run_config(args, config):
                "--num-prompts", str(args.num_prompts), "--max-model-len", str(args.max_model_len),
                "--seed", str(args.seed), "--tensor-parallel-size", str(args.tensor_parallel_size)]
     else:
-        cmd = [sys.executable, __file__, *sys.argv[1:], "--worker", config]
+        cmd = worker_command(__file__, config)
     env = dict(os.environ, VLLM_ALLOW_INSECURE_SERIALIZATION="1")  # collective_rpc(allocator_stats)
     if args.triton_cache:  # a fresh cache per configuration: every compilation is seen (and paid)
         env["TRITON_CACHE_DIR"] = os.path.join(args.triton_cache, config)
     log, rc = run_logged(cmd, args, config, env)
+    result = result_line(log)
+    if result is not None:
+        # The KV cache each engine got: a pinned system prompt and larger graphs leave fewer
+        # tokens, and at 1000 requests both engines preempt and recompute.
+        kv = re.findall(r"GPU KV cache size: ([\d,]+) tokens", log)
+        result["kv_cache_tokens"] = [int(x.replace(",", "")) for x in kv]
+        if args.iteration_details:
+            result["iterations"] = iteration_summary(log)
+        return result
     for line in log.splitlines():
-        if line.startswith("RESULT "):
-            result = json.loads(line[7:])
-            # The KV cache each engine got: a pinned system prompt and larger graphs leave fewer
-            # tokens, and at 1000 requests both engines preempt and recompute (their step traces).
-            kv = re.findall(r"GPU KV cache size: ([\d,]+) tokens", log)
-            result["kv_cache_tokens"] = [int(x.replace(",", "")) for x in kv]
-            if args.iteration_details:
-                result["iterations"] = iteration_summary(log)
-            return result
         if line.startswith("Throughput:"):
             return {"config": "bench", "single": {"requests_per_s": float(line.split()[1])}}
     raise RuntimeError(f"{config} failed (rc {rc}):\n{log[-6000:]}")
 
 
-def run_logged(cmd, args, config, env=None) -> tuple[str, int]:
-    """Run one configuration's process: (its output, exit code); the engine's own log kept beside
-    `--out` (its step statistics, warnings), the profiler's traces dropped."""
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    log = proc.stdout + proc.stderr
-    if args.out:
-        with open(f"{os.path.splitext(args.out)[0]}.{config}.log", "w") as f:
-            f.write(log)
-    if args.profile:
-        drop_traces(args, config)
-    return log, proc.returncode
-
-
 def iteration_summary(log: str) -> dict:
     """vLLM's per-iteration log lines (`enable_logging_iteration_details`) summed up: time in steps
     with prompt tokens, and the median decode-only step by batch size (rounded to 64)."""
-    import re
     import statistics
 
     pat = re.compile(r"Iteration\((\d+)\): (\d+) context requests, (\d+) context tokens, (\d+) generation "
@@ -402,8 +356,6 @@ def main():
     p.add_argument("--profile", help="DELAY,STEPS: vLLM's torch profiler over STEPS engine steps of the first "
                    "run, after DELAY steps; its kernel table lands in <out>.<config>.profile/profiler_out_0.txt "
                    "(that run's time includes the profiler's cost)")
-    p.add_argument("--idle-host", type=int, default=0, help="with --profile: the N steps that idled longest "
-                   "also list the host's annotations and calls while their GPU waited (trace_steps.py)")
     p.add_argument("--out")
     p.add_argument("--worker")
     args = p.parse_args()

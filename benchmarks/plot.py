@@ -1,6 +1,6 @@
-"""Turn the benchmark JSON in benchmarks/results/ into the PNGs the README shows.
+"""Turn a folder of benchmark JSON (e.g. one of benchmarks/results/) into PNGs.
 
-    python benchmarks/plot.py [--results benchmarks/results] [--out DIR]   (default: --out = --results)
+    python benchmarks/plot.py --results benchmarks/results/DIR [--out DIR]   (default: --out = --results)
 
 Reads every *.json in the results folder and writes:
 

@@ -4,32 +4,15 @@
 #   acc2 acc3        relay vs FLASH_ATTN logprobs/greedy agreement (Llama-2-7B / Llama-3-8B shapes)
 #   l2 l3            throughput, single (P=2048) and multi-prompt workloads, default / relay / no system
 #                    prompt (+ relay backend without prompts on l3), and the decode-latency sweep
-#   l3_n1000 l2_n1000  the acceptance size (1000 requests; results/n1000/): Llama-3 run twice per engine
+#   l3_n1000 l2_n1000  the acceptance size (1000 requests; results/archive/2026-11-22_h200_n1000/): Llama-3 run twice per engine
 #                    with the relay backend without prompts, Llama-2 single and multi-prompt (about 8 min each)
 #   l3_runners       no system prompt at 1000 requests, run twice per engine: Model Runner V2 (vLLM's
 #                    default), the V1 runner relay selects, the relay backend (about 7 min)
 #   prof_l2 prof_l3  1000 requests, relay and no prompt, with vLLM's torch profiler over 8 decode steps
 #                    after 100: each kernel's GPU time (<out>/prof_llama{2,3}.<config>.profile/), about 6 min
-#   acct_l2 acct_l3  issue 16's accounting: 1000 requests (P=2048), relay and no prompt, each engine's whole first
-#                    run under vLLM's torch profiler, ACCT_REPEAT - 1 more without (their median; default 2 runs in
-#                    all: three each outgrew a 570 s call on the H100); benchmarks/account.py splits the gap
-#                    into rows (<out>/acct_llama{2,3}.md), about 7 min each
-#   acct_l2r         acct_l2 against the relay backend with no prompt (noprefix-relay: the same V1 runner as relay,
-#                    so the profiler costs both sides alike; vLLM's default runner slowed 1.33 s under it, relay 0.18 s)
-#                    (IDLE_HOST, default 40: each profiled run's steps that idled longest list the host's work meanwhile,
-#                    with vLLM's scopes on; GC_TRACE=1 adds Python's garbage collections: benchmarks/gpu/gc_trace/)
-#   acct_l2r8        acct_l2r at P=8192 (max-model-len 9000; with ACCT_REPEAT=1 beside other jobs)
-#   gap_l2r          after acct_l2r on the same machine, its folder kept as ACCT_DIR (each call's $OUT starts
-#                    empty: copy it to /tmp first): three more unprofiled runs of each engine, then account.py
-#                    again with them (--unprofiled): the gap's medians from four runs a side, not one
-#   gap_l2r_runs     gap_l2r's runs alone, beside `ACCT_REPEAT=1 e2e.sh acct_l2r` on another GPU of one host (on
-#                    a 4-GPU host under load, acct_l2r's two runs a side outgrew a 555 s job): then
-#                    account.py ACCT.json --b noprefix-relay --unprofiled GAP.json on the host
-#   acct_plain3      the same for plain traffic (Llama-3-8B, no prompt anywhere): the relay backend and vLLM's
-#                    backend on the V1 runner, each against vLLM's default (<out>/acct_plain3_{relay,v1}.md)
 #   graphs_l3        Llama-3-8B, P=2048, 1000 requests: vLLM's default and relay with vLLM's largest CUDA graph
 #                    (512: decode batches above it run eagerly) and with graphs up to 1024 (<out>/graphs_l3_*.json)
-#   single2          issue 16's first target: Llama-2-7B shape, P=2048, 1000 requests, relay and no system prompt,
+#   single2          the headline ratio to no prompt: Llama-2-7B shape, P=2048, 1000 requests, relay and no system prompt,
 #                    each engine run twice (about 4 min); with VARIANTS (comma-separated VAR=value tuning knobs), relay again
 #                    under each into single_llama2_VAR-value.json (no "=": the device tool leaves such names behind): an A/B in one job (l2_8192 takes VARIANTS too)
 #   single2r         single2 with the relay backend on the same requests without the prompt (noprefix-relay)
@@ -44,7 +27,7 @@
 #   single2p         the same with that stream at priority 0 (VLLM_RELAY_LEVEL_STREAM_PRIORITY=0; the default -1)
 #   single2u         the same with every level unsplit (VLLM_RELAY_LEVEL_SPLITS=1: no split combine captured)
 #   single2e         the same with the level stream in full-graph steps only (VLLM_RELAY_LEVEL_STREAM=2: the
-#                    default since the seventh session, so the A/B pair is now alike)
+#                    default, so the A/B pair is now alike)
 #   single2k         the same with a graph's levels capped at one besides the system prompts' (VLLM_RELAY_GRAPH_LEVELS=1:
 #                    FA3's split combine runs a grid over every group the graph holds, 2 + 64 by default)
 #   single2a         the same with the level stream in every step (VLLM_RELAY_LEVEL_STREAM=1, the default before)
@@ -98,28 +81,6 @@ for step in "$@"; do
           --configs relay,noprefix --out "$out/prof_llama2.json" ;;
     prof_l3) $bt --model "$m3" --prefix-len 2048 --num-prompts 1000 --max-model-len 4096 --profile 100,8 \
           --configs relay,noprefix --out "$out/prof_llama3.json" ;;
-    acct_l2|acct_l3|acct_l2r|acct_l2r8)
-      m=$m2; len=5120; p=2048; [ $step = acct_l3 ] && m=$m3 && len=4096
-      b=noprefix; f="$out/acct_llama${step#acct_l}"; [ $step = acct_l2r ] && b=noprefix-relay && f="$out/acct_llama2_r"
-      [ $step = acct_l2r8 ] && b=noprefix-relay && f="$out/acct_llama2_r8192" && p=8192 && len=9000
-      scopes=0; [ "${IDLE_HOST:-40}" = 0 ] || scopes=1
-      pp=$PYTHONPATH; [ "${GC_TRACE:-0}" = 0 ] || pp="$PWD/benchmarks/gpu/gc_trace:$PYTHONPATH"
-      VLLM_CUSTOM_SCOPES_FOR_PROFILING=$scopes PYTHONPATH=$pp $bt --model "$m" --prefix-len $p --num-prompts 1000 \
-          --max-model-len $len --profile 0,0 --repeat "${ACCT_REPEAT:-2}" \
-          --idle-host "${IDLE_HOST:-40}" --configs relay,$b --out "$f.json" && python3 benchmarks/account.py "$f.json" --b $b --out "$f.md" ;;
-    gap_l2r|gap_l2r_runs)
-      f="${ACCT_DIR:-$out}/acct_llama2_r.json"
-      [ $step = gap_l2r_runs ] || [ -f "$f" ] || { echo "gap_l2r: no $f (run acct_l2r first)"; exit 2; }
-      $bt --model "$m2" --prefix-len 2048 --num-prompts 1000 --max-model-len 5120 --repeat 3 \
-          --configs relay,noprefix-relay --out "$out/acct_llama2_r_gap.json" || exit 1
-      [ $step = gap_l2r_runs ] || python3 benchmarks/account.py "$f" --b noprefix-relay \
-          --unprofiled "$out/acct_llama2_r_gap.json" --out "$out/acct_llama2_r.md" ;;
-    acct_plain3)
-      $bt --model "$m3" --prefix-len 2048 --num-prompts 1000 --max-model-len 4096 --profile 0,0 --repeat 2 \
-          --configs noprefix,noprefix-relay,noprefix-v1 --out "$out/acct_plain3.json"  # each kept as it ends
-      for a in noprefix-relay noprefix-v1; do
-        python3 benchmarks/account.py "$out/acct_plain3.json" --a $a --b noprefix --out "$out/acct_plain3_${a#noprefix-}.md"
-      done ;;
     graphs_l3)
       for g in 512 1024; do
         $bt --model "$m3" --prefix-len 2048 --num-prompts 1000 --max-model-len 4096 --max-cudagraph-capture-size $g \

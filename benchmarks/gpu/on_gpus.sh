@@ -2,7 +2,7 @@
 # A multi-GPU host, after benchmarks/gpu/run_all.sh has installed the project: single-GPU steps of the
 # other scripts side by side, one GPU each, so one device call does the work of several.
 # Usage: bash benchmarks/gpu/on_gpus.sh "JOB" ...   with JOB as "[VAR=value ...] SCRIPT STEP...", e.g.
-#   bash benchmarks/gpu/on_gpus.sh "sharing.sh prof1024" "N=1000 e2e.sh prof_l2" "ROUNDS=5 sharing.sh plainx"
+#   bash benchmarks/gpu/on_gpus.sh "sharing.sh prof1024" "N=1000 e2e.sh prof_l2" "sharing.sh plain3"
 # Job i runs `bash benchmarks/gpu/SCRIPT STEP...` with CUDA_VISIBLE_DEVICES=i, OUT=$OUT/gpu<i> and its own
 # vLLM cache folder (no two engines compile into one), its output in $OUT/gpu<i>/job.log, for at most
 # JOB_TIMEOUT seconds (default 560). Ratios count within a job only: each job's configurations share a GPU.

@@ -10,7 +10,7 @@
 #   tp2-13b-relay     the same with relay                                                     h200-x2; ~4
 #   tp4-70b-default   throughput, Llama-2-70B shape, TP=4, P=2048, vLLM's default             h200-x4; ~6
 #   tp4-70b-relay     the same with relay                                                     h200-x4; ~5
-#   tp4-70b           issue 18's three in one engine run each, twice per engine: no system prompt (the
+#   tp4-70b           the three configurations in one engine run each, twice per engine: no system prompt (the
 #                     ceiling), vLLM's default and relay, 400 requests, ratios printed          h100-x4; ~8
 #   ratio             relay / default for whichever pairs above have run (reads $OUT)        any;      <1
 #   streams           `vllm serve --attention-backend relay` (Llama-2-7B shape, a 2k-token chat system

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU host, after benchmarks/gpu/run_all.sh has installed the project: shared prefixes nobody
-# registered (issue 15), relay against vLLM's default, its cascade and the bound.
+# registered, relay against vLLM's default, its cascade and the bound.
 # Usage: bash benchmarks/gpu/sharing.sh STEP...   with STEP one of
 #   samples2    Hydragen's sweep on the Llama-2-7B shape: P in $PS, n in $NS, 128 output tokens; with VARIANTS
 #               (comma-separated VAR=value tuning knobs), relay again under each into
@@ -13,20 +13,14 @@
 #               with the registered prompt only, default, cascade, ceiling (TREE_CONFIGS: a subset)
 #   plain3      nothing shared: 1000 requests (128 in / 256 out), vLLM's default and the relay backend,
 #               each run twice on its engine (bench_throughput.py noprefix, noprefix-relay)
-#   plainx      nothing shared, settled: vLLM's default and the relay backend on warm engines side by
-#               side ($GMU of the GPU each, default 0.45), $ROUNDS interleaved rounds of the plain3 requests
-#               (bench_interleaved.py)
 #   serve3p     nothing shared, served: every request without a system prompt (--plain-fraction 1), streamed
 #               through the OpenAI server at Poisson rates $RATES (default 1,4,8) for $DUR s each (default 20):
 #               vLLM's default server and the relay backend with nothing registered (TTFT, TPOT p50)
 #   acct16k     where relay's time goes at P=16000, n=256 (ACCT_P, ACCT_N): relay and the ceiling, each one's first run
-#               under vLLM's torch profiler whole (--profile 0,0), every step's GPU busy and idle time and the host's
-#               work in the 40 steps that idled longest (<out>/acct16k.CONFIG.profile/steps_0.json), then a second
-#               run unprofiled
+#               under vLLM's torch profiler whole (--profile 0,0; its kernel table in
+#               <out>/acct16k.CONFIG.profile/), then a second run unprofiled
 #   prof1024    where relay's time goes at n=1024 (P=$PPROF, default 4096), relay against the cascade: vLLM's
 #               torch profiler over 6 decode steps after 40 and the per-step log (<out>/prof1024.*)
-#   plainx5     plainx with 5 rounds, vLLM's backend on the V1 runner alongside (0.3 of the GPU each)
-#               and vLLM's per-step log of every round (<out>/plain_runners_llama3.*.log)
 #   single3     the registered single-prompt workload (P=2048, 1000 requests): default, relay, no prompt
 #   spy2        where the engine's host time goes on one samples point ($PS, $NS; each of $CONFIGS in
 #               turn, vLLM's per-step log on): py-spy over every process, idle stacks included, raw
@@ -63,16 +57,12 @@ for step in "$@"; do
                 --max-model-len 8192 --out "$out/sharing_tree_llama2.json" ;;
     plain3) $bt --model "$m3" --prefix-len 2048 --num-prompts 1000 --max-model-len 4096 --repeat 2 \
                 --configs noprefix,noprefix-relay --out "$out/sharing_plain_llama3.json" ;;
-    plainx) python3 benchmarks/bench_interleaved.py --model "$m3" --configs noprefix,noprefix-relay \
-                --rounds "${ROUNDS:-3}" --gpu-memory-utilization "${GMU:-0.45}" --out "$out/plain_interleaved_llama3.json" ;;
     serve3p) $bs --model "$m3" --rates "${RATES:-1,4,8}" --duration "${DUR:-20}" --plain-fraction 1 \
                 --configs default,relay-plain --out "$out/serving_plain_llama3.json" ;;
     acct16k) VLLM_CUSTOM_SCOPES_FOR_PROFILING=1 $sb --model "$m2" --workloads samples --prefix-lens "${ACCT_P:-16000}" \
-                --ns "${ACCT_N:-256}" --configs ceiling,relay --repeat 2 --profile 0,0 --idle-host 40 --out "$out/acct16k.json" ;;
+                --ns "${ACCT_N:-256}" --configs ceiling,relay --repeat 2 --profile 0,0 --out "$out/acct16k.json" ;;
     prof1024) $sb --model "$m2" --workloads samples --prefix-lens "${PPROF:-4096}" --ns 1024 --configs relay,cascade \
                 --iteration-details --profile 40,6 --out "$out/prof1024.json" ;;
-    plainx5) python3 benchmarks/bench_interleaved.py --model "$m3" --configs noprefix,noprefix-v1,noprefix-relay \
-                --rounds 5 --gpu-memory-utilization 0.3 --iteration-details --out "$out/plain_runners_llama3.json" ;;
     spy2) for c in ${CONFIGS//,/ }; do
             timeout 300 "${PYSPY:-py-spy}" record -r 50 --idle --threads --subprocesses -f raw -o "$out/spy_$c.txt" -- \
               $sb --model "$m2" --workloads samples --prefix-lens "$PS" --ns "$NS" --worker "$c" --iteration-details \

@@ -73,7 +73,7 @@ def test_serving_json_gives_a_latency_plot(tmp_path, capsys):
 
 
 def test_missing_files_skip_with_a_message(tmp_path, capsys):
-    shutil.copy(BENCH / "results" / "e2e_acc_llama2.json", tmp_path)  # accuracy: not plotted
+    shutil.copy(BENCH / "results" / "archive" / "2026-11-21_h200" / "e2e_acc_llama2.json", tmp_path)  # accuracy: not plotted
     assert plot.main(["--results", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "skip the latency plots: no serving benchmark JSON" in out and "wrote" not in out

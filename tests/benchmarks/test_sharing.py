@@ -127,17 +127,16 @@ def test_plot_draws_a_panel_per_prompt_length_context_and_tree(tmp_path):
     assert struct.unpack(">I", head[16:20])[0] == 4 * 5 * 110  # 2 prompt lengths, 1 context, the tree
 
 
-def test_a_profiled_run_keeps_each_traces_steps(tmp_path, monkeypatch):
-    """`--profile` drops each trace for its steps (bench_throughput.drop_traces, with this script's
-    arguments: it reads --idle-host, which this parser must define too)."""
-    from tests.benchmarks.test_trace_steps import EVENTS
-
-    monkeypatch.syspath_prepend(str(BENCH))
-    args = bench.parser().parse_args(["--profile", "0,0", "--idle-host", "1", "--out", str(tmp_path / "s.json")])
-    bt = load("bench_throughput")
-    folder = Path(bt.profile_dir(args, "relay"))
+def test_a_profiled_run_keeps_the_kernel_table_beside_out_and_drops_the_traces(tmp_path):
+    """`--profile` puts vLLM's profiler output in <out>.<config>.profile/; the traces go, the table stays."""
+    common = load("common")
+    args = bench.parser().parse_args(["--profile", "40,6", "--out", str(tmp_path / "s.json")])
+    config = common.profiler_config(args, "relay")
+    folder = Path(config["torch_profiler_dir"])
+    assert folder == tmp_path / "s.relay.profile"
+    assert (config["delay_iterations"], config["max_iterations"]) == (40, 6)
     folder.mkdir()
-    (folder / "rank0.pt.trace.json").write_text(json.dumps({"traceEvents": EVENTS}))
-    bt.drop_traces(args, "relay")
-    kept = json.loads((folder / "steps_0.json").read_text())
-    assert [p.name for p in folder.iterdir()] == ["steps_0.json"] and kept["summary"]["steps"] == 2
+    (folder / "rank0.pt.trace.json.gz").write_bytes(b"x")
+    (folder / "profiler_out_0.txt").write_text("table")
+    common.drop_traces(args, "relay")
+    assert [p.name for p in folder.iterdir()] == ["profiler_out_0.txt"]
