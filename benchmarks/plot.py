@@ -1,16 +1,19 @@
-"""Turn a folder of benchmark JSON (e.g. one of benchmarks/results/) into PNGs.
+"""Turn benchmark JSON (a folder of benchmarks/results/, or chosen files) into PNGs.
 
     python benchmarks/plot.py --results benchmarks/results/DIR [--out DIR]   (default: --out = --results)
+    python benchmarks/plot.py --results FILE.json [FILE.json ...] --out DIR
 
-Reads every *.json in the results folder and writes:
+Reads every *.json of each folder given, and each file given, and writes:
 
 - ``throughput_vs_prompt_len_<model>.png``: requests/s against the system-prompt length P, for relay
   and vLLM's default, with the no-system-prompt ceiling, one per model. From `bench_throughput.py`
   files (``{"args": {"prefix_len": P, "model": ...}, CONFIG: {"single": {"requests_per_s": ...}}}``,
   or the older flat ``CONFIG: {"requests_per_s": ...}``, used only for models without newer files): configs
   ``relay`` and ``default`` at P = args.prefix_len; ``noprefix-relay`` and ``noprefix`` (the same
-  requests without the shared prefix) are relay and vLLM's default at P = 0; ``noprefix``
-  (averaged over the files that have it) is also the ceiling line.
+  requests without the shared prefix) are relay and vLLM's default at P = 0 (the latter only when
+  vLLM's default has other points); ``noprefix`` is also the ceiling line. A configuration's value in
+  one file is the median of its runs (``runs_requests_per_s``, else ``requests_per_s``); where several
+  files give one point (or the ceiling), the plot shows the median over the files.
 - ``<name>.png`` for each serving-benchmark file ``<name>.json``: TTFT, TPOT and end-to-end latency
   (p50 solid, p99 dashed) and achieved requests/s against the Poisson request rate, one line per
   configuration. Expected shape::
@@ -51,17 +54,25 @@ def model_label(path: str) -> str:
 
 
 def rps(entry: dict) -> float | None:
-    """Requests/s of one configuration's entry: the single-prompt workload's, or the flat field."""
-    if "requests_per_s" in entry:
-        return float(entry["requests_per_s"])
-    single = entry.get("single")
-    return float(single["requests_per_s"]) if isinstance(single, dict) and "requests_per_s" in single else None
+    """Requests/s of one configuration's entry (the single-prompt workload's, or the flat field):
+    the median of its runs where the file lists them, else ``requests_per_s``."""
+    if "requests_per_s" not in entry:
+        entry = entry.get("single")
+        if not isinstance(entry, dict) or "requests_per_s" not in entry:
+            return None
+    runs = entry.get("runs_requests_per_s")
+    return float(statistics.median(runs)) if runs else float(entry["requests_per_s"])
 
 
-def load(results: Path) -> tuple[list[tuple[Path, dict]], list[tuple[Path, dict]]]:
-    """(throughput files, serving files) found in `results`."""
+def json_files(paths: list[Path]) -> list[Path]:
+    """Each folder's *.json, sorted, and each file as given."""
+    return [f for p in paths for f in (sorted(p.glob("*.json")) if p.is_dir() else [p])]
+
+
+def load(results: Path | list[Path]) -> tuple[list[tuple[Path, dict]], list[tuple[Path, dict]]]:
+    """(throughput files, serving files) found in `results`: folders and files."""
     throughput, serving = [], []
-    for path in sorted(results.glob("*.json")):
+    for path in json_files(results if isinstance(results, list) else [results]):
         data = json.loads(path.read_text())
         if not isinstance(data, dict):
             continue
@@ -91,8 +102,9 @@ def by_model(files: list[tuple[Path, dict]]) -> dict[str, list[tuple[Path, dict]
 def throughput_points(
     files: list[tuple[Path, dict]],
 ) -> tuple[dict[str, dict[int, float]], float | None, str]:
-    """({"relay"|"default": {P: requests/s}}, ceiling requests/s or None, workload label)."""
-    series: dict[str, dict[int, float]] = {"relay": {}, "default": {}}
+    """({"relay"|"default": {P: requests/s}}, ceiling requests/s or None, workload label); medians
+    over the files where several give one point."""
+    values: dict[str, dict[int, list[float]]] = {"relay": {}, "default": {}}
     ceiling, workloads = [], set()
     for _path, data in files:
         a = data["args"]
@@ -106,13 +118,14 @@ def throughput_points(
             "noprefix-relay": ("relay", 0),
         }.items():
             if config in data and rps(data[config]) is not None:
-                series[name][at] = rps(data[config])
+                values[name].setdefault(at, []).append(rps(data[config]))
         if "noprefix" in data and rps(data["noprefix"]) is not None:
             ceiling.append(rps(data["noprefix"]))
-    mean = statistics.mean(ceiling) if ceiling else None
-    if mean is not None:  # vLLM's default with no system prompt is the ceiling itself
-        series["default"][0] = mean
-    return series, mean, "; ".join(sorted(workloads))
+    series = {name: {at: statistics.median(v) for at, v in points.items()} for name, points in values.items()}
+    median = statistics.median(ceiling) if ceiling else None
+    if median is not None and series["default"]:  # vLLM's default with no system prompt is the ceiling
+        series["default"][0] = median
+    return series, median, "; ".join(sorted(workloads))
 
 
 def plot_throughputs(files: list[tuple[Path, dict]], out: Path) -> list[Path | None]:
@@ -155,9 +168,10 @@ def plot_throughput(files: list[tuple[Path, dict]], out: Path, png: str = THROUG
     ax.set_xlabel("system-prompt length P (tokens)")
     ax.set_ylabel("throughput (requests/s)")
     ax.set_title(f"Throughput vs system-prompt length ({workload} tokens per request)", fontsize=10)
+    ax.set_xlim(left=0)
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="lower left")
     fig.tight_layout()
     path = out / png
     fig.savefig(path, dpi=120)
@@ -210,10 +224,12 @@ def plot_serving(path: Path, data: dict, out: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--results", type=Path, default=RESULTS)
-    p.add_argument("--out", type=Path, help="default: the results folder")
+    p.add_argument("--results", type=Path, nargs="+", default=[RESULTS],
+                   help="folders (every *.json in each) and JSON files")
+    p.add_argument("--out", type=Path, help="default: the first results folder (or the first file's folder)")
     args = p.parse_args(argv)
-    out = args.out or args.results
+    first = args.results[0]
+    out = args.out or (first if first.is_dir() else first.parent)
     out.mkdir(parents=True, exist_ok=True)
     import matplotlib
 
@@ -223,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     if not serving:
         print(
             f'[plot] skip the latency plots: no serving benchmark JSON ({{"model", "configs": ...}}) '
-            f"in {args.results}"
+            "among the results given"
         )
     written += [plot_serving(path, data, out) for path, data in serving]
     for png in filter(None, written):
