@@ -87,8 +87,8 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # launch), and replays the unsplit one on the steps the planner runs unsplit anyway
     # (rules.joint_one_split); 2 replays it on every step with levels (its tests); 0: the split graph
     # alone, its combine launched over the whole call every step (hooks/graphs.py). Same results; only
-    # the speed and the graphs captured change (H200, ceiling_h100 session 19: +0.9% at P=8192, 0.12 GiB
-    # more graph memory on a Llama-2-7B shape).
+    # the speed and the graphs captured change (H200, 2026-11-28, benchmarks/results/2026-11-28_1337_h200/:
+    # +0.9% at P=8192, 0.12 GiB more graph memory on a Llama-2-7B shape).
     "VLLM_RELAY_UNSPLIT_GRAPHS": lambda: _int("VLLM_RELAY_UNSPLIT_GRAPHS"),
     # Tuning knob for benchmarks: 0 runs the levels in vLLM's stream after the context call; 1 on a
     # second stream, concurrently, in every step; unset or 2 on it in full-CUDA-graph steps only,
@@ -99,7 +99,8 @@ environment_variables: dict[str, Callable[[], Any]] = {
     "VLLM_RELAY_LEVEL_STREAM_PRIORITY": lambda: _int("VLLM_RELAY_LEVEL_STREAM_PRIORITY"),
     # Which kernel runs the system level: "flash" (a gather, FlashAttention-3, the relay fusion;
     # the default) or "triton" (one fused launch: gather, split-K attention over the slot's pages,
-    # LSE merge). Measured in benchmarks/results/layer_h200.md; the results are the same.
+    # LSE merge). Measured in benchmarks/results/archive/2026-11-21_h200/layer_h200.md; the results are
+    # the same.
     "VLLM_RELAY_LEVEL_KERNEL": lambda: _str("VLLM_RELAY_LEVEL_KERNEL"),
     # Folder for the test fixtures' built models (vllm_relay.testing); unset: see
     # vllm_relay.testing.models.cache_root.

@@ -4,7 +4,7 @@ Before, a system prompt longer than max_prompt_tokens once tokenized (or any spe
 after tokenizing) was reported by the engine core after loading the model, profiling memory and
 warming up: 40-90 s on the tiny CPU model, minutes for a large model on a GPU. The front end has
 the tokenizer and the config, so it checks there (hooks/frontend.py) and exits non-zero in seconds.
-How many seconds depends on the machine (mostly vLLM's imports): benchmarks/bench_startup_error.py
+How many seconds depends on the machine (mostly vLLM's imports): bench_startup_error.py (in git history)
 measures it; this test checks the behaviour only, with a bound that catches a hang.
 """
 

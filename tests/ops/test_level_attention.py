@@ -75,7 +75,7 @@ def test_matches_reference(splits, gqa, d, dtype):
 
 @pytest.mark.parametrize("block_m, block_n", [(128, 32), (32, 128)])
 def test_other_tiles_match_reference(block_m, block_n, monkeypatch):
-    """The tile sizes benchmarks/tune_level.py sweeps: planning and kernel follow them."""
+    """The tile sizes tune_level.py (in git history) swept: planning and kernel follow them."""
     import vllm_relay.ops.level_attention as la
 
     monkeypatch.setattr(la, "BLOCK_M", block_m)

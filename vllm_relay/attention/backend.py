@@ -179,9 +179,9 @@ def unsplit_graph(step, capture: bool) -> bool:
     return step is not None and step.graph_unsplit
 
 
-# Levels on their own stream (issue 16): a decode step's context call is bound by its reads, a system
-# level by its FLOPs, so the two overlap. Priority: the level's few CTAs take SMs as they free up,
-# before the context call's many (benchmarks/bench_layer.py --only splits, "overlap" columns).
+# Levels on their own stream: a decode step's context call is bound by its reads, a system level by
+# its FLOPs, so the two overlap. Priority: the level's few CTAs take SMs as they free up, before the
+# context call's many (bench_layer.py --only splits, "overlap" columns; the script is in git history).
 LEVEL_STREAM_PRIORITY = -1
 
 
@@ -198,8 +198,9 @@ def level_stream_mode() -> str:
     2: full-CUDA-graph steps only; eager steps keep them in vLLM's stream), "all" (1) or "off" (0).
     Graphs only by default: eager steps on the stream allocate from its own pool (the caching
     allocator retried, freeing and synchronising, 1-2 times a run on the H100; never without), and
-    end to end it measured +2.0% and -0.7% in two jobs (benchmarks/results/ceiling_h100/README.md,
-    seventh session): no gain to keep the extra pool for."""
+    end to end it measured +2.0% and -0.7% in two jobs (H100, 2026-11-27:
+    benchmarks/results/archive/2026-11-26_ceiling/README.md, the 00:39 run): no gain to keep the
+    extra pool for."""
     modes = {None: "graphs", 1: "all", 2: "graphs", 0: "off"}
     value = envs.VLLM_RELAY_LEVEL_STREAM
     if value not in modes:

@@ -12,12 +12,14 @@ import numpy as np
 # of one layer's K and V), the cost of their launches; else every request reads all its pages in
 # one FlashAttention call, exactly vLLM's. Full CUDA graphs come in two kinds per decode size
 # (hooks/graphs.py): vLLM's own, replayed by steps without levels, and one that also runs them.
-# NOTE: from the H200 layer table (benchmarks/results/layer_h200.md, one system prompt of S=2048):
+# NOTE: from the H200 layer table (benchmarks/results/archive/2026-11-21_h200/layer_h200.md, one
+# system prompt of S=2048):
 # the shared path won from 16 (MHA) / 64 (GQA) requests when its launches were paid eagerly, i.e.
 # from about 15 and 63 times 2048 tokens not read again; to be measured again for the level kinds
-# of benchmarks/bench_layer.py (--only levels).
+# of bench_layer.py (--only levels; the script is in git history).
 # On the CPU the context call is vLLM's CPU attention kernel, and the levels run in torch (the
-# kernel gives no LSE): there the levels never paid for themselves (benchmarks/bench_cpu_attention.py,
+# kernel gives no LSE): there the levels never paid for themselves (bench_cpu_attention.py, in git
+# history; benchmarks/results/archive/2026-11-25_cpu_attention/cpu_attention.md,
 # tiny GQA model, 2 cores: attention 4.9x vLLM's CPU backend with levels against 1.02x on the prefix
 # path at 64 requests over a 512-token prompt, 9.3x against 0.94x at 128 over 900), so "auto" plans
 # none; "always" still runs them (the CPU exactness tests). Keyed by (device type, GQA > 1).
@@ -30,7 +32,8 @@ MAX_LEVELS = 4
 # FlashAttention-3 combines its key splits over every group of the graph's call, empty ones too.
 # On the H100 (Llama-2-7B shape, one level of 384 rows over 2048 keys) the level's call takes 109 us
 # in a graph of 770 groups, 62 us in one of 66, 54 us alone; a whole layer 480 -> 434 us; end to end
-# (P=2048, 1000 requests) +2.9% (benchmarks/results/ceiling_h100/README.md, third session).
+# (P=2048, 1000 requests) +2.9% (H100, 2026-11-26: benchmarks/results/archive/2026-11-26_ceiling/
+# README.md, the 12:29 run).
 # The tree keeps its shallowest levels; deeper ones are read in the context (exact either way).
 # VLLM_RELAY_GRAPH_LEVELS overrides it.
 GRAPH_LEVELS = 64
@@ -39,20 +42,23 @@ GRAPH_LEVELS = 64
 # faster and needs no combine (H100, a layer in a graph, us, one split against FA3's split at n=384:
 # Llama-2-7B shape 422 / 433 at S=2048, 602 / 617 at S=16000; Llama-3-8B 180 / 192, 354 / 370; at
 # 512 rows FA3 picks one itself); fewer rows over a long level still want the split (the unsplit
-# kernel at S=16000, n=256: 470 / 392). benchmarks/results/ceiling_h100/splits_one_split_h100.md.
+# kernel at S=16000, n=256: 470 / 392).
+# benchmarks/results/archive/2026-11-26_ceiling/splits_one_split_h100.md.
 ONE_SPLIT_FILL = 0.6
 LEVEL_TILE_ROWS = 128  # FA3's query tile at head size 128; a split call packs a KV head's query heads
 # A decode step's levels and context run as one call (ops/joint.py), each level in sequences of this
 # many query rows (tokens x query heads per KV head). FA3 runs the whole call with a tile of 64 rows
 # (one warpgroup) while its longest sequence has at most 64, else 128 (two). On the H100, a layer in a
-# graph (benchmarks/bench_joint.py, us, one call with 64 / 128 rows against relay's two calls):
+# graph (bench_joint.py, in git history: benchmarks/results/archive/2026-11-26_ceiling/2026-11-28_0014/;
+# us, one call with 64 / 128 rows against relay's two calls):
 # Llama-2-7B shape, n=256, S=2048, c=128: 244 / 287 against 298; Llama-3-8B, n=128, S=8192, c=320:
 # 110 / 134 against 135, n=256: 215 / 202 against 231, n=1024: 789 / 768 against 769. So 64 rows
 # with one query head per KV head, and with more from 256 tokens on 128. Alone, a level of 64-row
 # sequences runs at 370-390 TFLOP/s against 500-540 with 128 (H200, Llama-2-7B shape, S=8192,
-# benchmarks/bench_page_size.py), yet with one query head per KV head the context's one-row sequences
+# bench_page_size.py, in git history), yet with one query head per KV head the context's one-row sequences
 # lose more on the 128-row tile: end to end (H200, 1000 requests, VLLM_RELAY_JOINT_ROWS=128 against
-# the rule) P=2048 36.1 / 41.5 requests/s, P=8192 31.5 / 35.1 and 31.2 / 34.8 (ceiling_h100, session 16).
+# the rule) P=2048 36.1 / 41.5 requests/s, P=8192 31.5 / 35.1 and 31.2 / 34.8 (H200, 2026-11-28:
+# benchmarks/results/archive/2026-11-26_ceiling/2026-11-28_0613/).
 JOINT_ROWS, JOINT_ROWS_LARGE, JOINT_LARGE_TOKENS = 64, 128, 256
 # The joint call runs unsplit when the levels' tiles (sequences x KV heads) fill this share of the
 # multiprocessors; with fewer, FA3 splits each sequence by its share of the call's work (its dynamic
@@ -99,7 +105,7 @@ def fills_tiles(q_lens: np.ndarray, gqa: int) -> np.ndarray:
     would only add the gather of its rows, a second call and the fusion. Read in its context (the
     prefix path), a chunk's shared and own keys are one call (Llama-2-7B shape, P=2048: a step of
     128 such chunks took 33 ms more attention than without the prompt, against 24 ms of FLOPs,
-    benchmarks/results/ceiling_h100/acct_llama2_r_s11.md).
+    benchmarks/results/archive/2026-11-26_ceiling/acct_llama2_r_s11.md).
 
     Example:
         >>> fills_tiles(np.array([1, 100, 128, 129, 256, 300]), 1).tolist()

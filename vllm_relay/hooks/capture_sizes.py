@@ -4,8 +4,9 @@ vLLM 0.26 captures decode graphs up to `min(2 * max_num_seqs, 512)` tokens; on a
 more `max_num_seqs` is 1024, so decode steps of 513-1024 requests run eagerly. vLLM's own backend
 loses little there (Llama-3-8B shape, P=2048, 1000 requests on an H200: 43.2 requests/s with graphs
 up to 512, 42.5 up to 1024), but an eager relay step launches its per-layer context call, level
-call and fusion from Python and waits on the host (`benchmarks/results/acct_h200/`): 52.4 requests/s
-with graphs up to 512, 73.2 up to 1024, in the same call.
+call and fusion from Python and waits on the host
+(`benchmarks/results/archive/2026-11-26_h200_accounting/`): 52.4 requests/s with graphs up to 512,
+73.2 up to 1024, in the same call.
 
 So with relay on, full CUDA graphs in use (without them relay's attention always runs eagerly),
 and neither `max_cudagraph_capture_size` nor `cudagraph_capture_sizes` set by the user, the largest

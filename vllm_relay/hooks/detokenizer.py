@@ -4,8 +4,9 @@ vLLM 0.26's `FastIncrementalDetokenizer` primes tokenizers' `DecodeStream` with 
 the stream's first step decodes it all (twice) to find where the new text starts: O(prompt) per
 request, in the front end's process, when the first token arrives. n samples of one long prompt are
 n requests, each paying it: at 16,000 tokens 7.7 ms a request on this project's CPU machine and 6.2 ms
-on the H100 host's (benchmarks/bench_detokenizer.py), 2.0 and 1.6 s for n=256; end to end on that H100,
-+4.8% at n=256 (most of the front end's time overlaps the engine core's; benchmarks/results/cpu_detokenizer/).
+on the H100 host's (bench_detokenizer.py, in git history), 2.0 and 1.6 s for n=256; end to end on that
+H100, +4.8% at n=256 (most of the front end's time overlaps the engine core's;
+benchmarks/results/archive/2026-11-27_cpu_detokenizer/).
 vLLM's `SlowIncrementalDetokenizer` has always primed with a few prompt tokens only; the open
 vllm-project/vllm#51281 and #57330 make the fast one do the same (32 and 128 tokens).
 

@@ -17,11 +17,12 @@ Each size has a third graph (unless VLLM_RELAY_UNSPLIT_GRAPHS=0): the twin with 
 unsplit (`relay_unsplit`). Captured split (FlashAttention-3's split count is fixed at capture), the
 call launches FA3's combine over all its sequences every step, also on the steps the planner runs
 unsplit (`ops.force_one_split`): 80 us a layer, against 19 for vLLM's own graphs (Llama-2-7B shape,
-P=8192, H200, ceiling_h100 session 17). The unsplit twin runs the same tiles without it, and is
-chosen only for those steps (`attention.workers.step_runs_unsplit`, the planner's own rule), so no
-step loses a split it would have had. Measured against the split twin alone in one job (H200, session
-19): +0.9% throughput at P=8192 and +1.5% at P=2048, for 0.12 GiB more graph memory (48 fewer KV
-tokens of 232,625) and one more second of capture.
+P=8192, H200, 2026-11-28: benchmarks/results/2026-11-28_0906_h200/). The unsplit twin runs the same
+tiles without it, and is chosen only for those steps (`attention.workers.step_runs_unsplit`, the
+planner's own rule), so no step loses a split it would have had. Measured against the split twin
+alone in one job (H200, 2026-11-28: benchmarks/results/2026-11-28_1337_h200/): +0.9% throughput at
+P=8192 and +1.5% at P=2048, for 0.12 GiB more graph memory (48 fewer KV tokens of 232,625) and one
+more second of capture.
 
 vLLM sizes the KV cache after estimating its graphs' memory: it captures a mode's first two graphs
 of the capture list (largest first), the first for the pool it holds and the second for what each

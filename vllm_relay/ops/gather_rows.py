@@ -24,7 +24,8 @@ def gather_rows_torch(src, perm, count, out):
 # Triton compiles a kernel again for a pointer that is 16-byte aligned where earlier ones were not.
 # The planner's count is `cu[G]` of its persistent plan, aligned only when the step has a multiple of
 # four levels: a step with four levels after steps with one to three compiled it mid-run (132 ms of a
-# step on the H100, benchmarks/results/ceiling_h100/README.md, ninth session). One load of one int32
+# step on the H100, 2026-11-27: benchmarks/results/archive/2026-11-26_ceiling/README.md, the 06:33
+# run). One load of one int32
 # needs no alignment, so one compiled kernel serves every count.
 @triton.jit(do_not_specialize=["max_rows"], do_not_specialize_on_alignment=["count_ptr"])
 def _gather_rows_kernel(src_ptr, perm_ptr, count_ptr, out_ptr, max_rows, stride_src, stride_out,

@@ -22,8 +22,8 @@ import triton.language as tl
 from vllm_relay.ops.relay_fusion import _interpreted, relay_fusion_torch
 from vllm_relay.ops.varlen_attention import varlen_attention_torch
 
-# The tile: read at call time, so that benchmarks/tune_level.py can sweep it (planners made after a
-# change plan tiles and workspaces for the new BLOCK_M).
+# The tile: read at call time, so that a tuning script can sweep it (tune_level.py, in git history;
+# planners made after a change plan tiles and workspaces for the new BLOCK_M).
 BLOCK_M = 64  # query rows per program: tile tokens x query heads per KV head
 BLOCK_N = 64  # keys per iteration (whole pages of 16)
 NUM_WARPS = 4

@@ -45,7 +45,8 @@ def prefix_block_table_torch(block_table, seq_lens, pages, slot, slot_pages, pag
 # A step's level tables end at a fixed row (`planner.max_seqs`), so they start at a row that moves with
 # the step's groups: `_level_lens[lo:]` is aligned for one step in four. The first step whose start was
 # never seen compiled a variant mid-run (about 120 ms of a prefill step's host time on the H200, found by
-# `bench_throughput.py --triton-cache`: benchmarks/results/ceiling_h100/README.md, fifteenth session).
+# `bench_throughput.py --triton-cache`, 2026-11-28: benchmarks/results/archive/2026-11-26_ceiling/
+# README.md, the 03:30 run).
 # The kernel copies int32 entries one column at a time: alignment buys it nothing, so no pointer is
 # specialized on it and the variant compiled at start-up serves every call.
 _POINTERS = ["bt_ptr", "seq_lens_ptr", "pages_ptr", "slot_ptr", "slot_pages_ptr", "out_ptr", "out_lens_ptr",
