@@ -17,7 +17,8 @@ import time
 import urllib.request
 
 MODEL = "tiny-llama-gqa"
-SYSTEM = "You are a terse assistant for a shipping company. Answer in one sentence."
+SYSTEM = ("You are a terse assistant for a shipping company. Answer in one sentence, and say where the customer "
+          "can track a parcel when they ask about one.")
 RELAY_CONFIG = {"max_prompts": 1, "max_prompt_tokens": 512, "log_stats_interval_s": 0.5,
                 "metrics_interval_s": 0.2}
 METRIC = "vllm_relay_requests_total"

@@ -18,7 +18,8 @@ def register() -> None:
 
     Re-entrant and cheap: vLLM calls it several times per process. It touches no device.
 
-    vLLM 0.26 has no API to add a backend name, and a new enum member would not survive
+    vLLM has no spawn-safe API to add a backend name (0.33's `AttentionBackendEnum.register`
+    takes a string but is lost in spawned processes), and a new enum member would not survive
     pickling into spawned workers (they unpickle the config before any plugin loads). So
     `RELAY` becomes an alias of the existing `CUSTOM` member, whose class path we override;
     the selected member pickles as `CUSTOM` and resolves to us again in every process.

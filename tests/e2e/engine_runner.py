@@ -1,6 +1,11 @@
-"""Run tests/e2e/run_offline.py in a subprocess and compare engines' outputs."""
+"""Run tests/e2e/run_offline.py in a subprocess and compare engines' outputs.
+
+An engine that does not select relay is a reference: it runs with the plugin not loaded
+(`VLLM_PLUGINS=""`), so it is vLLM as a user without relay has it.
+"""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -8,11 +13,18 @@ from pathlib import Path
 RUNNER = Path(__file__).with_name("run_offline.py")
 
 
+def plugin_env(spec: dict) -> dict:
+    """The environment of the engine `spec` describes: without the plugin unless it selects relay
+    (or the spec says `"plugin": true`: the plugin loaded, vLLM's own backend selected)."""
+    loaded = spec["engine"].get("attention_backend") == "relay" or spec.get("plugin", False)
+    return dict(os.environ) if loaded else {**os.environ, "VLLM_PLUGINS": ""}  # "": no plugin loads
+
+
 def run_engine(spec: dict, tmp_path: Path, name: str):
     spec_file, out_file = tmp_path / f"{name}.spec.json", tmp_path / f"{name}.out.json"
     spec_file.write_text(json.dumps(spec))
     proc = subprocess.run([sys.executable, str(RUNNER), str(spec_file), str(out_file)],
-                          capture_output=True, text=True, timeout=1200)
+                          capture_output=True, text=True, timeout=1200, env=plugin_env(spec))
     assert proc.returncode == 0, proc.stderr[-6000:]
     return json.loads(out_file.read_text()), proc.stderr + proc.stdout
 
@@ -22,7 +34,8 @@ def run_module(module: str, spec: dict, tmp_path: Path, name: str) -> dict:
     spec_file, out_file = tmp_path / f"{name}.spec.json", tmp_path / f"{name}.out.json"
     spec_file.write_text(json.dumps(spec))
     proc = subprocess.run([sys.executable, "-m", module, str(spec_file), str(out_file)],
-                          capture_output=True, text=True, timeout=1200, cwd=Path(__file__).parents[2])
+                          capture_output=True, text=True, timeout=1200, cwd=Path(__file__).parents[2],
+                          env=plugin_env(spec))
     assert proc.returncode == 0, proc.stderr[-6000:]
     return json.loads(out_file.read_text())
 

@@ -13,7 +13,7 @@ def stepped_llm(engine: dict):
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import LLM
 
-    return LLM(**engine, async_scheduling=False)
+    return LLM(**{"async_scheduling": False, **engine})
 
 
 class Answers(dict):

@@ -57,7 +57,7 @@ def workload(vocab: int, seed: int) -> dict:
 
 
 CASES = {
-    "greedy": ("tiny-llama-mha", True, {"max_num_batched_tokens": 64, "num_gpu_blocks_override": 48}, 2),
+    "greedy": ("tiny-llama-mha", True, {"max_num_batched_tokens": 64, "num_gpu_blocks_override": 24}, 2),
     "samples": ("tiny-llama-gqa", False, {"max_num_batched_tokens": 512, "enable_chunked_prefill": False}, 3),
 }
 

@@ -72,7 +72,7 @@ def engine(model: str, startup: dict) -> dict:
     return {"model": model, "dtype": "float32", "enforce_eager": True, "seed": 0, "block_size": 32,
             "disable_log_stats": False,
             "attention_backend": "relay", "max_model_len": 512, "max_num_batched_tokens": 64, "max_num_seqs": 16,
-            "num_gpu_blocks_override": 48,  # 768 tokens of paged KV: the traffic preempts
+            "num_gpu_blocks_override": 24,  # 768 tokens of paged KV: the traffic preempts
             "additional_config": {"relay": {"system_prompts": startup, "max_prompts": 3,
                                             "max_prompt_tokens": 256}}}
 

@@ -44,7 +44,7 @@ def test_weight_update_and_prefix_resets_refill_the_system_prompt(tmp_path):
     def ids(n):
         return [rng.randrange(8, vocab) for _ in range(n)]
 
-    system = [1] + ids(99)  # 6 whole blocks of 16 in its pages; relay requests compute the rest
+    system = [1] + ids(99)  # 3 whole blocks of 32 in its pages; relay requests compute the rest
     own = [ids(n) for n in (5, 23, 41)]
 
     def batch(tag, max_tokens):

@@ -22,7 +22,8 @@ from vllm_relay import envs
 
 API_KEY = "relay-test-key"
 SERVED_NAME = "tiny-relay"
-GREETER = "You are the greeter of a small shipping company. Greet the customer in one sentence."
+GREETER = ("You are the greeter of a small shipping company. Greet the customer in one sentence, by name where "
+           "you know it, and never promise a delivery date that the tracking page does not show.")
 RELAY = {
     "max_prompts": 4,
     "max_prompt_tokens": 512,

@@ -14,8 +14,10 @@ TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}### {{ m['role'] | capitalize }}:\n{{ m['content'] }}\n\n"
     "{% endfor %}{% if add_generation_prompt %}### Assistant:\n{% endif %}"
 )
-GREETER = "You greet customers of the shipping company in one short sentence."
-SUPPORT = "You answer questions about parcels, briefly."
+GREETER = ("You greet customers of the shipping company in one short sentence, by name where you know it, and "
+           "you never promise a delivery date that the tracking page does not show.")
+SUPPORT = ("You answer questions about parcels, briefly: where a parcel is, when it should arrive, and what to "
+           "do when it is late, lost or damaged on the way.")
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,8 @@ from tests.entrypoints.server import API_KEY, PROMPTS, SERVED_NAME, Server, wait
 
 pytestmark = pytest.mark.engine
 
-SYSTEM = "You are a helpful assistant for a bakery."
+SYSTEM = ("You are a helpful assistant for a bakery. You know the opening hours, the breads baked each morning "
+          "and which cakes can be ordered a day ahead.")
 PIRATE = "You are a pirate captain. Answer every question about parcels, ships and the sea like one would."
 
 

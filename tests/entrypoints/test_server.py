@@ -15,7 +15,8 @@ from tests.entrypoints.server import GREETER, PROMPTS, wait_for
 
 pytestmark = pytest.mark.engine
 
-SUPPORT = "You are the support assistant of a shipping company. Answer briefly and politely."
+SUPPORT = ("You are the support assistant of a shipping company. Answer briefly and politely, and say where the "
+           "customer can track a parcel when they ask about one.")
 # Tokens per stream in the delete test: enough that all 32 are still running when the delete
 # comes, also on a GPU (the delete follows every stream's first chunk).
 STREAM_TOKENS = 128

@@ -1,6 +1,6 @@
 """Relay's decode CUDA graphs cover every decode batch the scheduler can form.
 
-vLLM 0.26 captures decode graphs up to `min(2 * max_num_seqs, 512)` tokens; on a GPU of 70 GB or
+vLLM (0.26 to 0.33) captures decode graphs up to `min(2 * max_num_seqs, 512)` tokens; on a GPU of 70 GB or
 more `max_num_seqs` is 1024, so decode steps of 513-1024 requests run eagerly. vLLM's own backend
 loses little there (Llama-3-8B shape, P=2048, 1000 requests on an H200: 43.2 requests/s with graphs
 up to 512, 42.5 up to 1024), but an eager relay step launches its per-layer context call, level

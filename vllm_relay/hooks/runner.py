@@ -1,6 +1,6 @@
 """Worker hooks: relay requests' positions, and the V1 model runner when relay is on.
 
-vLLM 0.26 runs dense models on Model Runner V2 by default; relay shifts positions in the V1
+vLLM runs every model on Model Runner V2 by default (0.32, 0.33); relay shifts positions in the V1
 runner's `_prepare_inputs` (also the runner vLLM's CPU build uses), so with relay on, V1 is chosen.
 """
 

@@ -1,0 +1,65 @@
+"""Seeded samples under relay are vLLM's, however the requests reach the engine core.
+
+A loaded machine delivers requests to a busy engine core a few at a time, between its steps, and
+with async scheduling (vLLM's default) a step is scheduled before the last one's output is in. The
+engine is stepped in-process (tests/e2e/run_seeded.py), requests added in waves between steps, so
+each arrival pattern is reproduced exactly: all at once, and one request per step. Seeded samples
+(n = 8 and n = 2 at temperature 0.8, over a registered system prompt) and greedy requests beside
+them must be the same tokens with the same logprobs as vLLM's own backend with the plugin not
+loaded (`VLLM_PLUGINS=""`), under relay's default rule and with `shared_path: always`, with async
+scheduling and without; and so must an engine with the plugin loaded and vLLM's backend selected.
+
+Prompts stay within one step's token budget: vLLM's CPU runner cannot rewind a seeded request's
+generator after a partial prefill ("CPU Generator does not use offset"), with any backend.
+"""
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.engine_runner import assert_same_outputs, run_module
+from vllm_relay.testing.models import get_model
+
+pytestmark = pytest.mark.engine
+
+
+def requests(vocab: int) -> tuple[list[int], list[dict]]:
+    rng = random.Random(3)
+
+    def ids(n):
+        return [rng.randrange(8, vocab) for _ in range(n)]
+
+    system = [1] + ids(99)
+    out = []
+    for i in range(4):
+        out.append({"id": f"s{i}", "ids": system + ids(7 + 5 * i), "n": 8 if i % 2 == 0 else 2, "seed": 100 + i,
+                    "temperature": 0.8, "max_tokens": 10})
+        out.append({"id": f"g{i}", "ids": system + ids(11 + 3 * i), "temperature": 0.0, "max_tokens": 10})
+    return system, out
+
+
+def test_seeded_samples_equal_vllms_whatever_the_arrivals(tmp_path):
+    model = get_model("tiny-llama-mha")
+    system, reqs = requests(json.loads((Path(model) / "config.json").read_text())["vocab_size"])
+    base = {"model": model, "dtype": "float32", "enforce_eager": True, "seed": 0, "block_size": 32,
+            "max_model_len": 512}
+    at_once, one_per_step = [{"steps": 0, "requests": reqs}], [{"steps": 1, "requests": [r]} for r in reqs]
+    reference = run_module("tests.e2e.run_seeded", {"engine": {**base, "async_scheduling": True}, "waves": at_once},
+                           tmp_path, "reference")
+    assert sorted(reference) == sorted(r["id"] for r in reqs)
+    assert [len(reference[r["id"]]) for r in reqs] == [r.get("n", 1) for r in reqs]
+    # The samples are random draws: the 8 of one request are not all the same.
+    assert len({tuple(s["tokens"]) for s in reference["s0"]}) > 1
+    # The plugin loaded but not selected: vLLM's engine, untouched.
+    cases = [(None, one_per_step, True), ("auto", at_once, True), ("auto", one_per_step, True),
+             ("always", one_per_step, True), ("auto", one_per_step, False)]
+    for i, (rule, waves, async_scheduling) in enumerate(cases):
+        engine = {**base, "async_scheduling": async_scheduling}
+        if rule is not None:
+            engine |= {"attention_backend": "relay",
+                       "additional_config": {"relay": {"system_prompts": {"sys": system}, "shared_path": rule}}}
+        got = run_module("tests.e2e.run_seeded", {"engine": engine, "waves": waves, "plugin": True}, tmp_path, f"e{i}")
+        for r in reqs:
+            assert_same_outputs(got[r["id"]], reference[r["id"]])
