@@ -16,9 +16,9 @@ call() {  # METHOD PATH [JSON]: prints the HTTP status and the JSON answer
 
 call GET ""
 # A chat system message, rendered with the server's own chat template (201 once its KV is filled).
-call POST "" '{"name": "support", "messages": [{"role": "system", "content": "You are the support assistant of a shipping company."}]}'
+call POST "" '{"name": "support", "messages": [{"role": "system", "content": "You are the support assistant of a shipping company. Answer briefly, and ask for the tracking number when you need it."}]}'
 # Completion text (tokenized like a completion prompt), registered without waiting: 202, "filling".
-call POST "" '{"name": "manual", "text": "Shipping manual, chapter 1: parcels, their sizes and weights.", "wait": false}'
+call POST "" '{"name": "manual", "text": "Shipping manual, chapter 1: parcels, their sizes and weights, how to pack them, and what each of them costs to send.", "wait": false}'
 call GET /manual
 # The same name again: 409. Token ids work too.
 call POST "" '{"name": "support", "token_ids": [1, 2, 3]}'

@@ -11,9 +11,18 @@ import argparse
 import os
 import sys
 
-SUPPORT = "You are the support assistant of a shipping company. Answer in one sentence."
-BILLING = "You answer billing questions for a shipping company. Be precise about amounts and dates."
-RETURNS = "You explain the returns policy of a shipping company: 30 days, original packaging, free pickup."
+SUPPORT = (
+    "You are the support assistant of a shipping company. Answer in one sentence, and ask for the tracking "
+    "number when you need it."
+)
+BILLING = (
+    "You answer billing questions for a shipping company. Be precise about amounts and dates, and say which "
+    "invoice you mean."
+)
+RETURNS = (
+    "You explain the returns policy of a shipping company: 30 days, original packaging, free pickup, and a "
+    "refund within a week of the pickup."
+)
 QUESTIONS = {
     SUPPORT: ["Where is my parcel?", "Can I change the delivery address?"],
     BILLING: ["Why was I charged twice?"],

@@ -1,4 +1,4 @@
-"""Every row of README.md's "Bad input" table, each through the path a user's input takes.
+"""Every row of docs/errors.md's table of checked input, each through the path a user's input takes.
 
 Configuration and start-up prompts: `EngineArgs.create_engine_config`, which every front end
 calls before it starts an engine (hooks/frontend.py runs vllm_relay.validate there). Run-time
@@ -17,7 +17,7 @@ from vllm_relay import envs
 from vllm_relay.testing.models import get_model
 from vllm_relay.testing.tokenizer import SYSTEM_MESSAGE
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ERRORS_DOC = Path(__file__).resolve().parents[1] / "docs" / "errors.md"
 BASE = {"max_prompts": 2, "max_prompt_tokens": 256}
 IDS_300 = list(range(1, 301))
 
@@ -245,10 +245,10 @@ def test_a_client_relay_tag_is_dropped_with_a_warning(core, monkeypatch):
 
 
 def test_readme_table_lists_every_tested_row():
-    text = README.read_text()
-    section = text[text.index("## Bad input"):]
+    text = ERRORS_DOC.read_text()
+    section = text[text.index("## Every checked input"):]
     section = section[: section.index("\n## ", 1)]
     rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| input")]
     assert len(rows) == len(ALL_ERRORS), (len(rows), len(ALL_ERRORS))
     for error in ALL_ERRORS:
-        assert sum(error in row for row in rows) >= 1, f"README's Bad input table lacks: {error}"
+        assert sum(error in row for row in rows) >= 1, f"docs/errors.md's table lacks: {error}"

@@ -10,7 +10,7 @@ import sys
 import time
 
 SYS = list(range(100, 140))  # a configured prompt given as token ids
-RT = list(range(300, 320))  # registered at run time
+RT = list(range(300, 340))  # registered at run time: one whole block of 32 and a partial one
 OWN = [7, 8, 9, 10, 11]
 
 

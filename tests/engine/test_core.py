@@ -377,7 +377,7 @@ def test_relay_engine_end_to_end(tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     r = json.loads(out.read_text())
     chat_len = SYSTEM_MESSAGE_TOKENS + 7
-    shared_chat = chat_len - chat_len % 16  # whole blocks
+    shared_chat = chat_len - chat_len % 32  # whole blocks (the engine runs blocks of 32)
     assert r["prompts_at_start"] == [
         {"name": "sys", "slot": 0, "state": "ready", "tokens": 40, "refcount": 0, "generation": 1, "error": None},
         {"name": "chat", "slot": 1, "state": "ready", "tokens": chat_len, "refcount": 0, "generation": 2,
@@ -391,8 +391,8 @@ def test_relay_engine_end_to_end(tmp_path):
     assert r["cached_tokens"][0] >= SHARED and r["cached_tokens"][1] == 0
     assert r["registered"]["name"] == "rt" and r["registered"]["state"] == "ready"
     s = r["stats_runtime"]
-    assert s["relay_requests"] == 2 and s["system_tokens_reused"] == SHARED + 16 and s["fills_completed"] == 3
+    assert s["relay_requests"] == 2 and s["system_tokens_reused"] == SHARED + 32 and s["fills_completed"] == 3
     c = r["stats_chat"]
-    assert c["relay_requests"] == 3 and c["system_tokens_reused"] == SHARED + 16 + shared_chat
+    assert c["relay_requests"] == 3 and c["system_tokens_reused"] == SHARED + 32 + shared_chat
     assert r["chat_prompt_len"] > chat_len
     assert "empty token ids" in r["register_error"]
