@@ -41,7 +41,7 @@ from vllm_relay.engine.requests import (
     strip_forged_tag,
     with_sampling,
 )
-from vllm_relay.hooks._patch import original
+from vllm_relay.engine.vllm_calls import vllm_method
 from vllm_relay.protocol import TAG_KEY, RelayTag, tag
 from vllm_relay.stats import RelayCounters, merge_worker_stats, summary_line
 from vllm_relay.system_prompts import SystemPrompt, SystemPromptRegistry, match_filling, route
@@ -52,13 +52,6 @@ def _logger():
     from vllm.logger import init_logger
 
     return init_logger("vllm.relay.engine")
-
-
-def vllm_method(name: str):
-    """vLLM's own (unpatched) EngineCore method `name`."""
-    from vllm.v1.engine.core import EngineCore
-
-    return original(EngineCore, name)
 
 
 def describe(p: SystemPrompt) -> dict:

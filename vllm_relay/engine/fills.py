@@ -18,6 +18,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from vllm_relay.engine.requests import INFO_ATTR, RelayInfo
+from vllm_relay.engine.vllm_calls import vllm_method
 from vllm_relay.protocol import RelayTag, tag
 from vllm_relay.system_prompts import SystemPrompt
 from vllm_relay.system_prompts.fill import fill_request_id, fill_salt
@@ -126,8 +127,6 @@ class Fills:
         """
         from vllm.sampling_params import SamplingParams
         from vllm.v1.engine import EngineCoreRequest
-
-        from vllm_relay.engine.core import vllm_method
 
         core, rid = self.relay.core, fill_request_id(prompt)
         params = SamplingParams(
