@@ -18,7 +18,6 @@ Prefix-cache isolation: routed requests and fills carry salts made with a per-en
 
 from __future__ import annotations
 
-import copy
 import threading
 import time
 import weakref
@@ -38,14 +37,14 @@ from vllm_relay.engine.requests import (
     INFO_ATTR,
     RelayInfo,
     relay_eligible,
+    rewrite,
     strip_forged_tag,
-    with_sampling,
 )
 from vllm_relay.engine.vllm_calls import vllm_method
-from vllm_relay.protocol import TAG_KEY, RelayTag, tag
+from vllm_relay.protocol import TAG_KEY
 from vllm_relay.stats import RelayCounters, merge_worker_stats, summary_line
 from vllm_relay.system_prompts import SystemPrompt, SystemPromptRegistry, match_filling, route
-from vllm_relay.system_prompts.fill import relay_salt, salt_secret
+from vllm_relay.system_prompts.fill import salt_secret
 
 
 def _logger():
@@ -207,7 +206,9 @@ class RelayEngine:
         if prompt is None:
             return preprocess(self.core, request)
         try:
-            req, wave = preprocess(self.core, self._rewrite(request, prompt))
+            routed_request = rewrite(request, prompt, self.pages.relay_len(prompt), self.max_model_len,
+                                     self.secret)
+            req, wave = preprocess(self.core, routed_request)
         except BaseException:
             if filling is None:
                 self.registry.release(prompt)
@@ -216,23 +217,6 @@ class RelayEngine:
         setattr(req, INFO_ATTR, RelayInfo(prompt, held=held, original=request if held else None,
                                           acquired=not held))
         return req, wave
-
-    def _rewrite(self, request, prompt: SystemPrompt):
-        """The request as the scheduler sees it: its own tokens, a relay tag, a relay salt.
-
-        max_tokens is capped where the full prompt would reach max_model_len: the scheduler
-        sees only the suffix, so it cannot apply that cap itself.
-        """
-        S, full_len = self.pages.relay_len(prompt), len(request.prompt_token_ids)
-        sp = copy.copy(request.sampling_params)
-        sp.extra_args = tag(sp.extra_args, RelayTag(prompt.slot, S))
-        if sp.max_tokens is not None:
-            sp.max_tokens = max(1, min(sp.max_tokens, self.max_model_len - full_len))
-        return with_sampling(
-            request, sp,
-            prompt_token_ids=request.prompt_token_ids[S:],
-            cache_salt=relay_salt(prompt, request.cache_salt, self.secret),
-        )
 
     def add(self, request, wave: int) -> None:
         """`EngineCore.add_request`: to the scheduler, or held while its prompt fills."""
