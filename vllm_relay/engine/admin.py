@@ -7,10 +7,10 @@ registered, its text (a chat system message or completion text), the requests it
 system tokens they reused, and the chat requests that carried its text but did not match its
 tokens. It also remembers the last failed registration of a name, so a listing can say so.
 
-Its utility calls (`relay_prompt_add`, `relay_prompt_delete`, `relay_prompt_list`,
-`relay_prompt_texts`, `relay_serving_stats`) never raise for a caller's mistake: they return
-`{"error": {"status", "message"}}`, so the front end answers with the right HTTP status (a raised
-exception would reach it as a bare message, after a logged traceback).
+The utility calls built on it are RelayEngine's (`relay_prompt_add`, `relay_prompt_delete`,
+`relay_prompt_list`, `relay_prompt_texts`, `relay_serving_stats`). They never raise for a caller's
+mistake: they return `{"error": {"status", "message"}}`, so the front end answers with the right
+HTTP status (a raised exception would reach it as a bare message, after a logged traceback).
 
 Threads: `take_chat_expectation` and `check_chat` run on the engine core's input thread (with
 routing); everything else on its busy loop. The input thread only increments mismatch counts.
@@ -21,16 +21,16 @@ from __future__ import annotations
 import copy
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
-from vllm_relay.config import CHAT_SYSTEM_KEY, check_prompt_name
+from vllm_relay.config import CHAT_SYSTEM_KEY, RelayConfig, check_prompt_name
 from vllm_relay.engine.requests import INFO_ATTR, with_sampling
 from vllm_relay.system_prompts.chat import first_difference
 from vllm_relay.system_prompts.fill import fill_request_id
 
 if TYPE_CHECKING:
-    from vllm_relay.engine.core import RelayEngine
-    from vllm_relay.system_prompts import SystemPrompt
+    from vllm_relay.engine.pages import PromptPages
+    from vllm_relay.system_prompts import SystemPrompt, SystemPromptRegistry
 
 # The `vllm_xargs` key the OpenAI server's relay middleware sets on a chat request whose system
 # message is a registered prompt's text: the name of that prompt (see entrypoints/middleware.py).
@@ -64,8 +64,9 @@ def _logger():
 
 
 class RelayAdmin:
-    def __init__(self, relay: RelayEngine) -> None:
-        self.relay = relay
+    def __init__(self, registry: SystemPromptRegistry, pages: PromptPages, config: RelayConfig,
+                 max_model_len: int) -> None:
+        self.registry, self.pages, self.config, self.max_model_len = registry, pages, config, max_model_len
         self.started_at = time.time()
         self._usage: dict[int, PromptUsage] = {}  # by generation: one per registration
         self._failed: dict[str, dict] = {}  # name -> listing entry of its last failed fill
@@ -73,25 +74,15 @@ class RelayAdmin:
         self.fills_cancelled = 0
         self.chat_mismatches = 0
 
-    def expose(self, core) -> None:
-        """The utility calls, looked up by name on the EngineCore object."""
-        core.relay_prompt_add = self.add
-        core.relay_prompt_delete = self.delete
-        core.relay_prompt_list = self.listing
-        core.relay_prompt_texts = self.texts
-        core.relay_serving_stats = self.serving_stats
+    # ---- what the utility calls read and change (RelayEngine.prompt_*) ------------------------
 
-    # ---- utility calls -----------------------------------------------------------------------
-
-    def add(
-        self, name: str, token_ids: list[int], source: str, text: str | None = None, replace: bool = False
-    ) -> dict:
-        """Register `token_ids` as `name` and start its fill; {"prompt": entry} or {"error"}.
+    def refuse_add(self, name: str, token_ids: list[int], source: str, replace: bool) -> dict | None:
+        """Why `token_ids` may not be registered as `name` ({"error"}), or None: they may.
 
         An existing name is a conflict (409) unless `replace` (the server re-rendering a start-up
         chat prompt with its own template: the same tokens are a no-op, others replace it).
         """
-        relay, registry = self.relay, self.relay.registry
+        registry = self.registry
         try:
             check_prompt_name(name)
         except ValueError as e:
@@ -108,7 +99,7 @@ class RelayAdmin:
         what = f"system prompt {name!r}"
         if not isinstance(token_ids, list) or not token_ids:
             return error(422, f"{what}: empty token ids (a system prompt needs at least 1 token)")
-        n, limit, max_len = len(token_ids), relay.config.max_prompt_tokens, relay.max_model_len
+        n, limit, max_len = len(token_ids), self.config.max_prompt_tokens, self.max_model_len
         if n > limit:
             return error(413, f"{what}: {n} tokens, more than max_prompt_tokens={limit}")
         if n >= max_len:
@@ -128,22 +119,23 @@ class RelayAdmin:
             return error(
                 507,
                 f"cannot register {what}: no free slot, all max_prompts="
-                f"{relay.config.max_prompts} are taken by {taken}; delete one first",
+                f"{self.config.max_prompts} are taken by {taken}; delete one first",
             )
-        try:
-            prompt = relay.fills.register(name, token_ids)
-        except ValueError as e:  # e.g. token ids outside the vocabulary
-            return error(422, str(e))
+        return None
+
+    def added(self, prompt: SystemPrompt, source: str, text: str | None) -> dict:
+        """`prompt`, just registered by `relay_prompt_add`, as given: {"prompt": entry}."""
         usage = self._usage[prompt.generation]
         if usage.source != "config" or source == "config":
             usage.source, usage.text, usage.chat = source, text, source != "text"
-        self._failed.pop(name, None)
+        self._failed.pop(prompt.name, None)
         return {"prompt": self.entry(prompt)}
 
-    def delete(self, name: str) -> dict:
+    def delete(self, name: str, abort_requests: Callable[[list[str]], None]) -> dict:
         """Stop routing to `name`; {"prompt": entry} with state "draining" (requests still run
-        on it; its slot is freed after the last) or "removed", or {"error"} (404)."""
-        registry = self.relay.registry
+        on it; its slot is freed after the last) or "removed", or {"error"} (404). A filling
+        prompt's fill is aborted with `abort_requests` (the engine core's)."""
+        registry = self.registry
         prompt = registry.get(name)
         if prompt is None:
             if (failed := self._failed.pop(name, None)) is not None:
@@ -158,7 +150,7 @@ class RelayAdmin:
             # is freed, within this call; requests held for it then run the ordinary way.
             rid = fill_request_id(prompt)
             self._cancelled.add(rid)
-            self.relay.core.abort_requests([rid])
+            abort_requests([rid])
             if registry.get(name) is not prompt:
                 return {"prompt": self.entry(prompt, state="removed")}
             self._cancelled.discard(rid)  # its fill had finished already: drain it instead
@@ -167,12 +159,12 @@ class RelayAdmin:
                     409, f"system prompt {name!r} is filling and its fill could not be aborted; retry"
                 )
         registry.drain(name)
-        self.relay.pages.sweep(registry)  # an idle prompt gives its pages back now
+        self.pages.sweep(registry)  # an idle prompt gives its pages back now
         return {"prompt": self.entry(prompt, state="draining" if prompt.refcount else "removed")}
 
     def listing(self) -> list[dict]:
         """Every prompt holding a slot (filling, ready, draining) by slot, then failed ones."""
-        prompts = self.relay.registry.prompts()
+        prompts = self.registry.prompts()
         self._forget_gone(prompts)
         return [self.entry(p) for p in prompts] + list(self._failed.values())
 
@@ -180,17 +172,8 @@ class RelayAdmin:
         """{name: {"generation", "text", "chat"}} of the routable prompts given as text."""
         return {
             p.name: {"generation": p.generation, "text": u.text, "chat": u.chat}
-            for p in self.relay.registry.prompts()
+            for p in self.registry.prompts()
             if p.state != "draining" and (u := self._usage.get(p.generation)) and u.text
-        }
-
-    def serving_stats(self) -> dict:
-        """What the server's /metrics shows: the engine's counters, held requests, prompts."""
-        return {
-            **self.relay.stats(),
-            "fills_cancelled": self.fills_cancelled,
-            "chat_mismatches": self.chat_mismatches,
-            "prompts": self.listing(),
         }
 
     def entry(self, p: SystemPrompt, state: str | None = None) -> dict:
@@ -199,7 +182,7 @@ class RelayAdmin:
             "name": p.name,
             "state": state or p.state,
             "tokens": p.num_tokens,
-            "shared_tokens": self.relay.pages.relay_len(p),
+            "shared_tokens": self.pages.relay_len(p),
             "slot": p.slot,
             "live_requests": p.refcount,
             "requests_served": u.requests,
@@ -220,22 +203,22 @@ class RelayAdmin:
         text = (
             spec if isinstance(spec, str) else spec.get(CHAT_SYSTEM_KEY) if isinstance(spec, dict) else None
         )
-        if self.relay.config.system_prompts.get(prompt.name) == spec:
+        if self.config.system_prompts.get(prompt.name) == spec:
             source = "config"
         else:
             source = (
                 "text" if isinstance(spec, str) else "messages" if isinstance(spec, dict) else "token_ids"
             )
         self._usage[prompt.generation] = PromptUsage(time.time(), source, text, isinstance(spec, dict))
-        self._forget_gone(self.relay.registry.prompts())
+        self._forget_gone(self.registry.prompts())
 
     def on_admitted(self, prompt: SystemPrompt) -> None:
         if (u := self._usage.get(prompt.generation)) is not None:
             u.requests += 1
 
-    def on_schedule(self, out, system_lens: dict[str, int]) -> None:
-        """Per-prompt share of `system_tokens_reused` (see RelayEngine.on_schedule)."""
-        requests = self.relay.core.scheduler.requests
+    def on_schedule(self, out, system_lens: dict[str, int], requests: dict[str, Any]) -> None:
+        """Per-prompt share of `system_tokens_reused` (see RelayEngine.on_schedule); `requests`
+        are the scheduler's, by id."""
         started = [r.req_id for r in out.scheduled_new_reqs] + list(out.scheduled_cached_reqs.resumed_req_ids)
         for rid in started:
             S = system_lens.get(rid)
@@ -259,7 +242,7 @@ class RelayAdmin:
         failed = {**self.entry(prompt), "state": "failed", "slot": None, "live_requests": 0, "error": reason}
         self._failed.pop(prompt.name, None)
         self._failed[prompt.name] = failed
-        while len(self._failed) > self.relay.config.max_prompts:  # bounded: the latest few
+        while len(self._failed) > self.config.max_prompts:  # bounded: the latest few
             self._failed.pop(next(iter(self._failed)))
 
     # ---- chat requests that should have matched (input thread) -------------------------------
@@ -280,7 +263,7 @@ class RelayAdmin:
         per registration, saying why) when its token ids do not start with that prompt's."""
         if expected is None:
             return
-        target = self.relay.registry.get(expected)
+        target = self.registry.get(expected)
         u = self._usage.get(target.generation) if target is not None else None
         if target is None or u is None or target.state != "ready":
             return  # deleted, replaced or still filling: nothing to compare against

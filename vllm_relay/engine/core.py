@@ -18,7 +18,6 @@ Prefix-cache isolation: routed requests and fills carry salts made with a per-en
 
 from __future__ import annotations
 
-import copy
 import threading
 import time
 import weakref
@@ -27,7 +26,7 @@ from typing import Any
 
 from vllm_relay import envs
 from vllm_relay.config import RelayConfig, check_prompt_name, check_prompt_spec
-from vllm_relay.engine.admin import RelayAdmin
+from vllm_relay.engine.admin import RelayAdmin, error
 from vllm_relay.engine.cache_hits import CacheHitMemo
 from vllm_relay.engine.fills import Fills
 from vllm_relay.engine.hashes import PromptHashMemo
@@ -38,14 +37,14 @@ from vllm_relay.engine.requests import (
     INFO_ATTR,
     RelayInfo,
     relay_eligible,
+    rewrite,
     strip_forged_tag,
-    with_sampling,
 )
-from vllm_relay.hooks._patch import original
-from vllm_relay.protocol import TAG_KEY, RelayTag, tag
+from vllm_relay.engine.vllm_calls import vllm_method
+from vllm_relay.protocol import TAG_KEY
 from vllm_relay.stats import RelayCounters, merge_worker_stats, summary_line
 from vllm_relay.system_prompts import SystemPrompt, SystemPromptRegistry, match_filling, route
-from vllm_relay.system_prompts.fill import relay_salt, salt_secret
+from vllm_relay.system_prompts.fill import salt_secret
 
 
 def _logger():
@@ -54,11 +53,21 @@ def _logger():
     return init_logger("vllm.relay.engine")
 
 
-def vllm_method(name: str):
-    """vLLM's own (unpatched) EngineCore method `name`."""
-    from vllm.v1.engine.core import EngineCore
-
-    return original(EngineCore, name)
+# The engine core's utility calls (`call_utility("relay_stats")` looks them up on the EngineCore
+# object): each is a RelayEngine method. The offline helpers (vllm_relay/stats.py) call the first
+# five; the OpenAI server's relay endpoints and /metrics (vllm_relay/entrypoints/) the others.
+UTILITY_CALLS = {
+    "relay_register_system_prompt": "register_system_prompt",
+    "relay_unregister_system_prompt": "unregister_system_prompt",
+    "relay_system_prompts": "system_prompts",
+    "relay_stats": "stats",
+    "relay_planner_stats": "planner_stats",
+    "relay_prompt_add": "prompt_add",
+    "relay_prompt_delete": "prompt_delete",
+    "relay_prompt_list": "prompt_list",
+    "relay_prompt_texts": "prompt_texts",
+    "relay_serving_stats": "serving_stats",
+}
 
 
 def describe(p: SystemPrompt) -> dict:
@@ -80,7 +89,11 @@ def _log_loop(ref: weakref.ref, interval_s: float) -> None:
 
 
 class RelayEngine:
-    """Threads: `preprocess` runs on the engine core's input thread, everything else on its busy
+    """The one owner of the engine core's relay state (registry, pages, counters, secret, config,
+    the vLLM core). Its helpers (RelayAdmin, Refills, Fills) get only the parts they use, and
+    every utility call (UTILITY_CALLS) is one of its methods.
+
+    Threads: `preprocess` runs on the engine core's input thread, everything else on its busy
     loop (which also serves utility calls); they share only the registry, which locks."""
 
     def __init__(self, core, config: RelayConfig) -> None:
@@ -92,15 +105,18 @@ class RelayEngine:
         # Starts every relay and fill salt; never leaves the engine core (see salt_secret).
         self.secret = salt_secret()
         self.pages = PromptPages(core.scheduler, core.vllm_config.cache_config.block_size)
-        self.fills = Fills(self)
-        self.refills = Refills(self)  # prompts filled again after the weights may have changed
+        # per-prompt usage, and what the serving surface's utility calls read and change
+        self.admin = RelayAdmin(self.registry, self.pages, config, self.max_model_len)
+        # prompts filled again after the weights may have changed
+        self.refills = Refills(core, self.registry, self.pages, self.counters, self.admin)
+        self.fills = Fills(core, config, self.registry, self.pages, self.secret, self.counters, self.admin,
+                           self.refills, admit_held=self.admit_held)
         self._held: dict[str, tuple[Any, int]] = {}  # request id -> (Request, wave)
         self._system_lens: dict[str, int] = {}  # tagged request in the scheduler -> tokens stripped (0: fill)
         self._freed: dict[str, int] = {}  # the same, for requests freed since the last outputs
         self._last_line = ""
         self._steps = 0  # steps scheduled so far, and the workers' stats as of the last one asked
         self._level_stats: tuple[int, dict] = (-1, {})
-        self.admin = RelayAdmin(self)  # per-prompt usage and the serving surface's utility calls
         self.cache_hits: CacheHitMemo | None = None  # the scheduler's prefix-cache lookups (attach)
 
     # ---- start-up ----------------------------------------------------------------------------
@@ -117,13 +133,8 @@ class RelayEngine:
         # and looked up in the prefix cache once for them (None where vLLM's lookup is not the plain walk)
         relay.cache_hits = None if envs.VLLM_RELAY_CACHE_HITS == 0 else CacheHitMemo.install(
             core.scheduler.kv_cache_manager)
-        # Utility calls (`call_utility("relay_stats")`) look methods up on the EngineCore object.
-        core.relay_register_system_prompt = relay.register_system_prompt
-        core.relay_unregister_system_prompt = relay.unregister_system_prompt
-        core.relay_system_prompts = relay.system_prompts
-        core.relay_stats = relay.stats
-        core.relay_planner_stats = relay.planner_stats
-        relay.admin.expose(core)
+        for call, method in UTILITY_CALLS.items():
+            setattr(core, call, getattr(relay, method))
         relay.fills.startup()
         if relay.config.system_prompts:
             relay._last_line = relay.summary()
@@ -182,10 +193,41 @@ class RelayEngine:
     def planner_stats(self) -> dict:
         """The workers' planner stats, merged (`merge_worker_stats`); {} before they have any."""
         try:
-            workers = self.core.collective_rpc("relay_worker_stats") if hasattr(self.core, "model_executor") else []
+            has_workers = hasattr(self.core, "model_executor")
+            workers = self.core.collective_rpc("relay_worker_stats") if has_workers else []
         except NotImplementedError:  # no relay attention builder in the workers yet (start-up)
             workers = []
         return merge_worker_stats(workers)
+
+    # The serving surface's calls: like those above, but they answer a caller's mistake with
+    # {"error": {"status", "message"}} instead of raising (engine/admin.py).
+
+    def prompt_add(
+        self, name: str, token_ids: list[int], source: str, text: str | None = None, replace: bool = False
+    ) -> dict:
+        """Register `token_ids` as `name` and start its fill; {"prompt": entry} or {"error"}."""
+        if (refused := self.admin.refuse_add(name, token_ids, source, replace)) is not None:
+            return refused
+        try:
+            prompt = self.fills.register(name, token_ids)
+        except ValueError as e:  # e.g. token ids outside the vocabulary
+            return error(422, str(e))
+        return self.admin.added(prompt, source, text)
+
+    def prompt_delete(self, name: str) -> dict:
+        return self.admin.delete(name, self.core.abort_requests)
+
+    def prompt_list(self) -> list[dict]:
+        return self.admin.listing()
+
+    def prompt_texts(self) -> dict[str, dict]:
+        return self.admin.texts()
+
+    def serving_stats(self) -> dict:
+        """What the server's /metrics shows: `stats`, the serving surface's counters, and prompts
+        as `prompt_list` gives them."""
+        return {**self.stats(), "fills_cancelled": self.admin.fills_cancelled,
+                "chat_mismatches": self.admin.chat_mismatches, "prompts": self.prompt_list()}
 
     def summary(self) -> str:
         return summary_line(self.counters, self.system_prompts(), len(self._held))
@@ -214,7 +256,9 @@ class RelayEngine:
         if prompt is None:
             return preprocess(self.core, request)
         try:
-            req, wave = preprocess(self.core, self._rewrite(request, prompt))
+            routed_request = rewrite(request, prompt, self.pages.relay_len(prompt), self.max_model_len,
+                                     self.secret)
+            req, wave = preprocess(self.core, routed_request)
         except BaseException:
             if filling is None:
                 self.registry.release(prompt)
@@ -223,23 +267,6 @@ class RelayEngine:
         setattr(req, INFO_ATTR, RelayInfo(prompt, held=held, original=request if held else None,
                                           acquired=not held))
         return req, wave
-
-    def _rewrite(self, request, prompt: SystemPrompt):
-        """The request as the scheduler sees it: its own tokens, a relay tag, a relay salt.
-
-        max_tokens is capped where the full prompt would reach max_model_len: the scheduler
-        sees only the suffix, so it cannot apply that cap itself.
-        """
-        S, full_len = self.pages.relay_len(prompt), len(request.prompt_token_ids)
-        sp = copy.copy(request.sampling_params)
-        sp.extra_args = tag(sp.extra_args, RelayTag(prompt.slot, S))
-        if sp.max_tokens is not None:
-            sp.max_tokens = max(1, min(sp.max_tokens, self.max_model_len - full_len))
-        return with_sampling(
-            request, sp,
-            prompt_token_ids=request.prompt_token_ids[S:],
-            cache_salt=relay_salt(prompt, request.cache_salt, self.secret),
-        )
 
     def add(self, request, wave: int) -> None:
         """`EngineCore.add_request`: to the scheduler, or held while its prompt fills."""
@@ -328,7 +355,7 @@ class RelayEngine:
             c.system_tokens_reused += lens.get(r.req_id, 0)
         for rid in out.scheduled_cached_reqs.resumed_req_ids:
             c.system_tokens_reused += lens.get(rid, 0)
-        self.admin.on_schedule(out, lens)
+        self.admin.on_schedule(out, lens, self.core.scheduler.requests)
 
     def on_free(self, request) -> None:
         """A request leaves the scheduler (finished, aborted or failed): release its prompt."""

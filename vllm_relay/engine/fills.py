@@ -15,16 +15,21 @@ is another matter: vLLM treats it as fatal for the engine, whichever requests we
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from vllm_relay.engine.requests import INFO_ATTR, RelayInfo
+from vllm_relay.engine.vllm_calls import vllm_method
 from vllm_relay.protocol import RelayTag, tag
-from vllm_relay.system_prompts import SystemPrompt
+from vllm_relay.system_prompts import SystemPrompt, SystemPromptRegistry
 from vllm_relay.system_prompts.fill import fill_request_id, fill_salt
 from vllm_relay.validate import PromptTools, resolve_prompt
 
 if TYPE_CHECKING:
-    from vllm_relay.engine.core import RelayEngine
+    from vllm_relay.config import RelayConfig
+    from vllm_relay.engine.admin import RelayAdmin
+    from vllm_relay.engine.pages import PromptPages
+    from vllm_relay.engine.refills import Refills
+    from vllm_relay.stats import RelayCounters
 
 # Start-up fill: consecutive engine steps that run no model before the fill is declared stuck.
 MAX_IDLE_STARTUP_STEPS = 1000
@@ -64,11 +69,16 @@ def internal_wave(core, startup: bool) -> int:
 
 
 class Fills:
-    """The RelayEngine's fills in flight and their outcomes (busy-loop thread only)."""
+    """The RelayEngine's fills in flight and their outcomes (busy-loop thread only). A finished
+    fill's outcome goes to the registry, or to `refills` for a refill; then `admit_held(prompt)`
+    (RelayEngine.admit_held) adds the requests held for the prompt."""
 
-    def __init__(self, relay: RelayEngine) -> None:
-        self.relay = relay
-        self.tools = PromptTools(relay.core.vllm_config)
+    def __init__(self, core: Any, config: RelayConfig, registry: SystemPromptRegistry, pages: PromptPages,
+                 secret: str, counters: RelayCounters, admin: RelayAdmin, refills: Refills,
+                 admit_held: Callable[[SystemPrompt], None]) -> None:
+        self.core, self.config, self.registry, self.pages, self.secret = core, config, registry, pages, secret
+        self.counters, self.admin, self.refills, self.admit_held = counters, admin, refills, admit_held
+        self.tools = PromptTools(core.vllm_config)
         self.in_flight: dict[str, SystemPrompt] = {}  # fill request id -> prompt
         self.hidden: set[str] = set()  # fill ids whose outputs must still be hidden from clients
         self._outcomes: list[tuple[str, SystemPrompt, str | None]] = []  # (id, prompt, failure reason)
@@ -77,20 +87,19 @@ class Fills:
 
     def startup(self) -> None:
         """Register every configured prompt and step the engine until all are filled."""
-        relay = self.relay
-        if not relay.config.system_prompts:
+        if not self.config.system_prompts:
             return
-        for name, spec in relay.config.system_prompts.items():
+        for name, spec in self.config.system_prompts.items():
             self.register(name, spec, startup=True)
         idle = 0
         while self.in_flight:
-            _outputs, executed = relay.core.step_fn()  # fill outputs are for nobody
-            relay.core.post_step(executed)
+            _outputs, executed = self.core.step_fn()  # fill outputs are for nobody
+            self.core.post_step(executed)
             idle = 0 if executed else idle + 1
             if idle > MAX_IDLE_STARTUP_STEPS:
                 raise RuntimeError(
                     f"vllm-relay: system prompt fills made no progress: {list(self.in_flight)}")
-        failed = [f for f in relay.admin.failed() if f["name"] in relay.config.system_prompts]
+        failed = [f for f in self.admin.failed() if f["name"] in self.config.system_prompts]
         if failed:
             raise RuntimeError("vllm-relay: system prompts failed to fill: "
                                + "; ".join(f"{f['name']!r}: {f['error']}" for f in failed))
@@ -98,23 +107,22 @@ class Fills:
     def register(self, name: str, spec: Any, startup: bool = False) -> SystemPrompt:
         """Resolve `spec` to tokens, register it as `name` and start its fill unless the same
         tokens are ready or filling already. Raises ValueError, registering nothing, if it is bad."""
-        relay = self.relay
-        ids = resolve_prompt(name, spec, relay.config, relay.core.vllm_config, self.tools,
-                             relay.pages.block_size)
-        prompt = relay.registry.register(name, ids)
-        relay.pages.sweep(relay.registry)  # a replaced registration gives its blocks back
-        relay.admin.on_registered(prompt, spec)
+        ids = resolve_prompt(name, spec, self.config, self.core.vllm_config, self.tools,
+                             self.pages.block_size)
+        prompt = self.registry.register(name, ids)
+        self.pages.sweep(self.registry)  # a replaced registration gives its blocks back
+        self.admin.on_registered(prompt, spec)
         if prompt.state == "filling" and fill_request_id(prompt) not in self.in_flight:
             try:
                 self._start(prompt, startup)
             except BaseException:
-                relay.registry.abort_fill(name)
+                self.registry.abort_fill(name)
                 raise
         return prompt
 
     def refill(self, prompt: SystemPrompt) -> None:
         """Fill `prompt`, ready or draining, again (engine/refills.py): its outcome goes to the
-        RelayEngine's refills, not to the registry."""
+        refills, not to the registry."""
         self._start(prompt, startup=False)
 
     def _start(self, prompt: SystemPrompt, startup: bool) -> None:
@@ -127,9 +135,7 @@ class Fills:
         from vllm.sampling_params import SamplingParams
         from vllm.v1.engine import EngineCoreRequest
 
-        from vllm_relay.engine.core import vllm_method
-
-        core, rid = self.relay.core, fill_request_id(prompt)
+        core, rid = self.core, fill_request_id(prompt)
         params = SamplingParams(
             max_tokens=1, temperature=0.0, skip_reading_prefix_cache=True,
             extra_args=tag(None, RelayTag(prompt.slot, prompt.num_tokens, fill=True)),
@@ -137,7 +143,7 @@ class Fills:
         request = EngineCoreRequest(
             request_id=rid, prompt_token_ids=list(prompt.token_ids), mm_features=None,
             sampling_params=params, pooling_params=None, arrival_time=time.time(),
-            lora_request=None, cache_salt=fill_salt(prompt, self.relay.secret), data_parallel_rank=None,
+            lora_request=None, cache_salt=fill_salt(prompt, self.secret), data_parallel_rank=None,
         )
         req, _ = vllm_method("preprocess_add_request")(core, request)
         setattr(req, INFO_ATTR, RelayInfo(prompt, fill=True))
@@ -161,7 +167,7 @@ class Fills:
         reason = failure_reason(request)
         if reason is None:
             try:
-                self.relay.pages.keep(prompt, request.request_id)
+                self.pages.keep(prompt, request.request_id)
             except Exception as e:  # noqa: BLE001 - contained: the prompt fails, the engine serves on
                 _logger().exception("vllm-relay: keeping the blocks of system prompt %r raised", prompt.name)
                 reason = f"keeping its blocks raised {type(e).__name__}: {e}"
@@ -169,42 +175,40 @@ class Fills:
 
     def finish(self) -> None:
         """Apply recorded outcomes: prompts become ready or failed, and held requests are admitted."""
-        relay = self.relay
         outcomes, self._outcomes = self._outcomes, []
-        scrub_later = getattr(relay.core.scheduler, "finished_req_ids_dict", None) is not None
+        scrub_later = getattr(self.core.scheduler, "finished_req_ids_dict", None) is not None
         for rid, prompt, reason in outcomes:
             self.in_flight.pop(rid, None)
             if not scrub_later:  # no finished-id set will carry it: nothing left to hide
                 self.hidden.discard(rid)
-            if relay.refills.refilling(prompt):
-                relay.refills.finished(prompt, reason, aborted=reason == ABORTED)
+            if self.refills.refilling(prompt):
+                self.refills.finished(prompt, reason, aborted=reason == ABORTED)
                 continue
             if reason is None:
                 try:
-                    relay.registry.mark_ready(prompt.name)
-                    relay.counters.fills_completed += 1
+                    self.registry.mark_ready(prompt.name)
+                    self.counters.fills_completed += 1
                 except Exception as e:  # noqa: BLE001 - contained: the prompt fails, the engine serves on
                     _logger().exception("vllm-relay: finishing the fill of system prompt %r raised",
                                         prompt.name)
                     reason = f"finishing its fill raised {type(e).__name__}: {e}"
-            if reason is not None and relay.admin.fill_cancelled(rid):  # deleted while it filled
-                if relay.registry.get(prompt.name) is prompt and prompt.state == "filling":
-                    relay.registry.abort_fill(prompt.name)
+            if reason is not None and self.admin.fill_cancelled(rid):  # deleted while it filled
+                if self.registry.get(prompt.name) is prompt and prompt.state == "filling":
+                    self.registry.abort_fill(prompt.name)
             elif reason is not None:
                 self.fail(prompt, reason)
-            relay.admit_held(prompt)
+            self.admit_held(prompt)
         if outcomes:
-            relay.pages.sweep(relay.registry)  # a failed prompt gives back any blocks it kept
+            self.pages.sweep(self.registry)  # a failed prompt gives back any blocks it kept
 
     def fail(self, prompt: SystemPrompt, reason: str) -> None:
         """Drop `prompt` (if it is still this filling registration), count it, and have it listed
         as failed, with `reason`, until its name is registered again or deleted."""
-        relay = self.relay
-        if relay.registry.get(prompt.name) is not prompt or prompt.state != "filling":
+        if self.registry.get(prompt.name) is not prompt or prompt.state != "filling":
             return
-        relay.registry.abort_fill(prompt.name)
-        relay.counters.fills_failed += 1
-        relay.admin.on_fill_failed(prompt, reason)
+        self.registry.abort_fill(prompt.name)
+        self.counters.fills_failed += 1
+        self.admin.on_fill_failed(prompt, reason)
         _logger().warning("vllm-relay: the fill of system prompt %r failed: %s; requests that begin with it "
                           "take the ordinary path", prompt.name, reason)
 

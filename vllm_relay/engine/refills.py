@@ -26,13 +26,15 @@ prompt is dropped and its requests end with an error, never served from stale or
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable
 
 from vllm_relay.engine.requests import INFO_ATTR
-from vllm_relay.system_prompts import SystemPrompt
+from vllm_relay.system_prompts import SystemPrompt, SystemPromptRegistry
 
 if TYPE_CHECKING:
-    from vllm_relay.engine.core import RelayEngine
+    from vllm_relay.engine.admin import RelayAdmin
+    from vllm_relay.engine.pages import PromptPages
+    from vllm_relay.stats import RelayCounters
 
 # Worker methods (collective_rpc by name) that load new weights into the running model.
 WEIGHT_UPDATES = frozenset({"reload_weights", "update_weights", "finish_weight_update"})
@@ -46,10 +48,13 @@ def _logger():
 
 
 class Refills:
-    """The RelayEngine's stale prompts and their refills (busy-loop thread only)."""
+    """The RelayEngine's stale prompts and their refills (busy-loop thread only). The fills
+    themselves are started by the `refill` callable `schedule` is given (Fills.refill)."""
 
-    def __init__(self, relay: RelayEngine) -> None:
-        self.relay = relay
+    def __init__(self, core: Any, registry: SystemPromptRegistry, pages: PromptPages,
+                 counters: RelayCounters, admin: RelayAdmin) -> None:
+        self.core, self.registry, self.pages = core, registry, pages
+        self.counters, self.admin = counters, admin
         self.stale: dict[SystemPrompt, int] = {}  # prompt -> refills of it failed in a row
         self._pending: list[SystemPrompt] = []  # stale prompts whose fill request is still to add
 
@@ -59,23 +64,22 @@ class Refills:
         """`EngineCore.reset_prefix_cache` (vLLM's own is `reset`): give the pages back, reset,
         refill. If requests other than the prompts hold blocks and may not be preempted, vLLM's
         reset fails: it is left to fail as it would without relay, and nothing changes."""
-        relay = self.relay
-        pool = relay.core.scheduler.kv_cache_manager.block_pool
+        pool = self.core.scheduler.kv_cache_manager.block_pool
         used = pool.num_gpu_blocks - pool.get_num_free_blocks() - 1  # 1: the null block, always in use
-        others = used - relay.pages.num_blocks()
+        others = used - self.pages.num_blocks()
         if others > 0 and not reset_running_requests:
             return reset(reset_running_requests, reset_connector)
-        relay.pages.release_all()
+        self.pages.release_all()
         try:
             return reset(reset_running_requests, reset_connector)
         finally:
-            self.start([p for p in relay.registry.prompts() if p.state != "filling"])
+            self.start([p for p in self.registry.prompts() if p.state != "filling"])
 
     def weights_updated(self, method: str) -> None:
         """After `collective_rpc(method)`, one of WEIGHT_UPDATES: reset and refill."""
         _logger().info("vllm-relay: the workers ran %s: resetting the prefix cache (running requests are "
                        "recomputed) and filling the system prompts again through the new weights", method)
-        self.relay.core.reset_prefix_cache(reset_running_requests=True)
+        self.core.reset_prefix_cache(reset_running_requests=True)
 
     def start(self, prompts: list[SystemPrompt]) -> None:
         """Refill `prompts` (their pages given back already); a refill in flight goes on."""
@@ -89,18 +93,19 @@ class Refills:
 
     # ---- the scheduler -----------------------------------------------------------------------
 
-    def schedule(self, schedule):
-        """`Scheduler.schedule` while prompts refill: their requests are taken out of the waiting
+    def schedule(self, schedule, refill: Callable[[SystemPrompt], None]):
+        """`Scheduler.schedule` while prompts refill: pending refills are started (`refill`, of the
+        unpaused scheduler only); the refilling prompts' requests are taken out of the waiting
         queues for the call and put back after, in their order, at the front."""
         from vllm.v1.core.sched.interface import PauseState
 
-        sched = self.relay.core.scheduler
+        sched = self.core.scheduler
         self._abort_orphans()
         if self._pending and sched.pause_state == PauseState.UNPAUSED:
             pending, self._pending = self._pending, []
             for prompt in pending:
-                if self.relay.registry.owns_slot(prompt):
-                    self.relay.fills.refill(prompt)
+                if self.registry.owns_slot(prompt):
+                    refill(prompt)
                 else:
                     del self.stale[prompt]
         queues = [(q, [r for r in q if self._waits(r)]) for q in (sched.waiting, sched.kv_holding_waiting)]
@@ -121,8 +126,8 @@ class Refills:
 
         from vllm_relay.system_prompts.fill import fill_request_id
 
-        sched = self.relay.core.scheduler
-        orphans = [fill_request_id(p) for p in self.stale if not self.relay.registry.owns_slot(p)]
+        sched = self.core.scheduler
+        orphans = [fill_request_id(p) for p in self.stale if not self.registry.owns_slot(p)]
         if orphans := [rid for rid in orphans if rid in sched.requests]:
             sched.finish_requests(orphans, RequestStatus.FINISHED_ABORTED)
 
@@ -137,12 +142,11 @@ class Refills:
 
     def finished(self, prompt: SystemPrompt, reason: str | None, aborted: bool) -> None:
         """The refill of `prompt` ended (Fills.finish): done, retried, or the prompt dropped."""
-        relay = self.relay
         if reason is None:
             del self.stale[prompt]
-            relay.counters.refills += 1
+            self.counters.refills += 1
             return
-        if not relay.registry.owns_slot(prompt):  # nobody left to serve: its requests all ended
+        if not self.registry.owns_slot(prompt):  # nobody left to serve: its requests all ended
             del self.stale[prompt]
             return
         failures = self.stale[prompt] + (0 if aborted else 1)
@@ -157,17 +161,17 @@ class Refills:
         """Give up on `prompt`: no new request routes to it; those routed to it end with an error."""
         from vllm.v1.request import RequestStatus
 
-        relay, sched = self.relay, self.relay.core.scheduler
+        sched = self.core.scheduler
         _logger().error("vllm-relay: system prompt %r could not be filled again (%s, %d times); it is "
                         "dropped and its requests end with an error", prompt.name, reason, MAX_FAILURES)
-        if relay.registry.get(prompt.name) is prompt:
-            relay.registry.drain(prompt.name)
-            relay.admin.on_fill_failed(prompt, f"refill failed: {reason}")
+        if self.registry.get(prompt.name) is prompt:
+            self.registry.drain(prompt.name)
+            self.admin.on_fill_failed(prompt, f"refill failed: {reason}")
         ids = [rid for rid, r in sched.requests.items()
                if (info := getattr(r, INFO_ATTR, None)) is not None and info.prompt is prompt]
         finished = sched.finish_requests(ids, RequestStatus.FINISHED_ERROR)
-        send_error = getattr(relay.core, "_send_error_outputs_to_client", None)
+        send_error = getattr(self.core, "_send_error_outputs_to_client", None)
         for r in finished:
             if send_error is not None:
                 send_error([r.request_id], r.client_index)
-        relay.pages.sweep(relay.registry)
+        self.pages.sweep(self.registry)

@@ -12,8 +12,9 @@ from typing import Any
 
 import msgspec
 
-from vllm_relay.protocol import TAG_KEY
+from vllm_relay.protocol import TAG_KEY, RelayTag, tag
 from vllm_relay.system_prompts import SystemPrompt
+from vllm_relay.system_prompts.fill import relay_salt
 
 # Attribute names on vLLM objects: the RelayEngine on EngineCore and Scheduler, per-request
 # info on Request.
@@ -78,3 +79,22 @@ def strip_forged_tag(request):
     sp = copy.copy(sp)
     sp.extra_args = {k: v for k, v in sp.extra_args.items() if k != TAG_KEY} or None
     return with_sampling(request, sp)
+
+
+def rewrite(request, prompt: SystemPrompt, relay_len: int, max_model_len: int, secret: str):
+    """The request as the scheduler sees it: its own tokens (without the `relay_len` tokens it
+    reads from `prompt`'s pages), a relay tag, a relay salt (made with the engine's `secret`).
+
+    max_tokens is capped where the full prompt would reach max_model_len: the scheduler
+    sees only the suffix, so it cannot apply that cap itself.
+    """
+    S, full_len = relay_len, len(request.prompt_token_ids)
+    sp = copy.copy(request.sampling_params)
+    sp.extra_args = tag(sp.extra_args, RelayTag(prompt.slot, S))
+    if sp.max_tokens is not None:
+        sp.max_tokens = max(1, min(sp.max_tokens, max_model_len - full_len))
+    return with_sampling(
+        request, sp,
+        prompt_token_ids=request.prompt_token_ids[S:],
+        cache_salt=relay_salt(prompt, request.cache_salt, secret),
+    )

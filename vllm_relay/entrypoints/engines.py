@@ -1,4 +1,4 @@
-"""The front end's calls into the engine cores' relay utility methods (see engine/admin.py).
+"""The front end's calls into the engine cores' relay utility methods (engine/core.py UTILITY_CALLS).
 
 Each engine core has its own registry and system-prompt store, so registering and deleting go
 to every engine this front end manages (one, or several with data parallelism), and listings

@@ -3,7 +3,8 @@
 vLLM loads endpoint plugins only when they are named in `VLLM_PLUGINS`, an allowlist that also
 filters the general plugins: serve with `VLLM_PLUGINS=relay` (both entry points are named `relay`).
 The registry stays in the engine core; this plugin reaches it through the engine core's utility
-calls, which the `relay` general plugin installs (engine/admin.py), and adds:
+calls, which the `relay` general plugin installs (engine/core.py UTILITY_CALLS, engine/admin.py),
+and adds:
 
 - the `/v1/relay/system_prompts` routes (routes.py);
 - the relay series in `/metrics` (metrics.py), read every `metrics_interval_s`;

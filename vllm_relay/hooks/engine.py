@@ -107,7 +107,7 @@ def _schedule(self, *args, **kwargs):
     schedule = functools.partial(original(_Scheduler, "schedule"), self, *args, **kwargs)
     if relay is None:
         return schedule()
-    out = relay.refills.schedule(schedule) if relay.refills.stale else schedule()
+    out = relay.refills.schedule(schedule, relay.fills.refill) if relay.refills.stale else schedule()
     relay.on_schedule(out)
     return out
 
