@@ -9,7 +9,7 @@
 #
 # Usage (from the repository's root):  bash benchmarks/gpu/stage.sh [OUT_DIR]
 # Writes OUT_DIR (default .gpu-stage-033/, which it adds to .git/info/exclude):
-#   part_00, part_01, ...  pieces of one tar (each <= 58 MiB), to be copied to /tmp/gpu-parts/ on the host
+#   part_00, part_01, ...  pieces of one tar (each <= PIECE_MIB, default 48 MiB), to be copied to /tmp/gpu-parts/ on the host
 #   install.sh             run on the host: reassembles the pieces, installs everything into /tmp/site
 #   smoke.py               run on the host after it: a tiny Llama generate through vLLM (FLASH_ATTN)
 # Downloads and the compressed components are cached in ~/.cache/vllm-relay-gpu-stage-033, so a
@@ -115,7 +115,10 @@ for c in $names; do ln "$cache/$c.tar.xz" "$bundle/$c.tar.xz" 2>/dev/null || cp 
 rm -f "$out"/part_*
 tar -C "$bundle" -cf "$bundle.tar" SHA256SUMS $(for c in $names; do echo "$c.tar.xz"; done)
 size=$(stat -c %s "$bundle.tar")
-n=$(( (size + 58*1024*1024 - 1) / (58*1024*1024) ))
+# A call carries the repository's tracked files too (about 9 MiB, most of it benchmarks/results/) under
+# the device tool's 64 MiB: pieces of 48 MiB leave room for them.
+piece=$(( ${PIECE_MIB:-48} * 1024 * 1024 ))
+n=$(( (size + piece - 1) / piece ))
 split -n "$n" -d "$bundle.tar" "$out/part_"
 rm -rf "$bundle" "$bundle.tar"
 cp "$here/install.sh" "$here/smoke.py" "$out/"
