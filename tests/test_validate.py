@@ -66,6 +66,8 @@ FRONT_END = [
      "15 tokens, fewer than one KV cache block (16 tokens): relay shares whole blocks"),
     ({"system_prompts": {"a": list(range(1, 65))}}, {}, {"max_model_len": 64},
      "64 tokens leave no room for a request's own tokens within max_model_len=64"),
+    ({}, {}, {"scheduler_cls": "my_pkg.MyScheduler"},
+     "scheduler_cls='my_pkg.MyScheduler': the relay attention backend runs its own scheduler"),
 ]
 
 REGISTRATION = [

@@ -1,10 +1,11 @@
-"""Engine-core hooks without an engine: a real vLLM Scheduler, a hand-built EngineCore, no model.
+"""Engine-core hooks without an engine: a real scheduler (relay's subclass of vLLM's), a hand-built
+EngineCore, no model.
 
 `core` is an EngineCore object with only what preprocess/add/abort need (a stand-in executor that
-records the workers' calls): a step is
-`schedule()`, a fake model output (one token per request whose prefill is done), and
-`update_from_output()`, all through the patched classes. Routing, holding, fills, releases and
-counters are checked on the Request objects and the registry.
+records the workers' calls): a step is `schedule()`, a fake model output (one token per request
+whose prefill is done), and `update_from_output()`, all through the patched EngineCore and relay's
+scheduler. Routing, holding, fills, releases and counters are checked on the Request objects and
+the registry.
 """
 
 from types import SimpleNamespace
@@ -16,7 +17,7 @@ import torch
 import vllm_relay
 from vllm_relay.engine.requests import ENGINE_ATTR, INFO_ATTR, relay_eligible
 from vllm_relay.engine import RelayEngine
-from vllm_relay.protocol import TAG_KEY, read_tag
+from vllm_relay.protocol import TAG_KEY, read_tag, relay_enabled
 from vllm_relay.system_prompts.fill import fill_request_id
 from vllm_relay.testing.models import get_model
 
@@ -56,6 +57,10 @@ def make_core(model_path, relay=None, tokenizer=False, backend="relay", batched_
         additional_config={"relay": {"max_prompts": 2, "max_prompt_tokens": 64,
                                      **(relay or {})}},
     )
+    if relay_enabled(vllm_config):  # what the front end does to a relay config (hooks/frontend.py)
+        from vllm_relay.engine.scheduler import select
+
+        select(vllm_config)
     vllm_config.cache_config.num_gpu_blocks = 64
     spec = FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=16, dtype=torch.float32)
     kv = KVCacheConfig(num_blocks=64, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["l0"], spec)])

@@ -50,3 +50,28 @@ def test_frontend_hook_validates_only_relay_engines():
         assert "system prompt 'a': 402 tokens, more than max_prompt_tokens=256" in str(e)
     else:
         raise AssertionError("a relay engine with a too-long prompt was configured")
+
+
+def test_frontend_hook_names_relay_scheduler_only_for_relay_engines():
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    import vllm_relay
+    from vllm_relay.engine.scheduler import RelayScheduler
+
+    vllm_relay.register()
+    model = get_model("tiny-llama-gqa")
+    plain = EngineArgs(model=model, max_model_len=512).create_engine_config().scheduler_config
+    assert plain.scheduler_cls is None and plain.get_scheduler_cls() is Scheduler  # inert
+    relay = EngineArgs(model=model, max_model_len=512, block_size=16,
+                       attention_backend="relay").create_engine_config().scheduler_config
+    assert relay.scheduler_cls == "vllm_relay.engine.scheduler.RelayScheduler"  # async off on the CPU
+    assert relay.get_scheduler_cls() is RelayScheduler
+    try:
+        EngineArgs(model=model, max_model_len=512, block_size=16, attention_backend="relay",
+                   scheduler_cls="my_pkg.MyScheduler").create_engine_config()
+    except ValueError as e:
+        assert str(e).startswith("scheduler_cls='my_pkg.MyScheduler': the relay attention backend runs its "
+                                 "own scheduler"), e
+    else:
+        raise AssertionError("a relay engine with a scheduler class of the user's was configured")

@@ -123,7 +123,12 @@ class RelayEngine:
 
     @classmethod
     def attach(cls, core) -> RelayEngine:
-        """Attach to `core` and its scheduler, expose the utility calls, fill configured prompts."""
+        """Attach to `core` and its scheduler, expose the utility calls, fill configured prompts.
+
+        The scheduler must be relay's (`engine/scheduler.py`): it is what calls the RelayEngine."""
+        from vllm_relay.engine.scheduler import check
+
+        check(core.scheduler)
         relay = cls(core, RelayConfig.from_vllm(core.vllm_config.additional_config))
         setattr(core, ENGINE_ATTR, relay)
         setattr(core.scheduler, ENGINE_ATTR, relay)
@@ -318,11 +323,11 @@ class RelayEngine:
         return [r for r in requests if not (info := getattr(r, INFO_ATTR, None)) or not info.fill]
 
     def finish_held(self, request_ids, status) -> list:
-        """`Scheduler.finish_requests` for held requests (not in the scheduler): those among
-        `request_ids` (every one when None) leave with `status`. Returns their Requests, for the
-        engine core to send their clients the same finish as the scheduler's (as pause(mode="abort")
-        and shutdown do for the list finish_requests returns). `request_ids` must not be an
-        iterator (the caller passes it on to vLLM's finish_requests)."""
+        """Relay's `finish_requests` (engine/scheduler.py) for held requests (not in the
+        scheduler): those among `request_ids` (every one when None) leave with `status`. Returns
+        their Requests, for the engine core to send their clients the same finish as the
+        scheduler's (as pause(mode="abort") and shutdown do for the list finish_requests returns).
+        `request_ids` must not be an iterator (the caller passes it on to vLLM's finish_requests)."""
         if request_ids is None:
             ids = list(self._held)
         else:

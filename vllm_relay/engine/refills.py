@@ -94,9 +94,10 @@ class Refills:
     # ---- the scheduler -----------------------------------------------------------------------
 
     def schedule(self, schedule, refill: Callable[[SystemPrompt], None]):
-        """`Scheduler.schedule` while prompts refill: pending refills are started (`refill`, of the
-        unpaused scheduler only); the refilling prompts' requests are taken out of the waiting
-        queues for the call and put back after, in their order, at the front."""
+        """Relay's `schedule` (engine/scheduler.py) while prompts refill: pending refills are
+        started (`refill`, of the unpaused scheduler only); the refilling prompts' requests are
+        taken out of the waiting queues for the call and put back after, in their order, at the
+        front."""
         from vllm.v1.core.sched.interface import PauseState
 
         sched = self.core.scheduler

@@ -7,7 +7,7 @@ def apply_all() -> None:
     """Apply every patch; idempotent (vLLM loads plugins several times per process).
 
     Each patched function behaves exactly as the original unless relay is enabled for that engine
-    (`protocol.relay_enabled`, or a RelayEngine attached to the engine core / scheduler); the
+    (`protocol.relay_enabled`, or a RelayEngine attached to the engine core); the
     spawned engine core's entry point only loads plugins first when the CUSTOM backend is selected.
     """
     from vllm_relay.hooks import capture_sizes, detokenizer, engine, frontend, platform, runner

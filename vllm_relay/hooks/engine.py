@@ -3,11 +3,16 @@
 Everything here runs in the EngineCore process (or in the front end's process when vLLM runs the
 engine in-process). A `RelayEngine` (vllm_relay/engine/core.py) is attached to the EngineCore and its
 scheduler at start-up when relay is enabled; each patched vLLM function looks for it and otherwise
-runs the original unchanged. The patches (listed in patches/README.md) only forward to it:
+runs the original unchanged. The scheduler of a relay engine is relay's subclass of vLLM's
+(vllm_relay/engine/scheduler.py, named by `SchedulerConfig.scheduler_cls`), which calls the
+RelayEngine from `schedule`, `update_from_output`, `finish_requests` and `_free_request`. The
+patches (listed in patches/README.md) only forward to it:
 
 - `EngineCoreProc.run_engine_core`: loads the plugins before the spawned engine core is built,
   so that the `EngineCore.__init__` patch applies to it.
-- `EngineCore.__init__`: attaches the RelayEngine, registers and fills the configured prompts.
+- `EngineCore.__init__`: names relay's scheduler class in the config (`scheduler.select`, for a
+  config built without `EngineArgs`) before vLLM builds the scheduler; then attaches the
+  RelayEngine, registers and fills the configured prompts.
   It returns before the engine core answers the front end's handshake, so `LLM(...)` returns and
   the server reports healthy only once they are ready.
 - `EngineCore.preprocess_add_request`: the one place every request enters (LLM and the OpenAI
@@ -17,12 +22,6 @@ runs the original unchanged. The patches (listed in patches/README.md) only forw
 - `EngineCore.reset_prefix_cache` / `collective_rpc`: after a prefix-cache reset (RL loops,
   pause(clear_cache=True), sleep) or a weight update the workers ran, fill every system prompt
   again through the current weights (engine/refills.py).
-- `Scheduler.schedule` / `update_from_output` / `_free_request`: count, hide fill outputs, finish
-  fills, release prompts when their requests end (finished, aborted or failed); while prompts
-  refill, their requests are kept out of `schedule`.
-- `Scheduler.finish_requests`: aborts (by id, or of everything: pause(mode="abort"), shutdown)
-  reach held requests too, and return them so their clients get the same finish; fills, which
-  have no client, are left out of what it returns.
 """
 
 from __future__ import annotations
@@ -39,7 +38,6 @@ from vllm_relay.protocol import relay_enabled
 
 _EngineCore: Any = None
 _EngineCoreProc: Any = None
-_Scheduler: Any = None
 
 
 def _run_engine_core(*args, **kwargs):
@@ -58,8 +56,15 @@ def _run_engine_core(*args, **kwargs):
 
 
 def _engine_core_init(self, vllm_config, *args, **kwargs):
+    relay = relay_enabled(vllm_config)
+    if relay:
+        from vllm_relay.engine import scheduler
+
+        # Before vLLM builds the scheduler: relay's class (the front end already named it in
+        # configs built by EngineArgs; this covers the others).
+        scheduler.select(vllm_config)
     original(_EngineCore, "__init__")(self, vllm_config, *args, **kwargs)
-    if relay_enabled(vllm_config):
+    if relay:
         from vllm_relay.engine import RelayEngine
 
         RelayEngine.attach(self)
@@ -102,50 +107,11 @@ def _collective_rpc(self, method, timeout=None, args=(), kwargs=None):
     return result
 
 
-def _schedule(self, *args, **kwargs):
-    relay = getattr(self, ENGINE_ATTR, None)
-    schedule = functools.partial(original(_Scheduler, "schedule"), self, *args, **kwargs)
-    if relay is None:
-        return schedule()
-    out = relay.refills.schedule(schedule, relay.fills.refill) if relay.refills.stale else schedule()
-    relay.on_schedule(out)
-    return out
-
-
-def _update_from_output(self, scheduler_output, model_runner_output):
-    outputs = original(_Scheduler, "update_from_output")(self, scheduler_output, model_runner_output)
-    relay = getattr(self, ENGINE_ATTR, None)
-    if relay is not None:
-        relay.on_outputs(outputs)
-    return outputs
-
-
-def _finish_requests(self, request_ids, finished_status):
-    relay = getattr(self, ENGINE_ATTR, None)
-    if relay is None:
-        return original(_Scheduler, "finish_requests")(self, request_ids, finished_status)
-    if request_ids is not None and not isinstance(request_ids, str):
-        request_ids = list(request_ids)  # read twice: by the RelayEngine, then by vLLM
-    held = relay.finish_held(request_ids, finished_status)
-    finished = original(_Scheduler, "finish_requests")(self, request_ids, finished_status)
-    if request_ids is None:  # everything ends: fills too, and no request is left to admit
-        relay.fills.finish()
-    return relay.client_requests(finished) + held
-
-
-def _free_request(self, request, *args, **kwargs):
-    relay = getattr(self, ENGINE_ATTR, None)
-    if relay is not None:
-        relay.on_free(request)
-    return original(_Scheduler, "_free_request")(self, request, *args, **kwargs)
-
-
 def apply() -> None:
-    global _EngineCore, _EngineCoreProc, _Scheduler
-    from vllm.v1.core.sched.scheduler import Scheduler
+    global _EngineCore, _EngineCoreProc
     from vllm.v1.engine.core import EngineCore, EngineCoreProc
 
-    _EngineCore, _EngineCoreProc, _Scheduler = EngineCore, EngineCoreProc, Scheduler
+    _EngineCore, _EngineCoreProc = EngineCore, EngineCoreProc
     patch(EngineCoreProc, "run_engine_core", staticmethod(_run_engine_core))
     patch(EngineCore, "__init__", _engine_core_init)
     patch(EngineCore, "preprocess_add_request", _preprocess_add_request)
@@ -153,7 +119,3 @@ def apply() -> None:
     patch(EngineCore, "abort_requests", _abort_requests)
     patch(EngineCore, "reset_prefix_cache", _reset_prefix_cache)
     patch(EngineCore, "collective_rpc", _collective_rpc)
-    patch(Scheduler, "schedule", _schedule)
-    patch(Scheduler, "update_from_output", _update_from_output)
-    patch(Scheduler, "finish_requests", _finish_requests)
-    patch(Scheduler, "_free_request", _free_request)

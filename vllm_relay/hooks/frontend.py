@@ -7,7 +7,9 @@ front end's process, before it launches an engine core. When that config selects
 tokenized with the model's tokenizer and chat template and checked against max_prompt_tokens,
 the vocabulary and max_model_len. A bad configuration then fails in seconds with the message the
 engine core would give only after loading the model, profiling memory and warming up. It also
-turns on this process's bounded detokenizer priming (`hooks/detokenizer.py`).
+names relay's scheduler class in the config (`vllm_relay.engine.scheduler.select`, which refuses a
+user's own `--scheduler-cls`) and turns on this process's bounded detokenizer priming
+(`hooks/detokenizer.py`).
 """
 
 from vllm_relay.hooks._patch import original, patch
@@ -19,9 +21,11 @@ _EngineArgs = None
 def _create_engine_config(self, *args, **kwargs):
     vllm_config = original(_EngineArgs, "create_engine_config")(self, *args, **kwargs)
     if relay_enabled(vllm_config):
+        from vllm_relay.engine import scheduler
         from vllm_relay.hooks import detokenizer
         from vllm_relay.validate import validate_engine_config
 
+        scheduler.select(vllm_config)  # relay's scheduler class; a user's own is refused here
         validate_engine_config(vllm_config)
         detokenizer.enable()
     return vllm_config
