@@ -1,8 +1,18 @@
+import os
+
 import pytest
 
 from tests import triton_interpreter
 
 triton_interpreter.fix()
+
+
+def pytest_collection_finish(session):
+    """TRITON_INTERPRET, which tests/ops sets while its modules are collected (its kernels run in
+    Triton's interpreter there), must not reach the engines and servers other tests start: their
+    workers would run relay's planner kernels interpreted, where vLLM on a CPU runs the torch twins.
+    tests/ops puts it back for its own tests."""
+    os.environ.pop("TRITON_INTERPRET", None)
 
 
 def pytest_collection_modifyitems(config, items):

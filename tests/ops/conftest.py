@@ -13,6 +13,15 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# tests/conftest.py takes the variable out of the environment once collection is done (the engines
+# other tests start run vLLM as a user does); these tests get it back, as it was, while they run.
+INTERPRET = os.environ.get("TRITON_INTERPRET")
+
+
+@pytest.fixture(autouse=True)
+def _interpret(monkeypatch):
+    if INTERPRET is not None:
+        monkeypatch.setenv("TRITON_INTERPRET", INTERPRET)
 
 
 @pytest.fixture(autouse=True)
