@@ -1,13 +1,13 @@
 """Seeded samples under relay are vLLM's, however the requests reach the engine core.
 
-A loaded machine delivers requests to a busy engine core a few at a time, between its steps, and
-with async scheduling (vLLM's default) a step is scheduled before the last one's output is in. The
+A loaded machine delivers requests to a busy engine core a few at a time, between its steps. The
 engine is stepped in-process (tests/e2e/run_seeded.py), requests added in waves between steps, so
 each arrival pattern is reproduced exactly: all at once, and one request per step. Seeded samples
 (n = 8 and n = 2 at temperature 0.8, over a registered system prompt) and greedy requests beside
 them must be the same tokens with the same logprobs as vLLM's own backend with the plugin not
-loaded (`VLLM_PLUGINS=""`), under relay's default rule and with `shared_path: always`, with async
-scheduling and without; and so must an engine with the plugin loaded and vLLM's backend selected.
+loaded (`VLLM_PLUGINS=""`), under relay's default rule and with `shared_path: always`; and so must an
+engine with the plugin loaded and vLLM's backend selected. (vLLM's CPU platform turns async
+scheduling off, so these engines step synchronously.)
 
 Prompts stay within one step's token budget: vLLM's CPU runner cannot rewind a seeded request's
 generator after a partial prefill ("CPU Generator does not use offset"), with any backend.
@@ -46,17 +46,15 @@ def test_seeded_samples_equal_vllms_whatever_the_arrivals(tmp_path):
     base = {"model": model, "dtype": "float32", "enforce_eager": True, "seed": 0, "block_size": 32,
             "max_model_len": 512}
     at_once, one_per_step = [{"steps": 0, "requests": reqs}], [{"steps": 1, "requests": [r]} for r in reqs]
-    reference = run_module("tests.e2e.run_seeded", {"engine": {**base, "async_scheduling": True}, "waves": at_once},
-                           tmp_path, "reference")
+    reference = run_module("tests.e2e.run_seeded", {"engine": base, "waves": at_once}, tmp_path, "reference")
     assert sorted(reference) == sorted(r["id"] for r in reqs)
     assert [len(reference[r["id"]]) for r in reqs] == [r.get("n", 1) for r in reqs]
     # The samples are random draws: the 8 of one request are not all the same.
     assert len({tuple(s["tokens"]) for s in reference["s0"]}) > 1
     # The plugin loaded but not selected: vLLM's engine, untouched.
-    cases = [(None, one_per_step, True), ("auto", at_once, True), ("auto", one_per_step, True),
-             ("always", one_per_step, True), ("auto", one_per_step, False)]
-    for i, (rule, waves, async_scheduling) in enumerate(cases):
-        engine = {**base, "async_scheduling": async_scheduling}
+    cases = [(None, one_per_step), ("auto", at_once), ("auto", one_per_step), ("always", one_per_step)]
+    for i, (rule, waves) in enumerate(cases):
+        engine = dict(base)
         if rule is not None:
             engine |= {"attention_backend": "relay",
                        "additional_config": {"relay": {"system_prompts": {"sys": system}, "shared_path": rule}}}
