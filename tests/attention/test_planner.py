@@ -362,8 +362,7 @@ def test_decode_steps_over_the_same_rows_stage_their_plan_once(monkeypatch):
                                  first.q_lens, first.block_table, first.seq_lens.copy())
     planned(planner, cm, other)  # the batch's rows changed: staged again
     assert planner._staged is not staged and planner._staged is not None
-    with relay_step.capturing(True):
-        planner.plan(cm, None, capture=True)
+    planner.plan(cm, None, capture=True, levels=True)
     assert planner._staged is None
     plain = World([(-1, 30, 1, -1, 0), (-1, 45, 1, -1, 0)], torch.float32, "cpu", 4)  # nothing shared
     cm, step = plain.cm(pad_reqs=2, pad_tokens=2), plain.step()
@@ -436,8 +435,7 @@ def test_padded_graph_step_with_no_relay_request_still_writes_a_valid_plan(monke
     world = World(batch, torch.float32, "cpu", 0)
     planner = make_planner(shared_path="always", full_graphs=True)
     cm = world.cm(pad_reqs=5, pad_tokens=5)
-    with relay_step.capturing(True):
-        captured = planner.plan(cm, None, capture=True)
+    captured = planner.plan(cm, None, capture=True, levels=True)
     assert captured.graph and captured.run_level
     assert captured.level.row_index.shape == (planner.max_depth, 8)  # fixed by the padded size
     assert captured.level.call["max_seqlen_q"] == 8
@@ -632,8 +630,7 @@ def test_graph_replay_equals_eager_on_cuda(group, kernel, level_splits, monkeypa
         out_static = torch.zeros_like(q_static)
         capture_world = worlds[0]
         cm_static = capture_world.cm(pad_reqs=B - len(capture_world.batch), pad_tokens=B - len(capture_world.batch))
-        with relay_step.capturing(True):  # the levels' twin of the graph
-            plan = planner.plan(cm_static, None, capture=True)
+        plan = planner.plan(cm_static, None, capture=True, levels=True)  # the levels' twin of the graph
         relay_plan = as_relay_plan(plan, cm_static)
         relay_plan.context["num_splits"] = 8
         relay_plan.shared[0].call["num_splits"] = level_splits

@@ -55,8 +55,7 @@ def test_joint_graph_is_sized_by_its_tokens(monkeypatch):
     planner = make_planner(shared_path="always", full_graphs=True)
     cm = world.cm(pad_reqs=3, pad_tokens=3)
     T = cm.num_actual_tokens
-    with relay_step.capturing(True):
-        captured = planner.plan(cm, None, capture=True)
+    captured = planner.plan(cm, None, capture=True, levels=True)
     assert captured.joint and captured.graph and captured.run_level
     rows, groups = planner.graph_capacity(T)
     per = joint_tokens(T, GROUP)
@@ -82,8 +81,7 @@ def test_joint_graph_is_sized_by_its_tokens(monkeypatch):
     run_and_check(world, plan, cm, padded(world.q, cm))
     plain = World([(-1, 30, 1, -1, 0), (-1, 45, 1, -1, 0)], torch.float32, "cpu", 6)  # no level
     cm = plain.cm(pad_reqs=6, pad_tokens=6)
-    with relay_step.capturing(True):  # the capture's own run: no level rows, every token its own row
-        captured = planner.plan(cm, None, capture=True)
+    captured = planner.plan(cm, None, capture=True, levels=True)  # the capture's own run: no level rows, every token its own row
     assert captured.joint and int(captured.level.ctx_start[0]) == 0
     run_and_check(plain, captured, cm, padded(plain.q, cm))
 

@@ -1,33 +1,48 @@
-"""Two full CUDA graphs per decode size: vLLM's dispatcher with relay's twins, on vLLM's own code.
+"""Full CUDA graphs per decode size on Model Runner V2: vLLM's graph manager with relay's twins.
 
-vLLM's CPU platform turns CUDA graphs off, so the dispatcher is driven directly with capture sizes:
-every FULL key gets a levels twin; a step without levels gets vLLM's own graph, a step with levels
-(or the capture of a twin) the twin; what was chosen is recorded for the planner. Engines without
-relay are untouched.
+vLLM's CPU platform has no CUDA graphs, so vLLM's own `ModelCudaGraphManager` is built over capture
+sizes and driven directly: every uniform-decode FULL graph gets its levels twins, captured right
+beside it (the split twin first); a step without levels gets vLLM's own graph, a step with levels the
+twin; what was chosen is recorded on the step for the planner; the capture tells the model state
+which kind of graph each one is.
 """
 
 import numpy as np
 import pytest
 
-import vllm_relay
 from vllm_relay.attention import step as relay_step
 
 
-def dispatcher(backend):
+class State:
+    """What the graph manager reads of the relay model state."""
+
+    step = None
+    capturing = (False, False)
+
+
+def manager(monkeypatch, mode_name="FULL_AND_PIECEWISE"):
+    import vllm.v1.worker.gpu.cudagraph_utils as cu
     from vllm.config import CUDAGraphMode, VllmConfig
-    from vllm.config.attention import AttentionConfig
-    from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
 
-    from vllm_relay.hooks import graphs
-
-    vllm_relay.register()
-    graphs.apply_worker()
-    config = VllmConfig(attention_config=AttentionConfig(backend=backend))
+    monkeypatch.setattr(cu, "get_pp_group", lambda: type("PP", (), {"is_first_rank": True, "is_last_rank": True}))
+    monkeypatch.setattr(cu.current_platform, "get_global_graph_pool", lambda: None, raising=False)
+    config = VllmConfig()
     config.compilation_config.cudagraph_capture_sizes = [1, 2, 4, 8]
     config.compilation_config.max_cudagraph_capture_size = 8
-    d = CudagraphDispatcher(config)
-    d.initialize_cudagraph_keys(CUDAGraphMode.FULL_DECODE_ONLY)
-    return d
+    m = cu.ModelCudaGraphManager(config, "cpu", getattr(CUDAGraphMode, mode_name), decode_query_len=1)
+    from vllm_relay.hooks.graphs import relay_graphs
+
+    relay_graphs(m, State())
+    return m
+
+
+def captured(m):
+    """As if every keyed graph had been captured."""
+    for descs in m._capture_descs.values():
+        for d in descs:
+            m.graphs[d] = object()
+    m._graphs_captured = True
+    return m
 
 
 def step_with(tree):
@@ -36,149 +51,109 @@ def step_with(tree):
     return s
 
 
-@pytest.fixture
-def current():
-    yield
-    relay_step.clear()
-
-
-def test_every_full_graph_has_a_levels_twin_chosen_only_for_steps_with_levels(current, monkeypatch):
-    """With VLLM_RELAY_UNSPLIT_GRAPHS=0 (the unsplit twins are the next test's)."""
-    from vllm.config import CUDAGraphMode
-    from vllm.v1.attention.backends.registry import AttentionBackendEnum as E
-
-    from vllm_relay.hooks.graphs import RelayLevelsDescriptor, levels_twin
-
-    monkeypatch.setenv("VLLM_RELAY_UNSPLIT_GRAPHS", "0")
-    d = dispatcher(E.CUSTOM)
-    full = d.cudagraph_keys[CUDAGraphMode.FULL]
-    plain = {k for k in full if not isinstance(k, RelayLevelsDescriptor)}
-    assert len(plain) == 4 and {levels_twin(k) for k in plain} == full - plain
-    assert levels_twin(next(iter(plain))) != next(iter(plain))  # never equal: two graphs
-
-    relay_step._current = step_with(None)  # nothing shared: vLLM's own graph
-    mode, desc = d.dispatch(num_tokens=3, uniform_decode=True)
-    assert mode == CUDAGraphMode.FULL and type(desc) is not RelayLevelsDescriptor and desc.num_tokens == 4
-    assert relay_step._current.graph_levels is False
-
-    relay_step._current = step_with(object())  # a step with levels: the twin, recorded
-    mode, desc = d.dispatch(num_tokens=3, uniform_decode=True)
-    assert isinstance(desc, RelayLevelsDescriptor) and desc.num_tokens == 4
-    assert relay_step._current.graph_levels is True
-
-    mode, desc = d.dispatch(num_tokens=30, uniform_decode=True)  # too large for a graph: eager
-    assert mode == CUDAGraphMode.NONE and relay_step._current.graph_levels is None
-
-    relay_step.clear()
-    with relay_step.capturing(True):  # capturing a twin (no step being run)
-        assert isinstance(d.dispatch(num_tokens=8, uniform_decode=True)[1], RelayLevelsDescriptor)
-    assert type(d.dispatch(num_tokens=8, uniform_decode=True)[1]) is not RelayLevelsDescriptor
-
-
-def test_engines_without_relay_keep_vllms_keys(current):
-    from vllm.config import CUDAGraphMode
-    from vllm.v1.attention.backends.registry import AttentionBackendEnum as E
-
+def kind(desc):
     from vllm_relay.hooks.graphs import RelayLevelsDescriptor
 
-    d = dispatcher(E.FLASH_ATTN)
-    assert len(d.cudagraph_keys[CUDAGraphMode.FULL]) == 4
-    relay_step._current = step_with(object())
-    assert not isinstance(d.dispatch(num_tokens=3, uniform_decode=True)[1], RelayLevelsDescriptor)
+    if not isinstance(desc, RelayLevelsDescriptor):
+        return "plain"
+    return "unsplit" if desc.relay_unsplit else "split"
 
 
-def test_each_size_captures_its_twin_first_and_plain_engines_keep_vllms_order(monkeypatch):
-    """vLLM estimates its graphs' memory from a mode's first two captures: the largest twin first,
-    then vLLM's graph of that size (what each further graph adds). VLLM_RELAY_UNSPLIT_GRAPHS=0; with
-    the unsplit twins, the next test."""
+def test_each_size_captures_its_twins_beside_vllms_graph_the_split_twin_first(monkeypatch):
+    """vLLM estimates its FULL graphs' memory from the first few of its list (largest first): the
+    largest twin is first. Piecewise graphs (no attention inside) get no twins."""
     from vllm.config import CUDAGraphMode
-    from vllm.v1.attention.backends.registry import AttentionBackendEnum as E
 
-    from vllm_relay.hooks.graphs import RelayLevelsDescriptor
-
+    monkeypatch.delenv("VLLM_RELAY_UNSPLIT_GRAPHS", raising=False)
+    m = manager(monkeypatch)
+    full = m._capture_descs[CUDAGraphMode.FULL]
+    assert [(d.num_tokens, kind(d)) for d in full] == \
+        [(n, k) for n in (8, 4, 2, 1) for k in ("split", "plain", "unsplit")]
+    assert all(kind(d) == "plain" for d in m._capture_descs[CUDAGraphMode.PIECEWISE])
     monkeypatch.setenv("VLLM_RELAY_UNSPLIT_GRAPHS", "0")
-    full = dict(dispatcher(E.CUSTOM).get_capture_descs())[CUDAGraphMode.FULL]
-    assert [(d.num_tokens, isinstance(d, RelayLevelsDescriptor)) for d in full] == \
-        [(n, twin) for n in (8, 4, 2, 1) for twin in (True, False)]
-    plain = dict(dispatcher(E.FLASH_ATTN).get_capture_descs())[CUDAGraphMode.FULL]
-    assert [d.num_tokens for d in plain] == [8, 4, 2, 1]
+    m = manager(monkeypatch)
+    assert [kind(d) for d in m._capture_descs[CUDAGraphMode.FULL]] == ["split", "plain"] * 4
+    m.add_level_twins()  # idempotent
+    assert len(m._capture_descs[CUDAGraphMode.FULL]) == 8
 
 
-def test_vllm_asking_relays_graph_support_applies_the_worker_hooks_first():
-    """vLLM keys its graphs (for its memory profile) before it makes any metadata builder, right
-    after asking the builder class for its CUDA-graph support: the twins' hook must be in by then."""
-    import torch
-    from vllm.config import VllmConfig
-    from vllm.v1.kv_cache_interface import FullAttentionSpec
-
-    from vllm_relay import hooks
-    from vllm_relay.attention.backend import RelayMetadataBuilder
-
-    hooks.revert_all()
-    try:
-        assert "CudagraphDispatcher.initialize_cudagraph_keys" not in hooks.applied_patches()
-        spec = FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=64, dtype=torch.bfloat16)
-        support = RelayMetadataBuilder.get_cudagraph_support(VllmConfig(), spec)
-        names = hooks.applied_patches()
-        assert {"CudagraphDispatcher.initialize_cudagraph_keys", "CudagraphDispatcher.get_capture_descs",
-                "GPUModelRunner._prepare_inputs"} <= set(names)
-        from vllm.v1.attention.backends.flash_attn import FlashAttentionMetadataBuilder
-
-        assert support == FlashAttentionMetadataBuilder.get_cudagraph_support(VllmConfig(), spec)
-    finally:
-        vllm_relay.register()
-
-
-def test_unsplit_twins_are_keyed_captured_last_and_chosen_by_the_planners_rule(current, monkeypatch):
-    """By default (VLLM_RELAY_UNSPLIT_GRAPHS unset, or 1) each size also has the levels' graph with its
-    joint call unsplit, captured after vLLM's own (the memory estimate's second graph stays vLLM's), and
-    chosen only for steps the planner runs unsplit; 2 chooses it for every step with levels; 0 keys none."""
+def test_a_step_replays_the_twin_only_when_it_has_levels_and_the_choice_is_recorded(monkeypatch):
     from vllm.config import CUDAGraphMode
-    from vllm.v1.attention.backends.registry import AttentionBackendEnum as E
 
     from vllm_relay.attention import workers
-    from vllm_relay.hooks.graphs import RelayLevelsDescriptor, levels_twin
 
-    asked = []
-    monkeypatch.setattr(workers, "step_runs_unsplit", lambda step, n: asked.append(n) or step.tree == "wide")
-    monkeypatch.setenv("VLLM_RELAY_UNSPLIT_GRAPHS", "0")
-    d = dispatcher(E.CUSTOM)
-    assert not any(getattr(k, "relay_unsplit", False) for k in d.cudagraph_keys[CUDAGraphMode.FULL])
-    relay_step._current = step_with("wide")
-    assert not d.dispatch(num_tokens=3, uniform_decode=True)[1].relay_unsplit and asked == []
+    monkeypatch.delenv("VLLM_RELAY_UNSPLIT_GRAPHS", raising=False)
+    monkeypatch.setattr(workers, "step_runs_unsplit", lambda step, n: step.tree == "wide")
+    m = captured(manager(monkeypatch))
+    state = m.relay_state
+    state.step = step_with(None)  # nothing shared: vLLM's own graph
+    desc = m.dispatch(3, 3, 1, 0, 1)
+    assert desc.cg_mode == CUDAGraphMode.FULL and kind(desc) == "plain" and desc.num_tokens == 4
+    assert state.step.graph_levels is False and not state.step.graph_unsplit
+    state.step = step_with("narrow")  # levels the planner splits: the split twin
+    desc = m.dispatch(3, 3, 1, 0, 1)
+    assert kind(desc) == "split" and desc.num_tokens == 4 and state.step.graph_levels is True
+    assert not state.step.graph_unsplit
+    state.step = step_with("wide")  # levels the planner runs unsplit: the unsplit twin
+    desc = m.dispatch(3, 3, 1, 0, 1)
+    assert kind(desc) == "unsplit" and state.step.graph_levels and state.step.graph_unsplit
+    monkeypatch.setenv("VLLM_RELAY_UNSPLIT_GRAPHS", "2")  # every step with levels: unsplit
+    state.step = step_with("narrow")
+    assert kind(m.dispatch(3, 3, 1, 0, 1)) == "unsplit"
+    state.step = step_with("narrow")  # a mixed batch: piecewise, no full graph recorded
+    desc = m.dispatch(3, 5, None, 0, None)
+    assert desc.cg_mode == CUDAGraphMode.PIECEWISE and state.step.graph_levels is None
+    state.step = None  # a dummy run: vLLM's choice, untouched
+    assert kind(m.dispatch(3, 3, 1, 0, 1)) == "plain"
 
-    monkeypatch.delenv("VLLM_RELAY_UNSPLIT_GRAPHS")  # the default
-    d = dispatcher(E.CUSTOM)
-    full = d.cudagraph_keys[CUDAGraphMode.FULL]
-    plain = {k for k in full if not isinstance(k, RelayLevelsDescriptor)}
-    assert full == plain | {levels_twin(k) for k in plain} | {levels_twin(k, True) for k in plain}
-    assert len(full) == 12 and levels_twin(next(iter(plain)), True) != levels_twin(next(iter(plain)))
-    order = dict(d.get_capture_descs())[CUDAGraphMode.FULL]
 
-    def kind(x):
-        return "plain" if not isinstance(x, RelayLevelsDescriptor) else "unsplit" if x.relay_unsplit else "split"
+def test_a_twin_not_captured_is_never_chosen(monkeypatch):
+    from vllm.config import CUDAGraphMode
 
-    assert [(x.num_tokens, kind(x)) for x in order] == \
-        [(n, k) for n in (8, 4, 2, 1) for k in ("split", "plain", "unsplit")]
+    m = manager(monkeypatch)
+    for d in m._capture_descs[CUDAGraphMode.FULL]:
+        if kind(d) == "plain":
+            m.graphs[d] = object()
+    m._graphs_captured = True
+    m.relay_state.step = step_with("narrow")
+    desc = m.dispatch(3, 3, 1, 0, 1)
+    assert kind(desc) == "plain" and m.relay_state.step.graph_levels is False
 
-    desc = d.dispatch(num_tokens=3, uniform_decode=True)[1]  # the planner runs this step unsplit
-    assert desc.relay_unsplit and desc.num_tokens == 4 and asked == [4]
-    assert relay_step._current.graph_levels and relay_step._current.graph_unsplit
-    relay_step._current = step_with("narrow")  # it splits this one
-    desc = d.dispatch(num_tokens=3, uniform_decode=True)[1]
-    assert isinstance(desc, RelayLevelsDescriptor) and not desc.relay_unsplit
-    assert relay_step._current.graph_levels and not relay_step._current.graph_unsplit
-    relay_step._current = step_with(None)  # no levels: vLLM's graph, the rule not asked
-    assert type(d.dispatch(num_tokens=3, uniform_decode=True)[1]) is not RelayLevelsDescriptor
-    assert asked == [4, 4]
-    assert not relay_step._current.graph_unsplit
 
-    relay_step.clear()
-    with relay_step.capturing(True, True):  # capturing the unsplit twin
-        assert d.dispatch(num_tokens=8, uniform_decode=True)[1].relay_unsplit
-    with relay_step.capturing(True):
-        assert not d.dispatch(num_tokens=8, uniform_decode=True)[1].relay_unsplit
+def test_each_capture_tells_the_model_state_which_graph_it_is(monkeypatch):
+    """vLLM's model manager hands its per-graph factory to its base class's capture; relay's class sits
+    between the two, so the model state knows, while each graph's metadata is built, whether that graph
+    holds the levels (and unsplit), and nothing outside a capture sees a capture's flags."""
+    import vllm.v1.worker.gpu.cudagraph_utils as cu
+    from vllm.config import CUDAGraphMode
 
-    monkeypatch.setenv("VLLM_RELAY_UNSPLIT_GRAPHS", "2")  # every step with levels
-    relay_step._current = step_with("narrow")
-    assert d.dispatch(num_tokens=3, uniform_decode=True)[1].relay_unsplit
+    m = manager(monkeypatch)
+    seen = []
+
+    def base_capture(self, create_forward_fn, progress_bar_desc="Capturing CUDA graphs"):
+        for d in self._capture_descs[CUDAGraphMode.FULL]:
+            create_forward_fn(d, warmup=True)
+            assert self.relay_state.capturing == (False, False)
+
+    def model_capture(self, *args, **kwargs):  # vLLM's: builds the factory, calls its base class
+        def create(desc, warmup):
+            seen.append((kind(desc), self.relay_state.capturing))
+        super(cu.ModelCudaGraphManager, self).capture(create)  # next in the order: relay's class
+
+    monkeypatch.setattr(cu.CudaGraphManager, "capture", base_capture)
+    monkeypatch.setattr(cu.ModelCudaGraphManager, "capture", model_capture)
+    m.capture()
+    assert seen[:3] == [("split", (True, False)), ("plain", (False, False)), ("unsplit", (True, True))]
+    assert len(seen) == 12
+
+
+def test_relay_graphs_refuses_a_manager_it_does_not_know(monkeypatch):
+    import vllm.v1.worker.gpu.cudagraph_utils as cu
+
+    from vllm_relay.hooks.graphs import relay_graphs
+
+    class Other(cu.ModelCudaGraphManager):
+        pass
+
+    with pytest.raises(RuntimeError, match="unexpected CUDA graph manager Other"):
+        relay_graphs(Other.__new__(Other), State())

@@ -99,13 +99,15 @@ def test_cpu_platform_selects_relay_only_when_asked():
 def test_patches_revert_and_ledger_lists_them():
     from vllm.platforms.cpu import CpuPlatform
 
-    from vllm_relay.hooks.runner import apply_worker
+    from vllm_relay.hooks import model_runner, runner
 
     vllm_relay.register()
-    apply_worker()  # the worker-only patches, applied by the relay metadata builders
+    runner.apply_worker()  # the worker-only patches: the V1 runner's (the CPU's), applied by the builders,
+    model_runner.apply_worker()  # and Model Runner V2's, applied by the first relay attention layer
     patched = CpuPlatform.get_attn_backend_cls
     names = hooks.applied_patches()
-    assert "GPUModelRunner._prepare_inputs" in names
+    assert {"GPUModelRunner._prepare_inputs", "GPUModelRunner.gather_batch_req_state",
+            "vllm.v1.worker.gpu.model_states.resolve_model_state_cls"} <= set(names), names
     hooks.revert_all()
     try:
         assert CpuPlatform.get_attn_backend_cls != patched

@@ -27,7 +27,6 @@ from vllm.v1.attention.backends.flash_attn import (
 )
 
 from vllm_relay import envs
-from vllm_relay.attention import step as relay_step
 from vllm_relay.attention.common import check_engine, check_layer, log_active, logger
 from vllm_relay.attention.planner import RelayPlanner
 from vllm_relay.ops import RelayPlan, force_one_split, graph_split_cap, relay_attention
@@ -73,23 +72,14 @@ class RelayMetadataBuilder(FlashAttentionMetadataBuilder):
     # reads is a persistent planner buffer. Cached metadata must never be reused for another
     # group's block table: it holds more than the table.
     supports_update_block_table = False
-
-    @classmethod
-    def get_cudagraph_support(cls, vllm_config, kv_cache_spec):
-        # vLLM asks this before it makes any builder, and keys its CUDA graphs right after: the worker
-        # hooks (the graphs' levels twins among them) must be in place by then, or the first keying,
-        # for vLLM's estimate of its graphs' memory, leaves the twins out (hooks/graphs.py).
-        from vllm_relay.hooks.runner import apply_worker
-
-        apply_worker()
-        return super().get_cudagraph_support(vllm_config, kv_cache_spec)
+    # The relay model state hands each step to `build` (attention/model_state.py), and tells the
+    # builder whether the graph being captured holds the levels (`capturing`).
+    takes_relay_step = True
 
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
-        from vllm_relay.hooks.runner import apply_worker
-
-        apply_worker()
         self.planner = RelayPlanner(vllm_config, kv_cache_spec, device, num_layers=len(layer_names))
+        self.capturing = (False, False)  # (with the levels, unsplit)
         if self.use_full_cuda_graph and self.aot_schedule and envs.VLLM_RELAY_GRAPH_SPLIT_CAP != 0:
             # FA3's split workspace in every graph, for the context and the levels' calls alike
             # (vLLM's cap, 32, is 8x what FA3 can use with 32 KV heads on an H100).
@@ -102,18 +92,24 @@ class RelayMetadataBuilder(FlashAttentionMetadataBuilder):
             self.level_scheduler_metadata = torch.zeros(1 + round_up(self.planner.max_call_seqs, 4) * 4,
                                                         dtype=torch.int32, device=self.device)
 
-    def build(self, common_prefix_len, common_attn_metadata, fast_build: bool = False):
-        return self._build(common_attn_metadata, fast_build, capture=False)
+    def build(self, common_prefix_len, common_attn_metadata, fast_build: bool = False, relay_step=None):
+        return self._build(common_attn_metadata, fast_build, relay_step)
 
     def build_for_cudagraph_capture(self, common_attn_metadata):
-        return self._build(common_attn_metadata, False, capture=True)
+        return self._build(common_attn_metadata, False, None, capture=True)
 
     def use_cascade_attention(self, *args, **kwargs) -> bool:
         return False  # relay replaces cascade attention; never stack the two
 
-    def _build(self, cm, fast_build: bool, capture: bool):
-        step = relay_step.current(cm.num_reqs, cm.num_actual_tokens)
-        plan = self.planner.plan(cm, step, capture=capture)
+    def _build(self, cm, fast_build: bool, step, capture: bool = False):
+        if step is not None and (cm.num_reqs < step.num_reqs or cm.num_actual_tokens < step.num_tokens):
+            # Fewer than the step's means the batch was split (micro-batching), which relay does not
+            # plan for: that raises rather than silently dropping the system part of some tokens.
+            raise RuntimeError(f"vllm-relay: attention metadata for {cm.num_reqs} requests / {cm.num_actual_tokens} "
+                               f"tokens, but the step has {step.num_reqs} / {step.num_tokens}")
+        levels, unsplit = self.capturing if capture else (False, False)
+        graph = capture or (step is not None and step.graph_levels is not None)
+        plan = self.planner.plan(cm, step, capture=capture, levels=levels, graph=graph)
         if plan is None:
             meta = super().build(0, cm, fast_build)
             meta.relay = None
@@ -127,7 +123,7 @@ class RelayMetadataBuilder(FlashAttentionMetadataBuilder):
                 splits = meta.max_num_splits
                 if plan.joint and (level.call["seqused_k"].shape[0] > FA3_DYNAMIC_SPLIT_BATCHES
                                    or (plan.one_split and not plan.graph)
-                                   or (plan.graph and unsplit_graph(step, capture))):
+                                   or (plan.graph and (unsplit if capture else step.graph_unsplit))):
                     splits = 1  # (FA3 would split every sequence alike, the tokens' too; or unsplit)
                 level.call["num_splits"] = splits
                 if plan.run_level or plan.graph:
@@ -169,16 +165,6 @@ class RelayMetadataBuilder(FlashAttentionMetadataBuilder):
         return buf[:n]
 
 
-def unsplit_graph(step, capture: bool) -> bool:
-    """Whether the full graph being captured or replayed holds its joint call unsplit (its unsplit
-    twin, hooks/graphs.py): no split workspace, no combine; replayed only on steps the planner runs
-    unsplit (or every step with levels under VLLM_RELAY_UNSPLIT_GRAPHS=2), so it splits no sequence
-    that a split graph would have."""
-    if capture:
-        return relay_step.capturing_unsplit()
-    return step is not None and step.graph_unsplit
-
-
 # Levels on their own stream: a decode step's context call is bound by its reads, a system level by
 # its FLOPs, so the two overlap. Priority: the level's few CTAs take SMs as they free up, before the
 # context call's many (bench_layer.py --only splits, "overlap" columns; the script is in git history).
@@ -209,6 +195,20 @@ def level_stream_mode() -> str:
     return modes[value]
 
 
+def check_runner() -> None:
+    """Relay runs on Model Runner V2 on GPUs (vLLM's default there): refuse the V1 runner with the
+    reason, and put the worker hooks in place before vLLM makes the runner's model state (this
+    runs as the model's first attention layer is built, in the worker only)."""
+    from vllm.config import get_current_vllm_config
+
+    if not get_current_vllm_config().use_v2_model_runner:
+        raise NotImplementedError("The relay attention backend runs on vLLM's Model Runner V2 on GPUs: "
+                                  "unset VLLM_USE_V2_MODEL_RUNNER (or set it to 1)")
+    from vllm_relay.hooks.model_runner import apply_worker
+
+    apply_worker()
+
+
 class RelayAttentionImpl(FlashAttentionImpl):
     def __init__(self, num_heads, head_size, scale, num_kv_heads, alibi_slopes, sliding_window,
                  kv_cache_dtype, logits_soft_cap=None, attn_type=AttentionType.DECODER,
@@ -217,6 +217,7 @@ class RelayAttentionImpl(FlashAttentionImpl):
                     logits_soft_cap=logits_soft_cap, attn_type=attn_type, sinks=sinks,
                     kv_sharing_target_layer_name=kv_sharing_target_layer_name)
         check_engine()
+        check_runner()
         super().__init__(num_heads, head_size, scale, num_kv_heads, alibi_slopes, sliding_window,
                          kv_cache_dtype, logits_soft_cap, attn_type, kv_sharing_target_layer_name,
                          sinks)

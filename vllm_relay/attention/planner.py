@@ -242,10 +242,15 @@ class RelayPlanner:
         root_pages[step.req_slot[relay]] = step.req_shift[relay] // self.page_size
         return root_pages
 
-    def plan(self, cm, step: relay_step.RelayStep | None, capture: bool = False) -> StepPlan | None:
+    def plan(self, cm, step: relay_step.RelayStep | None, capture: bool = False, levels: bool = False,
+             graph: bool | None = None) -> StepPlan | None:
         """This step's plan, or None when plain attention over the own tables is the whole story
-        (no relay facts, and not a full-graph step, whose captured launches read the plan)."""
-        graph = capture or self.is_graph_step(cm)
+        (no relay facts, and not a full-graph step, whose captured launches read the plan).
+        `capture`: a full CUDA graph is being captured, with the levels or not (`levels`). `graph`:
+        whether the step replays a full graph (None: judged from `cm`, as vLLM's V1 runner picks)."""
+        if graph is None:
+            graph = self.is_graph_step(cm)
+        graph = capture or graph
         if step is None and not graph:
             return None
         B, T = cm.num_reqs, cm.num_actual_tokens
@@ -255,7 +260,7 @@ class RelayPlanner:
             return None  # nothing shared, nothing registered: vLLM's own tables, no work
         # Levels run eagerly when found; in a full graph, when vLLM replays the graph with them.
         if capture:
-            with_level = self.rule() is not None and relay_step.capturing_levels()
+            with_level = self.rule() is not None and levels
         else:
             with_level = step is not None and step.tree is not None and (not graph or bool(step.graph_levels))
         tree = step.tree if with_level and step is not None else None

@@ -1,10 +1,11 @@
-"""This step's relay facts, gathered once per step by the runner hook, read by the builders.
+"""This step's relay facts, gathered once per step before the attention metadata is built.
 
 The model runner knows which requests are relay or fill requests (their `RelayTag`); the
-attention metadata builders only see `CommonAttentionMetadata`. The runner hook
-(vllm_relay.hooks.runner) therefore records the step's per-request facts here, right after the
-runner has prepared its inputs, and clears them when the step ends, so dummy, profiling and
-capture runs (which prepare no inputs) never see a stale step.
+attention metadata builders only see `CommonAttentionMetadata`. On Model Runner V2 (GPUs) the relay
+model state (`attention/model_state.py`) records the step's per-request facts in a `RelayStep` and
+hands it to the builders with the metadata it asks for. On vLLM's V1 runner (the CPU's) the runner
+hook (vllm_relay.hooks.runner) records them here (`prepare`), right after the runner has prepared
+its inputs, and clears them when the step ends, so dummy and profiling runs never see a stale step.
 
 A fill request is an ordinary request computing a system prompt into pages of the paged KV cache;
 the scheduler keeps those pages (engine/core.py pins them when the fill finishes). The hook
@@ -34,10 +35,10 @@ class RelayStep:
     # only) and each request's KV tokens in it after this step; None where no levels are found.
     block_table: np.ndarray | None = None
     seq_lens: np.ndarray | None = None
-    # The step's shared levels (an ops.LevelTree, found by the planner right after the inputs are
-    # prepared: before vLLM picks the CUDA graph), None for none; and which full graph vLLM runs
-    # it with: True the one with the levels, False vLLM's own, None no full graph (hooks/graphs.py),
-    # and whether that graph's joint call was captured unsplit.
+    # The step's shared levels (an ops.LevelTree, found by the planner before vLLM picks the CUDA
+    # graph), None for none; and which full graph vLLM runs it with: True the one with the levels,
+    # False vLLM's own, None no full graph (hooks/graphs.py), and whether that graph's joint call
+    # was captured unsplit.
     tree: object | None = None
     levels_planned: bool = False
     graph_levels: bool | None = None
@@ -58,52 +59,8 @@ class SlotPages:
             self.version += 1
 
 
-_current: RelayStep | None = None
+_current: RelayStep | None = None  # the step being run by vLLM's V1 runner (the CPU's), None between steps
 _slot_pages: SlotPages | None = None
-# The CUDA graph being captured: (it runs the levels, its joint call is unsplit).
-_capturing: tuple[bool, bool] = (False, False)
-
-
-def wants_levels() -> bool:
-    """Whether the full CUDA graph about to be chosen must run the shared levels: the graph being
-    captured is the levels' one, or the step being run has levels."""
-    return _capturing[0] or (_current is not None and _current.tree is not None)
-
-
-def running() -> RelayStep | None:
-    """The step being run, None while capturing or between steps."""
-    return _current
-
-
-def dispatched(full_graph: bool, levels: bool, unsplit: bool = False) -> None:
-    """Record the graph vLLM chose for the step being run (read by the planner and the builder)."""
-    if _current is not None:
-        _current.graph_levels = levels if full_graph else None
-        _current.graph_unsplit = full_graph and levels and unsplit
-
-
-def capturing_levels() -> bool:
-    return _capturing[0]
-
-
-def capturing_unsplit() -> bool:
-    return _capturing[1]
-
-
-class capturing:  # noqa: N801 - a context manager, named like one
-    """`with capturing(levels, unsplit):` the CUDA graphs captured inside do (or do not) run the
-    levels, their joint call unsplit (or split)."""
-
-    def __init__(self, levels: bool, unsplit: bool = False) -> None:
-        self.state = (levels, levels and unsplit)
-
-    def __enter__(self):
-        global _capturing
-        self.before, _capturing = _capturing, self.state
-
-    def __exit__(self, *exc):
-        global _capturing
-        _capturing = self.before
 
 
 def slot_pages_for(cfg, page_size: int) -> SlotPages:

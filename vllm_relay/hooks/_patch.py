@@ -21,7 +21,8 @@ def original(owner: Any, name: str) -> Any:
 
 
 def applied_patches() -> list[str]:
-    return [f"{getattr(owner, '__qualname__', owner)}.{name}" for owner, name in _ORIGINALS]
+    return [f"{getattr(owner, '__qualname__', None) or getattr(owner, '__name__', owner)}.{name}"
+            for owner, name in _ORIGINALS]
 
 
 def revert_all() -> None:

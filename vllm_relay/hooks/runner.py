@@ -1,20 +1,8 @@
-"""Worker hooks: relay requests' positions, and the V1 model runner when relay is on.
-
-vLLM runs every model on Model Runner V2 by default (0.32, 0.33); relay shifts positions in the V1
-runner's `_prepare_inputs` (also the runner vLLM's CPU build uses), so with relay on, V1 is chosen.
-"""
+"""Worker hooks on vLLM's V1 model runner, which vLLM's CPU build runs: relay requests' positions and
+the step's relay facts. (On GPUs relay runs on Model Runner V2: hooks/model_runner.py.)"""
 
 from vllm_relay.hooks._patch import original, patch
 from vllm_relay.protocol import relay_enabled
-
-RELAY_V1_REASON = "relay attention (vllm-relay shifts system-prompt positions in the V1 runner)"
-
-
-def _unsupported_v2_features(self) -> list[str]:
-    reasons = original(_VllmConfig, "_get_v2_model_runner_unsupported_features")(self)
-    if relay_enabled(self):
-        reasons.append(RELAY_V1_REASON)
-    return reasons
 
 
 def _prepare_inputs(self, scheduler_output, num_scheduled_tokens):
@@ -53,29 +41,22 @@ def _execute_model(self, *args, **kwargs):
         step.clear()
 
 
-_VllmConfig = _GPUModelRunner = None
+_GPUModelRunner = None
 
 
-def apply() -> None:
-    """Every process: the runner choice is made wherever a VllmConfig is asked for it."""
-    global _VllmConfig
-    from vllm.config.vllm import VllmConfig
+def apply_worker_stats() -> None:
+    from vllm.v1.worker.worker_base import WorkerBase
 
-    _VllmConfig = VllmConfig
-    patch(VllmConfig, "_get_v2_model_runner_unsupported_features", _unsupported_v2_features)
+    patch(WorkerBase, "relay_worker_stats", _relay_worker_stats)
 
 
 def apply_worker() -> None:
-    """Workers only, called by the relay metadata builders (which only workers construct), so
-    that the front end never imports the model runner."""
+    """Workers of vLLM's V1 runner only (the CPU's), called by the relay CPU metadata builders
+    (which only workers construct), so that the front end never imports the model runner."""
     global _GPUModelRunner
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-    from vllm.v1.worker.worker_base import WorkerBase
 
     _GPUModelRunner = GPUModelRunner
     patch(GPUModelRunner, "_prepare_inputs", _prepare_inputs)
     patch(GPUModelRunner, "execute_model", _execute_model)
-    patch(WorkerBase, "relay_worker_stats", _relay_worker_stats)
-    from vllm_relay.hooks import graphs
-
-    graphs.apply_worker()
+    apply_worker_stats()

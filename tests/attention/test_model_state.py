@@ -1,0 +1,184 @@
+"""Relay's model state on Model Runner V2 (attention/model_state.py), on vLLM's own classes.
+
+MRV2 needs Triton on a GPU, so the state is driven directly with what the runner hands it: new
+requests (their tags), scheduler outputs (their blocks), gathered batches. Checked against references
+written here: the step's facts in batch order, the host block table against a list-of-blocks model,
+the fills' pages, the shifted positions (every token of a relay request by its system length), the
+metadata vLLM hands the builders.
+"""
+
+from types import SimpleNamespace as NS
+
+import numpy as np
+import pytest
+import torch
+
+from vllm_relay.protocol import RelayTag, tag
+
+PAGE = 32
+MAX_REQS = 6
+WIDTH = 5
+
+
+@pytest.fixture
+def state(monkeypatch):
+    from vllm.v1.worker.gpu.model_states.default import DefaultModelState
+
+    from vllm_relay.attention import model_state, step as relay_step
+
+    def base_init(self, vllm_config, model, encoder_cache, device):
+        self.vllm_config, self.device, self.max_num_reqs = vllm_config, device, MAX_REQS
+        self.rope_state = self.prompt_embeds_state = None
+
+    monkeypatch.setattr(DefaultModelState, "__init__", base_init)
+    monkeypatch.setattr(relay_step, "_slot_pages", None)
+    levels = []
+    monkeypatch.setattr(model_state, "find_step_levels", lambda step: levels.append(step))
+    config = NS(additional_config={"relay": {"max_prompts": 3, "max_prompt_tokens": 4 * PAGE}},
+                cache_config=NS(block_size=PAGE))
+    s = model_state.RelayModelState(config, None, None, torch.device("cpu"))
+    kv = NS(kv_cache_groups=[object()])
+    s.initialize_kv_cache(kv, NS(block_tables=[NS(gpu=torch.zeros(MAX_REQS, WIDTH, dtype=torch.int32))]))
+    s.levels_asked = levels
+    return s
+
+
+def new_req(req_id, blocks, t=None):
+    params = NS(extra_args=tag(None, t) if t is not None else None)
+    return NS(req_id=req_id, sampling_params=params, block_ids=(blocks,), mm_features=[], prefill_token_ids=[1])
+
+
+def output(new=(), cached=()):
+    return NS(scheduled_new_reqs=list(new),
+              scheduled_cached_reqs=NS(req_ids=[c[0] for c in cached], new_block_ids=[c[1] for c in cached]))
+
+
+def batch(idx, counts):
+    idx, counts = np.asarray(idx, np.intp), np.asarray(counts, np.int32)
+    return NS(idx_mapping_np=idx, num_scheduled_tokens=counts, num_tokens=int(counts.sum()))
+
+
+def test_the_step_holds_each_rows_tag_blocks_and_lengths_in_batch_order(state):
+    index = {"plain": 4, "relay": 1, "fill": 2}
+    reqs = [new_req("plain", [7, 8]), new_req("relay", [3], RelayTag(slot=2, system_len=2 * PAGE)),
+            new_req("fill", [10, 11, 12], RelayTag(slot=1, system_len=2 * PAGE, fill=True))]
+    for r in reqs:
+        state.add_request(index[r.req_id], r)
+    computed = np.zeros(MAX_REQS, np.int32)
+    computed[[4, 1, 2]] = [40, 5, 0]
+    req_states = NS(req_id_to_index=index, num_computed_tokens_np=computed)
+    state.plan(output(new=reqs), batch([1, 4, 2], [1, 1, 70]), req_states)
+    step = state.step
+    assert step.num_reqs == 3 and step.num_tokens == 72
+    assert step.req_slot.tolist() == [2, -1, -1] and step.req_shift.tolist() == [2 * PAGE, 0, 0]
+    assert step.q_lens.tolist() == [1, 1, 70] and step.seq_lens.tolist() == [6, 41, 70]
+    assert step.block_table[:, :3].tolist() == [[3, 0, 0], [7, 8, 0], [10, 11, 12]]
+    assert state.pages.pages[1, :2].tolist() == [10, 11]  # the fill's system pages (2 of its 3 blocks)
+    assert state.levels_asked == [step]  # the levels are found before vLLM picks the graph
+
+    # Next step: running requests get blocks appended, a new one takes a free index.
+    reqs2 = [new_req("relay2", [20], RelayTag(slot=0, system_len=PAGE))]
+    index["relay2"] = 0
+    computed[[4, 1, 2, 0]] = [41, 6, 70, 0]
+    state.add_request(0, reqs2[0])
+    state.plan(output(new=reqs2, cached=[("relay", ([9],)), ("plain", None)]), batch([1, 4, 0], [1, 1, 3]),
+               req_states)
+    assert state.step.block_table[:, :2].tolist() == [[3, 9], [7, 8], [20, 0]]
+    assert state.step.req_shift.tolist() == [2 * PAGE, 0, PAGE]
+
+
+def test_a_batch_of_the_same_rows_keeps_its_arrays_and_a_reused_index_does_not(state):
+    state.add_request(0, new_req("a", [1], RelayTag(slot=0, system_len=PAGE)))
+    req_states = NS(req_id_to_index={"a": 0}, num_computed_tokens_np=np.zeros(MAX_REQS, np.int32))
+    state.plan(output(new=[new_req("a", [1])]), batch([0], [4]), req_states)
+    first = state.step.req_slot
+    state.plan(output(), batch([0], [1]), req_states)
+    assert state.step.req_slot is first and not first.flags.writeable  # the planner's tree cache key
+    state.add_request(0, new_req("b", [2]))  # another request at index 0
+    state.plan(output(new=[new_req("b", [2])]), batch([0], [4]), NS(req_id_to_index={"b": 0},
+                                                                  num_computed_tokens_np=np.zeros(MAX_REQS, np.int32)))
+    assert state.step.req_slot is not first and state.step.req_slot.tolist() == [-1]
+
+
+def test_a_dummy_run_has_no_step(state):
+    state.step = object()
+    state.plan(None, None, None)
+    assert state.step is None
+
+
+def test_host_block_table_matches_a_list_of_blocks_model():
+    from vllm_relay.attention.model_state import HostBlockTable
+
+    rng = np.random.default_rng(7)
+    table, model = HostBlockTable(4, 9), [[] for _ in range(4)]
+    for _ in range(200):
+        row, overwrite = int(rng.integers(4)), bool(rng.random() < 0.2)
+        ids = rng.integers(1, 100, size=int(rng.integers(0, 4))).tolist()
+        if not overwrite and len(model[row]) + len(ids) > 9:
+            continue
+        table.write(row, ids, overwrite)
+        model[row] = ids if overwrite else model[row] + ids
+        for r in range(4):
+            assert table.table[r, : len(model[r])].tolist() == model[r] and table.count[r] == len(model[r])
+
+
+def test_relay_positions_are_shifted_after_vllm_used_them_and_before_the_forward(state):
+    state.add_request(0, new_req("a", [1], RelayTag(slot=0, system_len=3 * PAGE)))
+    state.add_request(1, new_req("b", [2]))
+    state.add_request(2, new_req("c", [3], RelayTag(slot=1, system_len=PAGE)))
+    req_states = NS(req_id_to_index={"a": 0, "b": 1, "c": 2}, num_computed_tokens_np=np.zeros(MAX_REQS, np.int32))
+    state.plan(output(), batch([2, 1, 0], [2, 3, 1]), req_states)
+    own = torch.tensor([5, 6, 0, 1, 2, 9, 0, 0])  # the step's positions, then padding
+    positions = own.clone()
+    state.preprocess_state(NS(positions=positions), None, None, None)
+    assert positions.tolist() == [5 + PAGE, 6 + PAGE, 0, 1, 2, 9 + 3 * PAGE, 0, 0]
+    state.plan(output(), batch([1], [3]), req_states)  # no relay row: untouched
+    positions = own.clone()
+    state.preprocess_state(NS(positions=positions), None, None, None)
+    assert torch.equal(positions, own)
+
+
+def test_the_builders_get_the_step_and_a_capture_its_kind(state, monkeypatch):
+    from vllm.v1.worker.gpu.model_states.default import DefaultModelState
+
+    asked = []
+    monkeypatch.setattr(DefaultModelState, "prepare_attn",
+                        lambda self, *a, **kw: asked.append(kw["model_specific_attn_metadata"]) or {})
+    relay_builder = NS(takes_relay_step=True, capturing=None)
+    other_builder = NS()
+    groups = [[NS(get_metadata_builder=lambda i=0: relay_builder), NS(get_metadata_builder=lambda i=0: other_builder)]]
+    from vllm.config.compilation import CUDAGraphMode
+
+    state.step = step = NS(graph_levels=True, graph_unsplit=True)  # the twin, as the graph manager chose
+    state.prepare_attn(None, CUDAGraphMode.FULL, None, None, groups, None)
+    assert asked[-1].get_extra_attn_kwargs(relay_builder, 3) == {"relay_step": step}
+    assert asked[-1].get_extra_attn_kwargs(other_builder, 3) == {}
+    assert relay_builder.capturing is None and step.graph_levels  # a real step: no capture flags written
+    state.prepare_attn(None, CUDAGraphMode.NONE, None, None, groups, None)  # DP ranks agreed on eager after all
+    assert step.graph_levels is None and not step.graph_unsplit
+    state.capturing = (True, True)
+    state.prepare_attn(None, None, None, None, groups, None, for_capture=True)
+    assert relay_builder.capturing == (True, True) and not hasattr(other_builder, "capturing")
+    assert asked[-1].get_extra_attn_kwargs(relay_builder, 3) == {"relay_step": None}
+
+
+def test_only_relay_engines_get_relays_model_state_and_only_where_vllm_picks_its_default(monkeypatch):
+    import vllm.v1.worker.gpu.model_states as states
+    from vllm.v1.worker.gpu.model_states.default import DefaultModelState
+
+    from vllm_relay.attention.model_state import RelayModelState
+    from vllm_relay.hooks import model_runner
+
+    picked = [DefaultModelState]
+    import types
+
+    fake = types.ModuleType("states")
+    fake.resolve_model_state_cls = lambda c, m: picked[0]
+    monkeypatch.setattr(model_runner, "_states", fake)
+    monkeypatch.setattr(model_runner, "relay_enabled", lambda c: c == "relay")
+    assert model_runner._resolve_model_state_cls("relay", None) is RelayModelState
+    assert model_runner._resolve_model_state_cls("plain", None) is DefaultModelState
+    picked[0] = states.interface.ModelState
+    with pytest.raises(ValueError, match="decoder-only attention models; this model runs vLLM's ModelState"):
+        model_runner._resolve_model_state_cls("relay", None)
+    assert model_runner._resolve_model_state_cls("plain", None) is states.interface.ModelState

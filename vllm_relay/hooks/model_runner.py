@@ -1,0 +1,58 @@
+"""Worker hooks on Model Runner V2 (vLLM's runner on GPUs): relay's model state, the step planned
+before vLLM picks its CUDA graph, and relay's graph manager.
+
+Applied in the worker when the first relay attention layer is built (`RelayAttentionImpl`), before
+vLLM makes the runner's model state; each hook acts only for a relay engine (a relay model state).
+"""
+
+from vllm_relay.hooks._patch import original, patch
+from vllm_relay.protocol import relay_enabled
+
+_states = _Runner = None
+
+
+def _resolve_model_state_cls(vllm_config, model):
+    cls = original(_states, "resolve_model_state_cls")(vllm_config, model)
+    if not relay_enabled(vllm_config):
+        return cls
+    from vllm.v1.worker.gpu.model_states.default import DefaultModelState
+
+    if cls is not DefaultModelState:
+        raise ValueError(f"vllm-relay serves decoder-only attention models; this model runs vLLM's "
+                         f"{cls.__name__} (encoder-decoder, encoder-only, hybrid or its own state)")
+    from vllm_relay.attention.model_state import RelayModelState
+
+    return RelayModelState
+
+
+def _initialize_kv_cache(self, *args, **kwargs):
+    result = original(_Runner, "initialize_kv_cache")(self, *args, **kwargs)
+    from vllm_relay.attention.model_state import RelayModelState
+
+    if isinstance(self.model_state, RelayModelState) and self.cudagraph_manager is not None:
+        from vllm_relay.hooks.graphs import relay_graphs
+
+        relay_graphs(self.cudagraph_manager, self.model_state)
+    return result
+
+
+def _gather_batch_req_state(self, scheduler_output, dummy_run):
+    batch, uniform = original(_Runner, "gather_batch_req_state")(self, scheduler_output, dummy_run)
+    plan = getattr(self.model_state, "plan", None)
+    if plan is not None:  # a relay model state
+        plan(None if dummy_run else scheduler_output, batch, self.req_states)
+    return batch, uniform
+
+
+def apply_worker() -> None:
+    global _states, _Runner
+    import vllm.v1.worker.gpu.model_states as states
+    from vllm.v1.worker.gpu.model_runner import GPUModelRunner
+
+    from vllm_relay.hooks.runner import apply_worker_stats
+
+    _states, _Runner = states, GPUModelRunner
+    patch(states, "resolve_model_state_cls", _resolve_model_state_cls)
+    patch(GPUModelRunner, "initialize_kv_cache", _initialize_kv_cache)
+    patch(GPUModelRunner, "gather_batch_req_state", _gather_batch_req_state)
+    apply_worker_stats()
