@@ -1,5 +1,5 @@
-"""Shared prefixes nobody registered, end to end: relay against vLLM's default, its cascade attention
-and the bound, on workloads whose requests share prefixes through vLLM's prefix cache (GPU).
+"""Shared prefixes nobody registered, end to end: relay against vLLM's default, the ceiling and the
+bound, on workloads whose requests share prefixes through vLLM's prefix cache (GPU).
 
 Workloads (`--workloads`, each point with fresh random ids, so no point reuses another's cache):
   samples  Hydragen's sweep: one shared prompt of P tokens (`--prefix-lens`), n completions of it
@@ -10,13 +10,10 @@ Workloads (`--workloads`, each point with fresh random ids, so no point reuses a
   tree     two levels: a system prompt (`--tree-system`) over D documents, Q questions each, n samples
            per question (`--tree D,Q,n,doc_len,question_len`).
 Configs (`--configs`, each in its own process: a fresh engine runs every point of every workload):
-  default        vLLM as it ships (prefix caching on, Model Runner V2, cascade off)
+  default        vLLM as it ships (prefix caching on, Model Runner V2)
   relay          --attention-backend relay, nothing registered (tree: its system prompt registered)
   relay-sysonly  relay with auto_levels off (tree: the registered system prompt is the only level)
-  cascade        vLLM's opt-in cascade attention (VLLM_USE_V2_MODEL_RUNNER=0, disable_cascade_attn=False)
   ceiling        the same completions with the shared part cut from every prompt (BOS only)
-  ceiling-v1     the ceiling on the V1 model runner (relay's and the cascade's; `ceiling` runs Model
-                 Runner V2)
 With `--repeat R` each point runs R times, each with fresh ids (the same for every config), and its row
 holds every run and their median time.
 The bound of a point: the ceiling's time plus, per decode step, one read of every shared level's KV
@@ -89,10 +86,10 @@ def requests(point, config, rng, vocab, system):
     w = point["workload"]
     if w in ("samples", "latency"):
         ctx = point["P"] if w == "samples" else point["C"]
-        prompt = [1] if config.startswith("ceiling") else [1] + ids(ctx - 1)
+        prompt = [1] if config == "ceiling" else [1] + ids(ctx - 1)
         return [prompt], point["n"], ctx
     docs = [ids(point["doc"]) for _ in range(point["D"])]
-    prompts = [[1] if config.startswith("ceiling") else system + doc + ids(point["q"]) for doc in docs
+    prompts = [[1] if config == "ceiling" else system + doc + ids(point["q"]) for doc in docs
                for _ in range(point["Q"])]
     return prompts, point["n"], len(system) + point["doc"] + point["q"]
 
@@ -106,8 +103,6 @@ def engine_kwargs(args, config, system):
         if "tree" in args.workloads:
             relay.update(system_prompts={"system": system}, max_prompt_tokens=len(system))
         kw.update(attention_backend="relay", additional_config={"relay": relay})
-    elif config == "cascade":
-        kw["disable_cascade_attn"] = False
     if args.profile:  # vLLM's torch profiler over a window of the first point's steps
         kw["profiler_config"] = profiler_config(args, config)
     return kw
@@ -115,8 +110,6 @@ def engine_kwargs(args, config, system):
 
 def worker(args):
     """One configuration in this process; prints one RESULT line."""
-    if args.worker in ("cascade", "ceiling-v1"):
-        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -130,8 +123,6 @@ def worker(args):
         steps = args.latency_steps if latency else args.output_len
 
         def run(prompts, n, max_tokens):
-            # No seed: the V1 runner (relay's, the cascade's) samples seeded requests one by one on
-            # the host (aten::exponential_ per request, ~5 ms a step at 256), Model Runner V2 in a batch.
             params = SamplingParams(n=n, temperature=1.0, max_tokens=max_tokens, ignore_eos=True)
             t0 = time.perf_counter()
             outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
@@ -218,14 +209,14 @@ def markdown(results, card, sh, args) -> str:
     configs = [c for c in results if c != "card"]
     lines = [f"{card['device']}: copy {card['copy_bytes_per_s'] / 1e12:.2f} TB/s, bf16 matmul "
              f"{card['bf16_flop_per_s'] / 1e12:.0f} TFLOP/s. Output tokens/s (latency: ms per decode step).", "",
-             "| point | " + " | ".join(configs) + " | bound | relay / bound | relay / default | relay / cascade "
-             "| relay / bound at most |", "|---|" + "---|" * (len(configs) + 5)]
+             "| point | " + " | ".join(configs) + " | bound | relay / bound | relay / default "
+             "| relay / bound at most |", "|---|" + "---|" * (len(configs) + 4)]
     for i, point in enumerate(points(args)):
         get = {c: results[c]["rows"][i] for c in configs}
         label = ", ".join(f"{k}={v}" for k, v in point.items())
         if point["workload"] == "latency":
             cells = [f"{get[c]['ms_per_step']:.2f}" for c in configs]
-            lines.append(f"| {label} | " + " | ".join(cells) + " | | | | | |")
+            lines.append(f"| {label} | " + " | ".join(cells) + " | | | | |")
             continue
         cells = [f"{get[c]['tokens_per_s']:.0f}" for c in configs]
         ratio = lambda a, b: f"{get[a]['tokens_per_s'] / get[b]['tokens_per_s']:.2f}" if a in get and b in get else ""  # noqa: E731
@@ -237,7 +228,7 @@ def markdown(results, card, sh, args) -> str:
             floor = prefill_floor_s(point, card, sh)
             most = "" if floor is None else f"{b_s / (b_s + floor):.2f}"
         lines.append(f"| {label} | " + " | ".join(cells) + f" | {bound} | {ratio('relay', 'default')} | "
-                     f"{ratio('relay', 'cascade')} | {most} |")
+                     f"{most} |")
     foot = ("\nRelay / bound at most: the bound over the bound plus the least time one prefill of the shared prompt "
             "takes (its FLOPs at the matmul rate above), which the bound leaves out and no engine can skip.\n")
     return "\n".join(lines) + "\n" + (foot if any(w == "samples" for w in args.workloads.split(",")) else "")
@@ -313,7 +304,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model")
     p.add_argument("--plot", help="a results file of this benchmark: write its PNG beside it and exit")
-    p.add_argument("--configs", default="ceiling,relay,default,cascade")
+    p.add_argument("--configs", default="ceiling,relay,default")
     p.add_argument("--workloads", default="samples,latency")
     p.add_argument("--prefix-lens", default="1024,4096,16000")
     p.add_argument("--ns", default="16,64,256,1024")

@@ -10,13 +10,11 @@ Workloads (`--workloads`, several run one after the other on the same engine):
 system prompt (128 own tokens), ms per decode step = (time of 1 + N tokens - time of 1 token) / N,
 for B in 1..256. Each configuration runs in its own process (a fresh engine, its own GPU memory):
 
-  default   vLLM as it ships (prefix caching on, Model Runner V2, cascade off), full prompts
+  default   vLLM as it ships (prefix caching on, Model Runner V2), full prompts
   relay     --attention-backend relay with the shared prefix registered up front as a system prompt
   noprefix  the same requests with no system prompt at all (P = 0): the target's reference
-  noprefix-relay  the same, with --attention-backend relay (no system prompt registered): what relay
-            costs a workload it cannot help (piecewise CUDA graphs, V1 runner)
-  v1        vLLM's default with the V1 model runner (what relay runs on), to show the runner costs nothing
-  noprefix-v1  the no-prompt requests on the V1 model runner
+  noprefix-relay  the same, with --attention-backend relay and nothing registered: what relay costs
+            traffic it cannot help
   bench     `vllm bench throughput` itself, for the default configuration (cross-check of this driver)
 
 `--repeat K` runs each workload K times on the same engine, the prefix cache reset before each
@@ -155,12 +153,6 @@ def compiled_during(t0: float, t1: float) -> list[str]:
     return sorted(names)
 
 
-def select_runner(config: str) -> None:
-    """Before vLLM is imported: the v1 configurations run vLLM's backend on the V1 model runner (relay's)."""
-    if config in ("v1", "noprefix-v1"):
-        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
-
-
 def sampling_params(out_lens: list[int]) -> list:
     """The throughput workloads' sampling: random tokens, each request exactly its output length."""
     from vllm import SamplingParams
@@ -184,7 +176,6 @@ def allocator_stats(_worker=None) -> dict:
 
 def worker(args):
     """One configuration in this process; prints one JSON line."""
-    select_runner(args.worker)
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 

@@ -6,8 +6,8 @@
 #                    prompt (+ relay backend without prompts on l3), and the decode-latency sweep
 #   l3_n1000 l2_n1000  the acceptance size (1000 requests; results/archive/2026-11-22_h200_n1000/): Llama-3 run twice per engine
 #                    with the relay backend without prompts, Llama-2 single and multi-prompt (about 8 min each)
-#   l3_runners       no system prompt at 1000 requests, run twice per engine: Model Runner V2 (vLLM's
-#                    default), the V1 runner relay selects, the relay backend (about 7 min)
+#   l3_runners       no system prompt at 1000 requests, run twice per engine: vLLM's default and the relay
+#                    backend with nothing registered, both on Model Runner V2
 #   prof_l2 prof_l3  1000 requests, relay and no prompt, with vLLM's torch profiler over 8 decode steps
 #                    after 100: each kernel's GPU time (<out>/prof_llama{2,3}.<config>.profile/), about 6 min
 #   graphs_l3        Llama-3-8B, P=2048, 1000 requests: vLLM's default and relay with vLLM's largest CUDA graph
@@ -16,8 +16,8 @@
 #                    each engine run twice (about 4 min); with VARIANTS (comma-separated VAR=value tuning knobs), relay again
 #                    under each into single_llama2_VAR-value.json (no "=": the device tool leaves such names behind): an A/B in one job (l2_8192 takes VARIANTS too)
 #   single2r         single2 with the relay backend on the same requests without the prompt (noprefix-relay)
-#                    beside: how much of relay's gap to no-prompt is the runner and backend relay selects rather
-#                    than relay's work (about 8 min)
+#                    beside: how much of relay's gap to no-prompt is the relay backend itself rather than relay's
+#                    work (about 8 min)
 #   single2g         single2 with relay's graphs also holding every level their tokens can form
 #                    (VLLM_RELAY_GRAPH_LEVELS=0, the code before the cap) beside: what the cap gains (about 7 min)
 #   single2s         the same with relay's graph levels left to FA3's split choice (VLLM_RELAY_GRAPH_ONE_SPLIT=0)
@@ -31,8 +31,8 @@
 #   single2k         the same with a graph's levels capped at one besides the system prompts' (VLLM_RELAY_GRAPH_LEVELS=1:
 #                    FA3's split combine runs a grid over every group the graph holds, 2 + 64 by default)
 #   single2a         the same with the level stream in every step (VLLM_RELAY_LEVEL_STREAM=1, the default before)
-#   single2m         the same with vLLM's V1 runner not taking its CUDA-graph estimate from the KV cache
-#                    (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0, as Model Runner V2 does: about 1% more KV)
+#   single2m         the same with vLLM not taking its CUDA-graph memory estimate from the KV cache
+#                    (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0: a larger KV cache)
 #   joint2 joint2_8192  relay alone with its levels and context as two calls (VLLM_RELAY_JOINT=0), then as one
 #                    (the default), P=2048 / 8192, 1000 requests, REPEAT runs each (default 2; about 7 min)
 #   l2_8192u         N=1000 REPEAT=2 l2_8192 of relay and no prompt, then relay with VLLM_RELAY_LEVEL_SPLITS=1
@@ -74,7 +74,7 @@ for step in "$@"; do
     l3_n1000) $bt --model "$m3" --prefix-len 2048 --num-prompts 1000 --max-model-len 4096 --repeat 2 \
           --triton-cache /tmp/tc-l3 --configs relay,noprefix,noprefix-relay,default --out "$out/e2e_llama3_n1000.json" ;;
     l3_runners) $bt --model "$m3" --prefix-len 2048 --num-prompts 1000 --max-model-len 4096 --repeat 2 \
-          --triton-cache /tmp/tc-l3r --configs noprefix,noprefix-v1,noprefix-relay --out "$out/e2e_llama3_runners.json" ;;
+          --triton-cache /tmp/tc-l3r --configs noprefix,noprefix-relay --out "$out/e2e_llama3_runners.json" ;;
     l2_n1000) $bt --model "$m2" --prefix-len 2048 --num-prompts 1000 --max-model-len 5120 --workloads single,multi \
           --triton-cache /tmp/tc-l2 --configs relay,noprefix,default --out "$out/e2e_llama2_n1000.json" ;;
     prof_l2) $bt --model "$m2" --prefix-len 2048 --num-prompts 1000 --max-model-len 5120 --profile 100,8 \
@@ -127,7 +127,7 @@ for step in "$@"; do
     tp8192) $bt --model "$m2" --prefix-len 8192 --num-prompts 500 --max-model-len 9000 \
               --configs default,relay --out "$out/tp_8192.json" ;;
     ref2048) $bt --model "$m2" --prefix-len 2048 --num-prompts 1000 --max-model-len 4096 \
-              --configs noprefix,v1,bench --out "$out/ref_2048.json" ;;
+              --configs noprefix,bench --out "$out/ref_2048.json" ;;
     noprefix) $bt --model "$m2" --prefix-len 2048 --num-prompts 1000 --max-model-len 4096 \
               --configs noprefix,noprefix-relay --out "$out/noprefix.json" ;;
   esac

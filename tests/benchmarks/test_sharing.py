@@ -24,8 +24,6 @@ def test_points_and_requests():
     assert {tuple(p[50:150]) for p in prompts[:3]} == {tuple(prompts[0][50:150])}  # one document, 3 questions
     ceiling, n, _ = bench.requests(points[-1], "ceiling", random.Random(0), 32000, system)
     assert ceiling == [[1]] * 6 and n == 4  # the shared part cut
-    v1 = bench.requests(points[-1], "ceiling-v1", random.Random(0), 32000, system)[0]
-    assert v1 == ceiling  # only its runner differs
     prompts, n, shared = bench.requests(points[1], "relay", random.Random(0), 32000, system)
     assert len(prompts[0]) == 1024 == shared and n == 256
 
@@ -93,17 +91,17 @@ def test_markdown_table_has_a_row_per_point_with_the_ratios():
         return {"rows": [{**p, "elapsed_s": 1000 / speed, "tokens_per_s": speed, "ms_per_step": 100 / speed}
                          for p in points]}
 
-    results = {"ceiling": rows(1000.0), "relay": rows(800.0), "default": rows(100.0), "cascade": rows(400.0)}
+    results = {"ceiling": rows(1000.0), "relay": rows(800.0), "default": rows(100.0)}
     md = bench.markdown(results, card, SHAPE, args)
     lines = [line for line in md.splitlines() if line.startswith("| workload=")]
     assert len(lines) == len(points)
-    # relay / default, relay / cascade, and the most relay / bound can be (samples only)
-    assert lines[0].split(" | ")[-3:-1] == ["8.00", "2.00"] and lines[0].endswith(" |")
+    # relay / default, and the most relay / bound can be (samples only)
+    assert lines[0].split(" | ")[-2] == "8.00" and lines[0].endswith(" |")
     assert all(float(line.split(" | ")[-1].rstrip(" |")) < 1 for line in lines if "samples" in line)
-    assert lines[-1].endswith("| 0.25 | | | | | |")  # latency rows: no bound, no ratios
+    assert lines[-1].endswith("| 1.00 | | | | |")  # latency rows: no bound, no ratios
     assert "no engine can skip" in md
     assert all(line.count("|") == lines[0].count("|") for line in lines)
-    assert lines[-1].split(" | ")[1:5] == ["0.10", "0.12", "1.00", "0.25"]  # latency: ms per step
+    assert lines[-1].split(" | ")[1:4] == ["0.10", "0.12", "1.00"]  # latency: ms per step
 
 
 def test_plot_draws_a_panel_per_prompt_length_context_and_tree(tmp_path):

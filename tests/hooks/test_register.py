@@ -116,3 +116,23 @@ def test_patches_revert_and_ledger_lists_them():
             assert f"`{name}`" in ledger, f"{name} is patched but not in patches/README.md"
     finally:
         vllm_relay.register()
+
+
+@pytest.mark.engine
+def test_every_change_a_running_relay_engine_makes_is_in_the_ledger(tmp_path):
+    """A relay engine (engine core and worker in one process) serves a registered prompt: every
+    patched attribute and every attribute set on one of vLLM's objects is listed in
+    patches/README.md (an instance change under its class or one of its bases)."""
+    from tests.e2e.engine_runner import run_module
+    from vllm_relay.testing.models import get_model
+
+    spec = {"engine": {"attention_backend": "relay"}, "model": get_model("tiny-llama-mha")}
+    got = run_module("tests.hooks.run_instance_ledger", spec, tmp_path, "ledger")
+    ledger = (REPO / "patches" / "README.md").read_text()
+    for name in got["patched"]:
+        assert f"`{name}`" in ledger, f"{name} is patched but not in patches/README.md"
+    names = {alternative for change in got["instances"] for alternative in change}
+    for change in got["instances"]:
+        assert any(f"`{n}`" in ledger for n in change), f"{change[0]} (instance) is not in patches/README.md"
+    # The engine core's own changes were made (the check above saw them).
+    assert {"EngineCore.vllm_relay", "EngineCore.relay_stats", "Request._vllm_relay"} <= names, names

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from vllm_relay.hooks._patch import swap
 from vllm_relay.protocol import read_tag
 
 
@@ -100,7 +101,7 @@ def _tag(state):
     except AttributeError:
         tag = read_tag(state.sampling_params)
         try:
-            state._vllm_relay_tag = tag
+            swap(state, "_vllm_relay_tag", tag)
         except AttributeError:  # a slotted state: parse every step
             pass
         return tag
@@ -135,7 +136,8 @@ def _batch_rows(runner, num_reqs: int, page_size: int) -> _BatchRows:
         else:
             req_slot[i], req_shift[i] = t.slot, t.system_len
     req_slot.flags.writeable = req_shift.flags.writeable = False
-    rows = runner._relay_rows = _BatchRows(ids, req_slot, req_shift, fills)
+    rows = _BatchRows(ids, req_slot, req_shift, fills)
+    swap(runner, "_relay_rows", rows)
     return rows
 
 
@@ -146,7 +148,8 @@ def _shift_buffer(runner):
     `_prepare_inputs` runs inside the runner's `synchronize_input_prep`, as vLLM's own buffers."""
     buf = getattr(runner, "_relay_shift", None)
     if buf is None:
-        buf = runner._relay_shift = runner._make_buffer(runner.max_num_tokens, dtype=torch.int64)
+        buf = runner._make_buffer(runner.max_num_tokens, dtype=torch.int64)
+        swap(runner, "_relay_shift", buf)
     return buf
 
 

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vllm_relay.hooks._patch import swap
+
 
 @dataclass
 class _Hit:
@@ -53,8 +55,8 @@ class CacheHitMemo:
         if not applies(manager):
             return None
         memo = cls(manager)
-        manager.coordinator.find_longest_cache_hit = memo.find_longest_cache_hit
-        manager.estimate_cached_tokens = memo.estimate_cached_tokens
+        swap(manager.coordinator, "find_longest_cache_hit", memo.find_longest_cache_hit)
+        swap(manager, "estimate_cached_tokens", memo.estimate_cached_tokens)
         return memo
 
     def find_longest_cache_hit(self, block_hashes, max_cache_hit_length: int) -> tuple[tuple[list], int, int]:

@@ -41,6 +41,7 @@ from vllm_relay.engine.requests import (
     strip_forged_tag,
 )
 from vllm_relay.engine.vllm_calls import vllm_method
+from vllm_relay.hooks._patch import swap
 from vllm_relay.protocol import TAG_KEY
 from vllm_relay.stats import RelayCounters, merge_worker_stats, summary_line
 from vllm_relay.system_prompts import SystemPrompt, SystemPromptRegistry, match_filling, route
@@ -130,16 +131,16 @@ class RelayEngine:
 
         check(core.scheduler)
         relay = cls(core, RelayConfig.from_vllm(core.vllm_config.additional_config))
-        setattr(core, ENGINE_ATTR, relay)
-        setattr(core.scheduler, ENGINE_ATTR, relay)
+        swap(core, ENGINE_ATTR, relay)
+        swap(core.scheduler, ENGINE_ATTR, relay)
         if core.request_block_hasher is not None:  # a prompt's blocks hashed once for its repeats
-            core.request_block_hasher = PromptHashMemo(core.request_block_hasher,
-                                                       core.scheduler.hash_block_size)
+            swap(core, "request_block_hasher", PromptHashMemo(core.request_block_hasher,
+                                                              core.scheduler.hash_block_size))
         # and looked up in the prefix cache once for them (None where vLLM's lookup is not the plain walk)
         relay.cache_hits = None if envs.VLLM_RELAY_CACHE_HITS == 0 else CacheHitMemo.install(
             core.scheduler.kv_cache_manager)
         for call, method in UTILITY_CALLS.items():
-            setattr(core, call, getattr(relay, method))
+            swap(core, call, getattr(relay, method))
         relay.fills.startup()
         if relay.config.system_prompts:
             relay._last_line = relay.summary()
@@ -269,7 +270,7 @@ class RelayEngine:
                 self.registry.release(prompt)
             raise
         held = filling is not None
-        setattr(req, INFO_ATTR, RelayInfo(prompt, held=held, original=request if held else None,
+        swap(req, INFO_ATTR, RelayInfo(prompt, held=held, original=request if held else None,
                                           acquired=not held))
         return req, wave
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from vllm_relay.engine.requests import INFO_ATTR, RelayInfo
 from vllm_relay.engine.vllm_calls import vllm_method
+from vllm_relay.hooks._patch import swap
 from vllm_relay.protocol import RelayTag, tag
 from vllm_relay.system_prompts import SystemPrompt, SystemPromptRegistry
 from vllm_relay.system_prompts.fill import fill_request_id, fill_salt
@@ -146,7 +147,7 @@ class Fills:
             lora_request=None, cache_salt=fill_salt(prompt, self.secret), data_parallel_rank=None,
         )
         req, _ = vllm_method("preprocess_add_request")(core, request)
-        setattr(req, INFO_ATTR, RelayInfo(prompt, fill=True))
+        swap(req, INFO_ATTR, RelayInfo(prompt, fill=True))
         self.in_flight[rid] = prompt
         self.hidden.add(rid)
         try:

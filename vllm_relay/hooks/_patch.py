@@ -5,6 +5,9 @@ from typing import Any
 # (owner, attribute name) -> original value; insertion-ordered so revert_all undoes in reverse.
 _ORIGINALS: dict[tuple[Any, str], Any] = {}
 _ABSENT = object()  # the original of an attribute the patch adds: reverting deletes it
+# Every instance-level change made in this process, for the ledger test: for each, the names
+# "Class.name" of the instance's class and its bases (the ledger lists it under one of them).
+_INSTANCE_CHANGES: set[tuple[str, ...]] = set()
 
 
 def patch(owner: Any, name: str, replacement: Any) -> None:
@@ -33,3 +36,14 @@ def revert_all() -> None:
         else:
             setattr(owner, name, value)
     _ORIGINALS.clear()
+
+
+def swap(instance: Any, name: str, value: Any) -> None:
+    """Set `instance.name = value` on one vLLM object (not its class), recorded for the ledger:
+    every such change is listed in patches/README.md. `name` "__class__" swaps the object's class."""
+    _INSTANCE_CHANGES.add(tuple(f"{c.__name__}.{name}" for c in type(instance).__mro__[:-1]))
+    setattr(instance, name, value)
+
+
+def instance_changes() -> list[tuple[str, ...]]:
+    return sorted(_INSTANCE_CHANGES)

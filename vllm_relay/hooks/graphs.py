@@ -44,6 +44,7 @@ from vllm.v1.worker.gpu.cudagraph_utils import (
 )
 
 from vllm_relay import envs
+from vllm_relay.hooks._patch import swap
 
 
 @dataclass(frozen=True)
@@ -134,6 +135,6 @@ def relay_graphs(manager, model_state) -> None:
     """Make vLLM's graph manager `manager` relay's (the instance's class swapped), serving `model_state`."""
     if type(manager) is not ModelCudaGraphManager:
         raise RuntimeError(f"vllm-relay: unexpected CUDA graph manager {type(manager).__name__}")
-    manager.__class__ = RelayCudaGraphManager
-    manager.relay_state = model_state
+    swap(manager, "__class__", RelayCudaGraphManager)
+    swap(manager, "relay_state", model_state)
     manager.add_level_twins()

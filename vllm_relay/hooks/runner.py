@@ -1,7 +1,7 @@
 """Worker hooks on vLLM's V1 model runner, which vLLM's CPU build runs: relay requests' positions and
 the step's relay facts. (On GPUs relay runs on Model Runner V2: hooks/model_runner.py.)"""
 
-from vllm_relay.hooks._patch import original, patch
+from vllm_relay.hooks._patch import original, patch, swap
 from vllm_relay.protocol import relay_enabled
 
 
@@ -14,8 +14,9 @@ def _prepare_inputs(self, scheduler_output, num_scheduled_tokens):
         pages = getattr(self, "_relay_pages", None)
         if pages is None:
             cfg = RelayConfig.from_vllm(self.vllm_config.additional_config)
-            pages = self._relay_pages = step.slot_pages_for(cfg, self.cache_config.block_size)
-            self._relay_auto_levels = cfg.auto_levels and cfg.shared_path != "never"
+            pages = step.slot_pages_for(cfg, self.cache_config.block_size)
+            swap(self, "_relay_pages", pages)
+            swap(self, "_relay_auto_levels", cfg.auto_levels and cfg.shared_path != "never")
         step.prepare(self, num_scheduled_tokens, pages, self.cache_config.block_size, self._relay_auto_levels)
         if step._current is not None:
             from vllm_relay.attention.workers import find_step_levels
