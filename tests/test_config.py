@@ -1,4 +1,4 @@
-"""RelayConfig validation, from_vllm and env overrides. CPU only, no vLLM needed."""
+"""RelayConfig validation, from_vllm, the prompts file and envs.py. CPU only, no vLLM needed."""
 
 import json
 import os
@@ -117,29 +117,10 @@ def test_from_vllm_section_not_a_dict():
         RelayConfig.from_vllm({"relay": []})
 
 
-def test_env_overrides(monkeypatch):
-    monkeypatch.setenv("VLLM_RELAY_MAX_PROMPTS", "3")
-    monkeypatch.setenv("VLLM_RELAY_MAX_PROMPT_TOKENS", "1024")
-    c = RelayConfig.from_vllm({"relay": {"max_prompts": 8, "max_prompt_tokens": 4096}})
-    assert (c.max_prompts, c.max_prompt_tokens) == (3, 1024)
-
-
-def test_env_override_is_validated(monkeypatch):
-    monkeypatch.setenv("VLLM_RELAY_MAX_PROMPT_TOKENS", "0")
-    with pytest.raises(ValueError, match=r"max_prompt_tokens=0: must be an int >= 1"):
-        RelayConfig.from_vllm(None)
-
-
-def test_env_not_an_int(monkeypatch):
-    monkeypatch.setenv("VLLM_RELAY_MAX_PROMPTS", "two")
-    with pytest.raises(ValueError, match=r"VLLM_RELAY_MAX_PROMPTS='two': not an integer"):
-        RelayConfig.from_vllm(None)
-
-
-def test_env_empty_means_unset(monkeypatch):
-    monkeypatch.setenv("VLLM_RELAY_MAX_PROMPTS", "")
-    assert envs.VLLM_RELAY_MAX_PROMPTS is None and not envs.is_set("VLLM_RELAY_MAX_PROMPTS")
-    assert RelayConfig.from_vllm(None).max_prompts == 2
+def test_prompts_file_empty_means_unset(monkeypatch):
+    monkeypatch.setenv("VLLM_RELAY_SYSTEM_PROMPTS_FILE", "")
+    assert envs.VLLM_RELAY_SYSTEM_PROMPTS_FILE is None and not envs.is_set("VLLM_RELAY_SYSTEM_PROMPTS_FILE")
+    assert RelayConfig.from_vllm({"relay": {"system_prompts": {"a": "x"}}}).system_prompts == {"a": "x"}
 
 
 def test_prompts_file_merged(monkeypatch, tmp_path):

@@ -1,9 +1,10 @@
 """`RelayConfig`: the plugin's one configuration surface.
 
-Sources, later ones winning: the dataclass defaults, `--additional-config '{"relay": {...}}'`,
-then the `VLLM_RELAY_*` variables of `envs.py`. Everything is validated in `__post_init__`, so a
-bad value fails at start-up with a message naming the field, its value and the limit, instead of
-as a shape error inside a kernel.
+Sources: the dataclass defaults, then `--additional-config '{"relay": {...}}'`, whose keys are the
+one way to set the fields; the prompts file named by `VLLM_RELAY_SYSTEM_PROMPTS_FILE` (`envs.py`)
+adds to `system_prompts`, its entries winning on a name clash. Everything is validated in
+`__post_init__`, so a bad value fails at start-up with a message naming the field, its value and
+the limit, instead of as a shape error inside a kernel.
 """
 
 from __future__ import annotations
@@ -170,7 +171,8 @@ class RelayConfig:
 
     @classmethod
     def from_vllm(cls, additional_config: Mapping[str, Any] | None) -> RelayConfig:
-        """Build from vLLM's `additional_config` (its "relay" section), then apply env overrides.
+        """Build from vLLM's `additional_config` (its "relay" section), with the prompts file of
+        `VLLM_RELAY_SYSTEM_PROMPTS_FILE` merged into its `system_prompts`.
 
         Unknown keys are an error rather than ignored: a typo such as "max_prompt" would
         otherwise silently leave the default in place.
@@ -191,10 +193,6 @@ class RelayConfig:
                 f"valid keys are {valid}"
             )
         kwargs = dict(section)
-        if (max_prompts := envs.VLLM_RELAY_MAX_PROMPTS) is not None:
-            kwargs["max_prompts"] = max_prompts
-        if (max_prompt_tokens := envs.VLLM_RELAY_MAX_PROMPT_TOKENS) is not None:
-            kwargs["max_prompt_tokens"] = max_prompt_tokens
         if (path := envs.VLLM_RELAY_SYSTEM_PROMPTS_FILE) is not None:
             prompts = kwargs.get("system_prompts") or {}
             if not isinstance(prompts, Mapping):

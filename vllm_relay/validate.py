@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from vllm_relay import envs
 from vllm_relay.config import RelayConfig
 from vllm_relay.system_prompts.fill import Encode, RenderChat, prompt_token_ids
 
@@ -88,6 +89,7 @@ def validate_engine_config(vllm_config) -> dict[str, list[int]]:
 
     Raises ValueError naming the setting or prompt at fault.
     """
+    envs.check()
     config = RelayConfig.from_vllm(vllm_config.additional_config)
     tools = PromptTools(vllm_config)
     # The block size is final here only if the user chose it: otherwise the engine picks the

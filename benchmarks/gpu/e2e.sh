@@ -13,30 +13,14 @@
 #   graphs_l3        Llama-3-8B, P=2048, 1000 requests: vLLM's default and relay with vLLM's largest CUDA graph
 #                    (512: decode batches above it run eagerly) and with graphs up to 1024 (<out>/graphs_l3_*.json)
 #   single2          the headline ratio to no prompt: Llama-2-7B shape, P=2048, 1000 requests, relay and no system prompt,
-#                    each engine run twice (about 4 min); with VARIANTS (comma-separated VAR=value tuning knobs), relay again
-#                    under each into single_llama2_VAR-value.json (no "=": the device tool leaves such names behind): an A/B in one job (l2_8192 takes VARIANTS too)
+#                    each engine run twice (about 4 min); with VARIANTS (comma-separated VAR=value environment
+#                    settings, e.g. VLLM_RELAY_UNSPLIT_GRAPHS=0), relay again under each into single_llama2_VAR-value.json
+#                    (no "=": the device tool leaves such names behind): an A/B in one job (l2_8192 takes VARIANTS too)
 #   single2r         single2 with the relay backend on the same requests without the prompt (noprefix-relay)
 #                    beside: how much of relay's gap to no-prompt is the relay backend itself rather than relay's
 #                    work (about 8 min)
-#   single2g         single2 with relay's graphs also holding every level their tokens can form
-#                    (VLLM_RELAY_GRAPH_LEVELS=0, the code before the cap) beside: what the cap gains (about 7 min)
-#   single2s         the same with relay's graph levels left to FA3's split choice (VLLM_RELAY_GRAPH_ONE_SPLIT=0)
-#                    beside: what the planner's one split gains (about 7 min)
-#   single2o         the same with relay's levels in vLLM's stream after the context call (VLLM_RELAY_LEVEL_STREAM=0)
-#                    beside: what running them on a second stream, concurrently, gains (about 7 min)
-#   single2p         the same with that stream at priority 0 (VLLM_RELAY_LEVEL_STREAM_PRIORITY=0; the default -1)
-#   single2u         the same with every level unsplit (VLLM_RELAY_LEVEL_SPLITS=1: no split combine captured)
-#   single2e         the same with the level stream in full-graph steps only (VLLM_RELAY_LEVEL_STREAM=2: the
-#                    default, so the A/B pair is now alike)
-#   single2k         the same with a graph's levels capped at one besides the system prompts' (VLLM_RELAY_GRAPH_LEVELS=1:
-#                    FA3's split combine runs a grid over every group the graph holds, 2 + 64 by default)
-#   single2a         the same with the level stream in every step (VLLM_RELAY_LEVEL_STREAM=1, the default before)
-#   single2m         the same with vLLM not taking its CUDA-graph memory estimate from the KV cache
+#   single2m         single2, then relay with vLLM not taking its CUDA-graph memory estimate from the KV cache
 #                    (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0: a larger KV cache)
-#   joint2 joint2_8192  relay alone with its levels and context as two calls (VLLM_RELAY_JOINT=0), then as one
-#                    (the default), P=2048 / 8192, 1000 requests, REPEAT runs each (default 2; about 7 min)
-#   l2_8192u         N=1000 REPEAT=2 l2_8192 of relay and no prompt, then relay with VLLM_RELAY_LEVEL_SPLITS=1
-#   l2_8192k         the same, then relay with VLLM_RELAY_GRAPH_LEVELS=1 (single2k at P=8192)
 #   multi2 multi3    the multi-prompt workload (four system prompts, 20% plain requests), 1000 requests, each
 #                    engine run twice: relay, no system prompt, vLLM's default (Llama-2-7B / Llama-3-8B shapes;
 #                    CONFIGS=relay,noprefix leaves the default out: on the H100 the three outgrow a 570 s call)
@@ -90,18 +74,11 @@ for step in "$@"; do
       c=${CONFIGS:-relay,noprefix}; f=single_llama2; [ $step = single2r ] && c=$c,noprefix-relay && f=${f}_runners
       a="--model $m2 --prefix-len 2048 --num-prompts 1000 --max-model-len 5120 --repeat 2"
       $bt $a --configs $c --out "$out/$f.json" && variants "$a" $f ;;
-    single2g|single2s|single2o|single2p|single2u|single2e|single2a|single2k|single2m)
+    single2m)
       a="--model $m2 --prefix-len 2048 --num-prompts 1000 --max-model-len 5120 --repeat 2"
-      v=VLLM_RELAY_GRAPH_LEVELS; f=single_llama2_graph_levels; x=0
-      [ $step = single2s ] && v=VLLM_RELAY_GRAPH_ONE_SPLIT && f=single_llama2_one_split
-      [ $step = single2o ] && v=VLLM_RELAY_LEVEL_STREAM && f=single_llama2_level_stream
-      [ $step = single2p ] && v=VLLM_RELAY_LEVEL_STREAM_PRIORITY && f=single_llama2_stream_priority
-      [ $step = single2u ] && v=VLLM_RELAY_LEVEL_SPLITS && f=single_llama2_level_splits && x=1
-      [ $step = single2e ] && v=VLLM_RELAY_LEVEL_STREAM && f=single_llama2_level_stream && x=2
-      [ $step = single2a ] && v=VLLM_RELAY_LEVEL_STREAM && f=single_llama2_level_stream && x=1
-      [ $step = single2k ] && x=1
-      [ $step = single2m ] && v=VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS && f=single_llama2_graph_estimate
-      $bt $a --configs relay,noprefix --out "$out/$f.json" && env $v=$x $bt $a --configs relay --out "$out/$f$x.json" ;;
+      f=single_llama2_graph_estimate
+      $bt $a --configs relay,noprefix --out "$out/$f.json" &&
+        env VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0 $bt $a --configs relay --out "$out/${f}0.json" ;;
     multi2|multi3)
       m=$m2; [ $step = multi3 ] && m=$m3
       $bt --model "$m" --prefix-len 2048 --num-prompts 1000 --max-model-len 5120 --workloads multi --repeat 2 \
@@ -110,15 +87,6 @@ for step in "$@"; do
       a="--model $m2 --prefix-len 8192 --num-prompts $N --max-model-len 9000 --repeat ${REPEAT:-1}"
       $bt $a --configs "${CONFIGS:-default,relay,noprefix}" --out "$out/e2e_llama2_8192.json" &&
         variants "$a" e2e_llama2_8192 ;;
-    l2_8192u|l2_8192k)
-      a="--model $m2 --prefix-len 8192 --num-prompts 1000 --max-model-len 9000 --repeat 2"
-      v=VLLM_RELAY_LEVEL_SPLITS; f=e2e_llama2_8192_splits
-      [ $step = l2_8192k ] && v=VLLM_RELAY_GRAPH_LEVELS && f=e2e_llama2_8192_graph_levels
-      $bt $a --configs relay,noprefix --out "$out/$f.json" && env $v=1 $bt $a --configs relay --out "$out/${f}1.json" ;;
-    joint2|joint2_8192)
-      P=2048; L=5120; [ $step = joint2_8192 ] && P=8192 && L=9000
-      a="--model $m2 --prefix-len $P --num-prompts 1000 --max-model-len $L --repeat ${REPEAT:-2} --configs relay"
-      for j in 0 1; do VLLM_RELAY_JOINT=$j $bt $a --out "$out/joint_llama2_${P}_joint-$j.json"; done ;;
     serve2) $bs --model "$m2" --rates "$RATES" --duration "$DUR" --out "$out/serving_llama2.json" ;;
     serve3) $bs --model "$m3" --rates "$RATES" --duration "$DUR" --configs "${SERVE_CONFIGS:-default,relay}" \
               --rounds "${ROUNDS:-1}" --out "$out/serving_llama3.json" ;;

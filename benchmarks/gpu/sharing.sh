@@ -5,8 +5,6 @@
 #   samples2    Hydragen's sweep on the Llama-2-7B shape: P in $PS, n in $NS, 128 output tokens; with VARIANTS
 #               (comma-separated VAR=value tuning knobs), relay again under each into
 #               sharing_samples_llama2_VAR-value.json: an A/B in one job (samples2x: the same step)
-#   samples2h   samples2, then relay again with VLLM_RELAY_CACHE_HITS=0 (vLLM's prefix-cache walk for every
-#               sample, engine/cache_hits.py off) into sharing_samples_llama2_walk.json: what the memo gains
 #   samples3    the same on the Llama-3-8B shape
 #   latency2    decode-step latency against n at contexts $CS (bifurcated attention's figure)
 #   tree2       a 2048-token system prompt over 8 documents x 4 questions x 8 samples: relay, relay
@@ -45,10 +43,6 @@ for step in "$@"; do
                  env "$v" $sb --model "$m2" --workloads samples --prefix-lens "$PS" --ns "$NS" --configs relay \
                    --repeat "$REPEAT" --out "$out/sharing_samples_llama2_${v/=/-}.json"
                done ;;
-    samples2h) $sb --model "$m2" --workloads samples --prefix-lens "$PS" --ns "$NS" --configs "$CONFIGS" \
-                --repeat "$REPEAT" --out "$out/sharing_samples_llama2.json" &&
-               VLLM_RELAY_CACHE_HITS=0 $sb --model "$m2" --workloads samples --prefix-lens "$PS" --ns "$NS" \
-                --configs relay --repeat "$REPEAT" --out "$out/sharing_samples_llama2_walk.json" ;;
     samples3) $sb --model "$m3" --workloads samples --prefix-lens "$PS" --ns "$NS" --configs "$CONFIGS" \
                 --out "$out/sharing_samples_llama3.json" ;;
     latency2) $sb --model "$m2" --workloads latency --contexts "$CS" --latency-ns 1,8,64 --configs relay,default \

@@ -36,8 +36,13 @@ def vllm_config(shared_path="auto", dtype=torch.float32, full_graphs=False, auto
     )
 
 
+# The planner's keyword choices (`RelayPlanner`'s tuning keywords) every planner a test makes gets;
+# a test sets one with monkeypatch.setitem(TUNED, ...).
+TUNED: dict = {}
+
+
 def make_planner(device="cpu", **kwargs):
-    return RelayPlanner(vllm_config(**kwargs), SimpleNamespace(block_size=BLOCK), device)
+    return RelayPlanner(vllm_config(**kwargs), SimpleNamespace(block_size=BLOCK), device, **TUNED)
 
 
 class World:
@@ -161,18 +166,9 @@ def random_batch(rng, n):
     return batch
 
 
-KERNELS = {  # the levels: fused launch (its torch twin, or the Triton kernel interpreted), or flash
-    "fused-torch": {"VLLM_RELAY_LEVEL_KERNEL": "triton"},
-    "fused-triton": {"VLLM_RELAY_LEVEL_KERNEL": "triton", "TRITON_INTERPRET": "1"},
-    "flash": {"VLLM_RELAY_LEVEL_KERNEL": "flash"}}
-
-
-@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("shared_path", ["auto", "always", "never"])
 @pytest.mark.parametrize("seed", range(4))
-def test_plan_is_exact_on_random_mixed_batches(kernel, shared_path, seed, monkeypatch):
-    for name, value in KERNELS[kernel].items():
-        monkeypatch.setenv(name, value)
+def test_plan_is_exact_on_random_mixed_batches(shared_path, seed, monkeypatch):
     monkeypatch.setitem(planner_module.MIN_SAVED_TOKENS, ("cpu", True), 64)  # small batches do share
     rng = np.random.default_rng(seed)
     world = World(random_batch(rng, int(rng.integers(1, 14))), torch.float32, "cpu", seed)
@@ -248,7 +244,7 @@ def test_prompt_chunks_that_fill_their_query_tiles_read_the_prompt_in_their_cont
     assert ctx_lens[0] == SLOT_PAGES[0] * BLOCK + 40 and ctx_lens[1] == 50  # the prompt in the context, or not
     assert ctx_lens[9] == 100 and ctx_lens[10] == 110 - 3 * BLOCK
     assert planner.stats["prefix_requests"] == 1
-    monkeypatch.setenv("VLLM_RELAY_CHUNK_LEVELS", "1")  # the A/B knob: every chunk reads levels
+    monkeypatch.setitem(TUNED, "chunk_levels", True)  # the other form: every chunk reads levels
     planner = make_planner()
     plan = planner.plan(cm, world.step())
     run_and_check(world, plan, cm)
@@ -429,8 +425,8 @@ def test_padded_graph_step_with_no_relay_request_still_writes_a_valid_plan(monke
     """A full-graph decode step of plain requests (relay on, nothing shared) replays vLLM's own graph,
     which reads the context tables the plan writes: they equal vLLM's. The levels' graph captured
     for the same size holds the levels, empty here, and harmless (here its levels as their own call,
-    VLLM_RELAY_JOINT=0; the joint form: test_joint_graph_is_sized_by_its_tokens)."""
-    monkeypatch.setenv("VLLM_RELAY_JOINT", "0")
+    joint=False; the joint form: test_joint_graph_is_sized_by_its_tokens)."""
+    monkeypatch.setitem(TUNED, "joint", False)
     batch = [(-1, 30, 1, -1, 0), (-1, 7, 1, -1, 0), (-1, 100, 1, -1, 0)]
     world = World(batch, torch.float32, "cpu", 0)
     planner = make_planner(shared_path="always", full_graphs=True)
@@ -482,7 +478,7 @@ def test_a_graph_holds_at_most_its_levels_the_shallowest_first(monkeypatch):
     """A full graph's levels past the slots' are capped (FlashAttention-3 combines its splits over
     every group the graph holds): a decode step that a graph runs keeps the shallowest levels and
     reads the deeper ones in its context, exact; the same requests in an eager step keep them all."""
-    monkeypatch.setenv("VLLM_RELAY_GRAPH_LEVELS", "1")
+    monkeypatch.setitem(TUNED, "graph_levels", 1)
     # A document of 4 pages under rows 0-7, three pairs of them sharing 2 pages more; another pair
     # of requests sharing 6 pages: two levels at depth 0, three at depth 1.
     batch = [(-1, 120, 1, -1, 0), (-1, 110, 1, 0, 4), (-1, 111, 1, 1, 6), (-1, 112, 1, 0, 4), (-1, 113, 1, 3, 6),
@@ -507,7 +503,7 @@ def test_a_graph_holds_at_most_its_levels_the_shallowest_first(monkeypatch):
 
 def test_graph_levels_run_unsplit_when_their_tiles_fill_the_gpu(monkeypatch):
     """The plan asks for one split (ops.force_one_split) in graph steps whose levels' query tiles fill
-    ONE_SPLIT_FILL of the multiprocessors; never eagerly, never with the knob at 0; exact either way."""
+    ONE_SPLIT_FILL of the multiprocessors; never eagerly, never with one_split off; exact either way."""
     from vllm_relay.attention.rules import LEVEL_TILE_ROWS, ONE_SPLIT_FILL, graph_one_split
 
     assert graph_one_split(np.array([3 * LEVEL_TILE_ROWS]), 1, 32, 132)  # 96 tiles of 132 SMs
@@ -517,10 +513,10 @@ def test_graph_levels_run_unsplit_when_their_tiles_fill_the_gpu(monkeypatch):
     batch = [(0, 30, 1, -1, 0), (0, 40, 1, -1, 0), (-1, 100, 1, -1, 0), (-1, 90, 1, 2, 5)]
     world = World(batch, torch.float32, "cpu", 2)
     world.record_fills()
-    monkeypatch.setenv("VLLM_RELAY_JOINT", "0")  # a joint call splits as FA3 decides (backend.py)
-    for knob, sms, graph, expected in (("", 1, True, True), ("", 1000, True, False), ("", 1, False, False),
-                                       ("0", 1, True, False)):
-        monkeypatch.setenv("VLLM_RELAY_GRAPH_ONE_SPLIT", knob)
+    monkeypatch.setitem(TUNED, "joint", False)  # a joint call splits as FA3 decides (backend.py)
+    for one_split, sms, graph, expected in ((True, 1, True, True), (True, 1000, True, False), (True, 1, False, False),
+                                            (False, 1, True, False)):
+        monkeypatch.setitem(TUNED, "one_split", one_split)
         planner = make_planner(shared_path="always", full_graphs=graph)
         planner.num_sms = sms
         cm = world.cm(pad_reqs=2, pad_tokens=2) if graph else world.cm()
@@ -559,22 +555,20 @@ def test_graph_steps_run_levels_only_in_the_levels_graph(monkeypatch):
     assert eager.plan(world.cm(), None) is None  # plain attention, vLLM's own tables
 
 
-@pytest.mark.parametrize("kernel", ["flash", "triton"])
-def test_plan_tensors_are_aligned_views_of_exact_length(kernel, monkeypatch):
+@pytest.mark.parametrize("joint", [True, False])
+def test_plan_tensors_are_aligned_views_of_exact_length(joint, monkeypatch):
     # Kernels compiled at start-up assume 16-byte aligned pointers (Triton specializes on it): every
     # persistent plan tensor starts 128-byte aligned in the one staging buffer, at its own length.
-    monkeypatch.setenv("VLLM_RELAY_LEVEL_KERNEL", kernel)
+    monkeypatch.setitem(TUNED, "joint", joint)
     planner = make_planner(full_graphs=True)
-    G, joint = planner.max_seqs, planner.max_reqs if kernel == "flash" else 0  # a joint call's tokens
-    assert planner.joint == (kernel == "flash") and G >= planner.max_groups
-    views = {"ctx_front": None, "ctx_slot": None, "ctx_skip": None, "perm": planner.max_level_rows + joint,
-             "cu": G + 1 + joint,
+    G, tokens = planner.max_seqs, planner.max_reqs if joint else 0  # a joint call's tokens
+    assert planner.joint == joint and G >= planner.max_groups
+    views = {"ctx_front": None, "ctx_slot": None, "ctx_skip": None, "perm": planner.max_level_rows + tokens,
+             "cu": G + 1 + tokens,
              "lens": G, "group_row": G, "group_start": G, "group_own": G, "group_front": G, "group_slot": G,
-             "tiles": planner.tile_cap, "_row_index": planner.max_depth * planner.max_tokens}
+             "_row_index": planner.max_depth * planner.max_tokens}
     for name, length in views.items():
         t = getattr(planner, name)
-        if t.numel() == 0:  # the fused level's tiles, with the FlashAttention levels: none
-            continue
         assert (t.data_ptr() - planner.staging.dev.data_ptr()) % 128 == 0, name  # CUDA buffers start 256-aligned
         if length is not None:
             assert t.shape[0] == length, (name, t.shape)
@@ -595,18 +589,17 @@ def test_step_with_fewer_requests_than_prepared_raises():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel,level_splits", [("triton", 8), ("flash", 8), ("flash", 1)])
+@pytest.mark.parametrize("level_splits", [8, 1])
 @pytest.mark.parametrize("group", [1, 4])
-def test_graph_replay_equals_eager_on_cuda(group, kernel, level_splits, monkeypatch):
+def test_graph_replay_equals_eager_on_cuda(group, level_splits):
     """Capture relay attention once (as vLLM captures a decode graph: plan with no relay request),
-    then for random decode batches (up to three levels per token with the FlashAttention levels)
+    then for random decode batches (up to three levels per token)
     write each plan into the same buffers and replay: bit-identical to running the same plan
     eagerly, and close to the fp32 reference. The levels' FlashAttention call split (up to 8) and
-    unsplit (VLLM_RELAY_LEVEL_SPLITS=1: no split combine over the graph's padded level)."""
+    unsplit (one split: no split combine over the graph's padded level)."""
     pytest.importorskip("vllm")
     from vllm.vllm_flash_attn import flash_attn_varlen_func
 
-    monkeypatch.setenv("VLLM_RELAY_LEVEL_KERNEL", kernel)
     global H_KV, GROUP
     H_KV, GROUP = 8 // group, group
     try:
@@ -676,12 +669,12 @@ def test_graph_replay_equals_eager_on_cuda(group, kernel, level_splits, monkeypa
             planner.levels_for(again)
             again.graph_levels = True
             planner.plan(cm_static, again)
-            assert (staged is not None and planner._staged is staged) == (kernel == "flash" and again.tree is step.tree)
+            assert (staged is not None and planner._staged is staged) == (again.tree is step.tree)
             out_static.zero_()
             graph.replay()
             assert torch.equal(out_static[:n], replayed)
         assert planner.stats["shared_tokens"] > 0
-        if kernel == "flash":  # trees: tokens under two and three levels were replayed
-            assert planner.stats["tokens_under_2_levels"] > 0 and planner.stats["tokens_under_3_levels"] > 0
+        # trees: tokens under two and three levels were replayed
+        assert planner.stats["tokens_under_2_levels"] > 0 and planner.stats["tokens_under_3_levels"] > 0
     finally:
         H_KV, GROUP = 2, 4

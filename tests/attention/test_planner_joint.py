@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.attention.test_planner import GROUP, World, make_planner, padded, random_batch, run_and_check
+from tests.attention.test_planner import GROUP, TUNED, World, make_planner, padded, random_batch, run_and_check
 from vllm_relay.attention import planner as planner_module
 from vllm_relay.attention import step as relay_step
 from vllm_relay.attention.rules import joint_tokens
@@ -87,8 +87,8 @@ def test_joint_graph_is_sized_by_its_tokens(monkeypatch):
 
 
 def test_joint_knob_off_keeps_two_calls(monkeypatch):
-    """VLLM_RELAY_JOINT=0: the levels as their own call beside the context call, the same output."""
-    monkeypatch.setenv("VLLM_RELAY_JOINT", "0")
+    """joint=False: the levels as their own call beside the context call, the same output."""
+    monkeypatch.setitem(TUNED, "joint", False)
     batch = [(0, 30, 1, -1, 0), (0, 45, 1, -1, 0), (-1, 100, 1, -1, 0), (-1, 90, 1, 2, 5)]
     world = World(batch, torch.float32, "cpu", 7)
     world.record_fills()

@@ -11,14 +11,13 @@ benchmarks/gpu/endpoints.sh).
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import requests
-
-from vllm_relay import envs
 
 API_KEY = "relay-test-key"
 SERVED_NAME = "tiny-relay"
@@ -136,10 +135,15 @@ def wait_for(check: Callable[[], object], timeout_s: float = WAIT_S, what: str =
         time.sleep(0.1)
 
 
+def _env(name: str) -> str | None:
+    """A test-harness variable (read here, not through vllm_relay.envs); empty reads as unset."""
+    return os.environ.get(name) or None
+
+
 @contextmanager
 def relay_server() -> Iterator[Server]:
-    if (url := envs.VLLM_RELAY_TEST_SERVER) is not None:
-        key = envs.VLLM_RELAY_TEST_API_KEY or ""
+    if (url := _env("VLLM_RELAY_TEST_SERVER")) is not None:
+        key = _env("VLLM_RELAY_TEST_API_KEY") or ""
         models = requests.get(
             url.rstrip("/") + "/v1/models", headers={"Authorization": f"Bearer {key}"}, timeout=60
         )

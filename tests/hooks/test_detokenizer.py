@@ -76,7 +76,6 @@ def texts(tok, req, outputs):
 def primed(monkeypatch):
     vllm_relay.register()
     monkeypatch.setattr(hook, "_enabled", True)
-    monkeypatch.delenv("VLLM_RELAY_DETOKENIZER_PRIME", raising=False)
     return monkeypatch
 
 
@@ -91,9 +90,9 @@ def test_primed_with_the_tail_the_text_is_vllms(name, primed):
             prompt += [rng.randrange(len(SPECIAL))] * rng.randrange(1, 200)
         outputs = [random_ids(rng, tok, rng.randrange(1, 4)) for _ in range(rng.randrange(1, 12))]
         req = request(rng, tok, prompt)
-        primed.setenv("VLLM_RELAY_DETOKENIZER_PRIME", "0")  # vLLM's own priming: the reference
+        primed.setattr(hook, "PRIME_TOKENS", 0)  # vLLM's own priming: the reference
         want = texts(tok, req, outputs)
-        primed.setenv("VLLM_RELAY_DETOKENIZER_PRIME", str(rng.choice([8, 32, 128])))
+        primed.setattr(hook, "PRIME_TOKENS", rng.choice([8, 32, 128]))
         assert texts(tok, req, outputs) == want, (prompt, outputs)
         skip = req.sampling_params.skip_special_tokens
         tails += len(prompt) > 128 and hook.tail_for(tok._tokenizer, prompt, skip, 128) is not prompt

@@ -26,7 +26,6 @@ from vllm.v1.attention.backends.flash_attn import (
     FlashAttentionMetadataBuilder,
 )
 
-from vllm_relay import envs
 from vllm_relay.attention.common import check_engine, check_layer, log_active, logger
 from vllm_relay.attention.planner import RelayPlanner
 from vllm_relay.ops import RelayPlan, force_one_split, graph_split_cap, relay_attention
@@ -80,13 +79,12 @@ class RelayMetadataBuilder(FlashAttentionMetadataBuilder):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         self.planner = RelayPlanner(vllm_config, kv_cache_spec, device, num_layers=len(layer_names))
         self.capturing = (False, False)  # (with the levels, unsplit)
-        if self.use_full_cuda_graph and self.aot_schedule and envs.VLLM_RELAY_GRAPH_SPLIT_CAP != 0:
+        if self.use_full_cuda_graph and self.aot_schedule:
             # FA3's split workspace in every graph, for the context and the levels' calls alike
             # (vLLM's cap, 32, is 8x what FA3 can use with 32 KV heads on an H100).
             self.max_num_splits = graph_split_cap(self.max_num_splits, self.planner.num_sms, self.num_heads_kv)
-        self.level_splits = envs.VLLM_RELAY_LEVEL_SPLITS or 0
         self.level_stream = level_stream(device)
-        self.level_stream_eager = level_stream_mode() == "all"
+        self.level_stream_eager = LEVEL_STREAM == "all"
         self.level_scheduler_metadata = None
         if self.use_full_cuda_graph and self.aot_schedule:
             self.level_scheduler_metadata = torch.zeros(1 + round_up(self.planner.max_call_seqs, 4) * 4,
@@ -116,26 +114,22 @@ class RelayMetadataBuilder(FlashAttentionMetadataBuilder):
             return meta
         meta = super().build(0, plan.context, fast_build)  # FlashAttention over the context tables
         level = plan.level
-        if level.fused is None:  # the FlashAttention levels (a fused level is one Triton launch)
-            if self.level_splits:  # a fixed split count, no ahead-of-time schedule (see envs)
-                level.call["num_splits"] = self.level_splits
-            else:
-                splits = meta.max_num_splits
-                if plan.joint and (level.call["seqused_k"].shape[0] > FA3_DYNAMIC_SPLIT_BATCHES
-                                   or (plan.one_split and not plan.graph)
-                                   or (plan.graph and (unsplit if capture else step.graph_unsplit))):
-                    splits = 1  # (FA3 would split every sequence alike, the tokens' too; or unsplit)
-                level.call["num_splits"] = splits
-                if plan.run_level or plan.graph:
-                    sched = self._schedule_level(level.call, splits, fast_build)
-                    if sched is not None:
-                        # The graph's levels unsplit this step (rules.graph_one_split), where the
-                        # schedule has FA3's layout; else FA3's split stands (the stat overcounts).
-                        if (plan.one_split and splits > 1
-                                and not force_one_split(sched, level.call["seqused_k"].shape[0])):
-                            logger.warning_once("vllm-relay: FlashAttention's schedule is not FA3's dynamic-split "
-                                                "layout: graph levels keep FA3's split (one_split_steps overcounts)")
-                        level.call["scheduler_metadata"] = sched
+        splits = meta.max_num_splits
+        if plan.joint and (level.call["seqused_k"].shape[0] > FA3_DYNAMIC_SPLIT_BATCHES
+                           or (plan.one_split and not plan.graph)
+                           or (plan.graph and (unsplit if capture else step.graph_unsplit))):
+            splits = 1  # (FA3 would split every sequence alike, the tokens' too; or unsplit)
+        level.call["num_splits"] = splits
+        if plan.run_level or plan.graph:
+            sched = self._schedule_level(level.call, splits, fast_build)
+            if sched is not None:
+                # The graph's levels unsplit this step (rules.graph_one_split), where the
+                # schedule has FA3's layout; else FA3's split stands (the stat overcounts).
+                if (plan.one_split and splits > 1
+                        and not force_one_split(sched, level.call["seqused_k"].shape[0])):
+                    logger.warning_once("vllm-relay: FlashAttention's schedule is not FA3's dynamic-split "
+                                        "layout: graph levels keep FA3's split (one_split_steps overcounts)")
+                level.call["scheduler_metadata"] = sched
         context = dict(cu_seqlens_q=meta.query_start_loc, seqused_k=meta.seq_lens,
                        max_seqlen_q=meta.max_query_len, max_seqlen_k=meta.max_seq_len,
                        block_table=meta.block_table, scheduler_metadata=meta.scheduler_metadata,
@@ -171,28 +165,20 @@ class RelayMetadataBuilder(FlashAttentionMetadataBuilder):
 LEVEL_STREAM_PRIORITY = -1
 
 
+# Which steps run their levels on the level stream: full-CUDA-graph steps only ("graphs"); eager
+# steps keep them in vLLM's stream ("all" would put every step's there, "off" none). Eager steps on
+# the stream allocate from its own pool (the caching allocator retried, freeing and synchronising,
+# 1-2 times a run on the H100; never without), and end to end every step on it measured +2.0% and
+# -0.7% in two jobs (H100, 2026-11-27: benchmarks/results/archive/2026-11-26_ceiling/README.md, the
+# 00:39 run): no gain to keep the extra pool for.
+LEVEL_STREAM = "graphs"
+
+
 def level_stream(device) -> torch.cuda.Stream | None:
-    """The stream the levels run on (VLLM_RELAY_LEVEL_STREAM=0: none, all in vLLM's stream)."""
-    if level_stream_mode() == "off" or torch.device(device).type != "cuda":
+    """The stream the levels run on (None with LEVEL_STREAM "off", or off CUDA)."""
+    if LEVEL_STREAM == "off" or torch.device(device).type != "cuda":
         return None
-    priority = envs.VLLM_RELAY_LEVEL_STREAM_PRIORITY
-    return torch.cuda.Stream(device, priority=LEVEL_STREAM_PRIORITY if priority is None else priority)
-
-
-def level_stream_mode() -> str:
-    """Which steps run their levels on the level stream (VLLM_RELAY_LEVEL_STREAM): "graphs" (unset or
-    2: full-CUDA-graph steps only; eager steps keep them in vLLM's stream), "all" (1) or "off" (0).
-    Graphs only by default: eager steps on the stream allocate from its own pool (the caching
-    allocator retried, freeing and synchronising, 1-2 times a run on the H100; never without), and
-    end to end it measured +2.0% and -0.7% in two jobs (H100, 2026-11-27:
-    benchmarks/results/archive/2026-11-26_ceiling/README.md, the 00:39 run): no gain to keep the
-    extra pool for."""
-    modes = {None: "graphs", 1: "all", 2: "graphs", 0: "off"}
-    value = envs.VLLM_RELAY_LEVEL_STREAM
-    if value not in modes:
-        raise ValueError(f"VLLM_RELAY_LEVEL_STREAM={value}: expected 0 (off), 1 (every step with levels) "
-                         "or 2 (full-CUDA-graph steps only)")
-    return modes[value]
+    return torch.cuda.Stream(device, priority=LEVEL_STREAM_PRIORITY)
 
 
 def check_runner() -> None:

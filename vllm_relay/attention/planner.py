@@ -26,7 +26,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from vllm_relay import envs
 from vllm_relay.attention import step as relay_step
 from vllm_relay.attention.rules import (
     GRAPH_LEVELS,
@@ -42,7 +41,6 @@ from vllm_relay.attention.workers import STATS, register
 from vllm_relay.config import RelayConfig
 from vllm_relay.ops import SharedLevel, prefix_block_table
 from vllm_relay.ops.joint import joint_capacity, joint_layout
-from vllm_relay.ops.level_attention import level_splits, max_tiles, plan_tiles, workspace
 from vllm_relay.ops.level_tree import LevelRule, LevelTree, find_levels, level_rows, saved_bound, slot_front
 from vllm_relay.ops.fuse_in_place import warm_up_fuse_in_place
 from vllm_relay.stats import add_stats
@@ -61,7 +59,16 @@ class StepPlan:
 class RelayPlanner:
     """Persistent plan tensors of one KV-cache group, and the per-step planning into them."""
 
-    def __init__(self, vllm_config, kv_cache_spec, device, num_layers: int = 1) -> None:
+    def __init__(self, vllm_config, kv_cache_spec, device, num_layers: int = 1, *, joint: bool = True,
+                 joint_rows: int | None = None, graph_levels: int = GRAPH_LEVELS, one_split: bool = True,
+                 chunk_levels: bool = False) -> None:
+        """The keywords are the measured rules' choices (`rules.py`), which every engine runs; tests
+        set them to check the other forms, which compute the same attention:
+        `joint` a decode step's levels and context in one call (else two), `joint_rows` the query rows of
+        each level sequence of a joint call (None: `rules.joint_tokens`), `graph_levels` the levels a
+        full graph holds besides the system prompts' (0: as many as its tokens can form), `one_split`
+        a graph's levels unsplit when their rows fill the GPU (`rules.graph_one_split`; else FA3's
+        split every step), `chunk_levels` a prompt chunk that fills its own query tiles reads levels too."""
         cfg = RelayConfig.from_vllm(vllm_config.additional_config)
         model, sched, comp = vllm_config.model_config, vllm_config.scheduler_config, vllm_config.compilation_config
         hq = model.get_num_attention_heads(vllm_config.parallel_config)
@@ -76,23 +83,17 @@ class RelayPlanner:
         self.num_slots, self.max_pages = self.pages.pages.shape
         self._pages_version = -1
         self.shared_path = cfg.shared_path
-        self.chunk_levels = bool(envs.VLLM_RELAY_CHUNK_LEVELS)
+        self.chunk_levels = chunk_levels
         self.auto_levels = cfg.auto_levels
         mode = getattr(comp, "cudagraph_mode", None)
         self.full_graphs = bool(mode is not None and mode.has_full_cudagraphs())
         self.max_graph_tokens = comp.max_cudagraph_capture_size or 0
-        graph_levels = envs.VLLM_RELAY_GRAPH_LEVELS
-        self.graph_levels = GRAPH_LEVELS if graph_levels is None else graph_levels or 1 << 30
-        self.one_split = envs.VLLM_RELAY_GRAPH_ONE_SPLIT != 0
+        self.graph_levels = graph_levels or 1 << 30
+        self.one_split = one_split
         self.device = torch.device(device)
         self.num_sms = torch.cuda.get_device_properties(self.device).multi_processor_count \
             if self.device.type == "cuda" else 1
-        # NOTE: FlashAttention-3 runs the level faster once it has many rows (the fused Triton
-        # kernel is not tuned yet: 268 against 184 us at n=128, S=8192 on the H200), which is where
-        # relay's throughput is decided; the fused kernel is cheaper only when the level is empty.
-        # It merges one level per token, so with it a token reads one level at most.
-        self.level_kernel = envs.VLLM_RELAY_LEVEL_KERNEL or "flash"
-        self.max_depth = MAX_LEVELS if self.level_kernel == "flash" else 1
+        self.max_depth = MAX_LEVELS
         # Full graphs pad a decode batch up to a capture size, in requests as in tokens.
         max_reqs = max(sched.max_num_seqs, self.max_graph_tokens)
         max_tokens = max(sched.max_num_batched_tokens, max_reqs)
@@ -102,38 +103,31 @@ class RelayPlanner:
         self.max_groups = self.num_slots + max_reqs * self.max_depth // 2
         self.max_rows = max_reqs * self.max_depth  # level rows a graph holds (decodes: a token each)
         self.max_level_rows = max_tokens * self.max_depth  # any step's (prompt chunks: all their tokens)
-        # A decode step's levels and context in one call (VLLM_RELAY_JOINT): its level sequences, at most.
-        self.joint = self.level_kernel == "flash" and envs.VLLM_RELAY_JOINT != 0
-        self.joint_rows = envs.VLLM_RELAY_JOINT_ROWS
+        # A decode step's levels and context in one call (`joint`): its level sequences, at most.
+        self.joint = joint
+        self.joint_rows = joint_rows
         tokens = self.max_reqs if self.joint else 0  # the joint call's rows and sequences past the levels'
         least_per = joint_tokens(1, self.gqa, self.joint_rows)  # the fewest tokens a level sequence holds
         self.max_seqs = G = max(self.max_groups, joint_capacity(self.max_rows, self.max_groups, least_per)
                                 if self.joint else 0)
         self.max_call_seqs = G + tokens  # the levels' call's sequences, at most (FA3's schedule is sized by them)
-        self.tile_cap = max_tiles(max_reqs, G, self.gqa) if self.level_kernel != "flash" else 0
         # The staging buffer's parts (int32 elements): [ctx_front | ctx_slot | ctx_skip | perm | cu |
-        # lens | group row | group start | group own tokens | group front | group slot | tiles |
+        # lens | group row | group start | group own tokens | group front | group slot |
         # row_index (max_depth x tokens)].
         sizes = [max_reqs, max_reqs, max_reqs, self.max_level_rows + tokens, G + 1 + tokens, G, G, G, G, G, G,
-                 3 * self.tile_cap, self.max_depth * max_tokens]
+                 self.max_depth * max_tokens]
         self.staging = StagingBuffer(sizes, self.device)
         (self.ctx_front, self.ctx_slot, self.ctx_skip, self.perm, self.cu, self.lens, self.group_row,
-         self.group_start, self.group_own, self.group_front, self.group_slot, tiles,
+         self.group_start, self.group_own, self.group_front, self.group_slot,
          self._row_index) = self.staging.views.values()
-        self.tiles = tiles.view(-1, 3)
         self.slot_pages = torch.zeros(self.num_slots, self.max_pages, dtype=torch.int32, device=self.device)
-        self.q_buf = self.out_buf = self.ws = None
-        if self.level_kernel == "flash":  # a gather, an attention call and the fusion: their buffers
-            self.q_buf = torch.empty(self.max_rows + tokens, hq, head_size, dtype=model.dtype, device=self.device)
-            self.out_buf = torch.empty_like(self.q_buf)
-            # Compiled now, not by the first large steps of a loaded server (a second or more each).
-            for levels in range(1, self.max_depth + 1):
-                warm_up_fuse_in_place(hq, head_size, model.dtype, self.device, max_tokens, levels=levels,
-                                      joint_too=self.joint)
-        else:  # one fused launch: its split-K workspace, for the most tiles x slices any step uses
-            cap = max(max_tiles(r, G, self.gqa) * level_splits(r, self.gqa, self.hkv, self.num_sms)
-                      for r in range(1, max_reqs + 1))
-            self.ws = workspace(cap, self.hkv, 1, head_size, self.device)
+        # A gather, an attention call and the fusion: their buffers.
+        self.q_buf = torch.empty(self.max_rows + tokens, hq, head_size, dtype=model.dtype, device=self.device)
+        self.out_buf = torch.empty_like(self.q_buf)
+        # Compiled now, not by the first large steps of a loaded server (a second or more each).
+        for levels in range(1, self.max_depth + 1):
+            warm_up_fuse_in_place(hq, head_size, model.dtype, self.device, max_tokens, levels=levels,
+                                  joint_too=self.joint)
         # The level sequences' tables and lengths, then the contexts', in one tensor each: a joint call
         # reads the end of the first part and the start of the second (a step's level tables end at
         # row G). jtable: [G + max_reqs, W], W = vLLM's block-table width.
@@ -227,10 +221,8 @@ class RelayPlanner:
     def _can_share(self, step) -> np.ndarray:
         """Rows that may read levels: any row, as a level's pages all precede its first query token
         (a decode token, or a prompt chunk whose shared part is cached: the n samples of a prompt,
-        requests over one document); with the fused Triton level (a token per row), decodes only.
-        With shared_path "auto", not a chunk that fills its own query tiles (`fills_tiles`)."""
-        if self.level_kernel != "flash":
-            return step.q_lens == 1
+        requests over one document). With shared_path "auto", not a chunk that fills its own query
+        tiles (`fills_tiles`)."""
         can = step.q_lens > 0
         if self.shared_path == "auto" and not self.chunk_levels:
             can &= ~fills_tiles(step.q_lens, self.gqa)
@@ -269,7 +261,7 @@ class RelayPlanner:
         # A decode step over the last plan's rows and tree (most decode steps) has the same tables but
         # the context lengths: the staged plan stands (`Staged`).
         key = None
-        if step is not None and not capture and T == B and cm.max_query_len == 1 and self.level_kernel == "flash":
+        if step is not None and not capture and T == B and cm.max_query_len == 1:
             key = (step.req_slot, tree, B, graph, self.pages.version)
         staged = self._staged
         if staged is None or key is None or not same_key(staged.key, key):
@@ -309,16 +301,12 @@ class RelayPlanner:
                         block_table=self.level_table[G - groups: G])
             count = self.cu[groups: groups + 1]
         row_index_view = self._row_index[: depth * T].view(depth, T)
-        if self.level_kernel == "flash" and rows <= self.q_buf.shape[0]:  # persistent buffers (graphs need them)
+        if rows <= self.q_buf.shape[0]:  # persistent buffers (graphs need them)
             level = SharedLevel(perm=self.perm[:rows], row_index=row_index_view, call=call,
                                 q_buf=self.q_buf[:rows], out_buf=self.out_buf[:rows],
                                 num_rows=count if self.device.type == "cuda" else None, ctx_start=ctx_start)
-        elif self.level_kernel == "flash":  # an eager step with long prompt chunks: buffers of its own
+        else:  # an eager step with long prompt chunks: buffers of its own
             level = SharedLevel(perm=self.perm[:rows], row_index=row_index_view, call=call, ctx_start=ctx_start)
-        else:
-            fused = dict(perm=self.perm[:rows], tiles=self.tiles[:staged.n_tiles], group_pages=self.level_table[G - groups: G],
-                         group_lens=self.lens[:groups], ws=self.ws, num_splits=staged.splits)
-            level = SharedLevel(perm=self.perm[:rows], row_index=row_index_view[0], call=call, fused=fused)
         run_level = (capture and with_level) or staged.num_rows > 0
         return StepPlan(context, level, run_level=run_level, graph=graph and with_level, one_split=staged.one_split,
                         joint=staged.joint_tokens > 0)
@@ -363,11 +351,6 @@ class RelayPlanner:
         lens = np.zeros(groups, dtype=np.int32)
         if tree is not None:
             lens[:G] = (tree.front + tree.pages) * self.page_size
-        tiles = n_tiles = splits = None
-        if self.level_kernel != "flash":
-            n_tiles = max_tiles(min(T, self.max_reqs) if graph else perm.shape[0], groups, self.gqa)
-            splits = level_splits(min(T, self.max_reqs) if graph else perm.shape[0], self.gqa, self.hkv, self.num_sms)
-            tiles = plan_tiles(np.pad(cu, (0, groups + 1 - cu.shape[0]), mode="edge"), n_tiles, self.gqa)
         facts = None if tree is None else (tree.row, tree.start, own, tree.front, tree.slot)
         group_sizes, num_rows, per = np.diff(cu), perm.shape[0], 0
         if joint:  # the levels in sequences of `per` rows, then the tokens (ops/joint.py)
@@ -376,19 +359,19 @@ class RelayPlanner:
             groups, rows = cu.shape[0] - 1 - T, rows + T
             lens, facts = lens[chunk_group], facts and tuple(v[chunk_group] for v in facts)
             perm = np.concatenate([perm, np.arange(T, dtype=np.int32)])
-        self.staging.stage(B, T, depth, groups, ctx_front, root, ctx_skip, perm, cu, lens, facts, tiles, row_index)
+        self.staging.stage(B, T, depth, groups, ctx_front, root, ctx_skip, perm, cu, lens, facts, row_index)
         J = 0 if facts is None else facts[0].shape[0]
         if J:  # each level sequence's table: its slot's pages (if any), then its run of a member's own pages
             lo = self.max_seqs - groups  # the tables end at row max_seqs, where the contexts' start
             prefix_block_table(cm.block_table_tensor[:B], self.group_own[:J], self.group_front[:J],
                                self.group_slot[:J], self.slot_pages, self.page_size, self.level_table[lo:],
                                self._level_lens[lo:], src_row=self.group_row[:J], start=self.group_start[:J])
-        one_split = bool(graph and tree is not None and self.level_kernel == "flash" and self.one_split and not joint
+        one_split = bool(graph and tree is not None and self.one_split and not joint
                          and graph_one_split(group_sizes, self.gqa, self.hkv, self.num_sms))
         if joint:
             one_split = joint_one_split(group_sizes, per, self.hkv, self.num_sms)
         return Staged(key, groups, rows, depth, num_rows, int(group_sizes.max(initial=0)), int(lens.max(initial=0)),
-                       int(ctx_front.max(initial=0)), one_split, n_tiles, splits,
+                       int(ctx_front.max(initial=0)), one_split,
                        self._counts(tree, ctx_front, root, num_rows, row_index), per)
 
     def _counts(self, tree, ctx_front, root, rows, row_index) -> dict:

@@ -35,7 +35,6 @@ MAX_LEVELS = 4
 # (P=2048, 1000 requests) +2.9% (H100, 2026-11-26: benchmarks/results/archive/2026-11-26_ceiling/
 # README.md, the 12:29 run).
 # The tree keeps its shallowest levels; deeper ones are read in the context (exact either way).
-# VLLM_RELAY_GRAPH_LEVELS overrides it.
 GRAPH_LEVELS = 64
 # A graph's levels run unsplit (`ops.force_one_split`) when their query tiles alone fill this share
 # of the multiprocessors: FA3's schedule splits such levels in two, where one wave of whole tiles is
@@ -56,7 +55,7 @@ LEVEL_TILE_ROWS = 128  # FA3's query tile at head size 128; a split call packs a
 # with one query head per KV head, and with more from 256 tokens on 128. Alone, a level of 64-row
 # sequences runs at 370-390 TFLOP/s against 500-540 with 128 (H200, Llama-2-7B shape, S=8192,
 # bench_page_size.py, in git history), yet with one query head per KV head the context's one-row sequences
-# lose more on the 128-row tile: end to end (H200, 1000 requests, VLLM_RELAY_JOINT_ROWS=128 against
+# lose more on the 128-row tile: end to end (H200, 1000 requests, 128 rows in every step against
 # the rule) P=2048 36.1 / 41.5 requests/s, P=8192 31.5 / 35.1 and 31.2 / 34.8 (H200, 2026-11-28:
 # benchmarks/results/archive/2026-11-26_ceiling/2026-11-28_0613/).
 JOINT_ROWS, JOINT_ROWS_LARGE, JOINT_LARGE_TOKENS = 64, 128, 256
@@ -74,7 +73,7 @@ def query_tiles(rows: np.ndarray, gqa: int) -> np.ndarray:
 
 def joint_tokens(num_tokens: int, gqa: int, rows: int | None = None) -> int:
     """Tokens per level sequence of a joint call over `num_tokens` decode tokens (`JOINT_ROWS`;
-    `rows`, VLLM_RELAY_JOINT_ROWS, the query rows of every step instead)."""
+    `rows`: the query rows of every step instead)."""
     if rows is None:
         rows = JOINT_ROWS_LARGE if gqa > 1 and num_tokens >= JOINT_LARGE_TOKENS else JOINT_ROWS
     return max(1, rows // gqa)

@@ -16,7 +16,7 @@ import torch
 
 # The buffer's parts, in order (one view each).
 PARTS = ("ctx_front", "ctx_slot", "ctx_skip", "perm", "cu", "lens", "group_row", "group_start", "group_own",
-         "group_front", "group_slot", "tiles", "row_index")
+         "group_front", "group_slot", "row_index")
 
 
 class StagingBuffer:
@@ -32,8 +32,7 @@ class StagingBuffer:
         self.dev = torch.zeros_like(self.host, device=device)
         self.views = dict(zip(PARTS, (self.dev[a: a + n] for a, n in zip(self.offsets[:-1], sizes))))
 
-    def stage(self, B, T, depth, groups, ctx_front, ctx_slot, ctx_skip, perm, cu, lens, facts, tiles,
-              row_index) -> None:
+    def stage(self, B, T, depth, groups, ctx_front, ctx_slot, ctx_skip, perm, cu, lens, facts, row_index) -> None:
         """Write the host arrays (padding: cu flat to `groups` + 1, row_index -1; `facts`: each level
         sequence's (row, start, own, front, slot), or None) and copy the used span to the device in
         one transfer."""
@@ -48,11 +47,9 @@ class StagingBuffer:
         host[off[5]: off[5] + lens.shape[0]] = lens
         for i, values in enumerate(facts or ()):
             host[off[6 + i]: off[6 + i] + values.shape[0]] = values
-        if tiles is not None:
-            host[off[11]: off[11] + tiles.size] = tiles.reshape(-1)
-        host[off[12]: off[12] + depth * T] = -1
-        host[off[12]: off[12] + row_index.size] = row_index.reshape(-1)
-        end = int(off[12]) + depth * T
+        host[off[11]: off[11] + depth * T] = -1
+        host[off[11]: off[11] + row_index.size] = row_index.reshape(-1)
+        end = int(off[11]) + depth * T
         self.dev[:end].copy_(self.host[:end], non_blocking=self.device.type == "cuda")
 
 
@@ -71,8 +68,6 @@ class Staged:
     max_group_len: int
     max_front: int  # most slot pages a context reads in front
     one_split: bool
-    n_tiles: int | None  # the fused level's tiles and splits
-    splits: int | None
     counts: dict  # what each step of it adds to the stats (`RelayPlanner._counts`)
     joint_tokens: int = 0  # a joint call's tokens per level sequence (0: none, `RelayPlanner.plan`)
 

@@ -24,7 +24,6 @@ import weakref
 from dataclasses import asdict
 from typing import Any
 
-from vllm_relay import envs
 from vllm_relay.config import RelayConfig, check_prompt_name, check_prompt_spec
 from vllm_relay.engine.admin import RelayAdmin, error
 from vllm_relay.engine.cache_hits import CacheHitMemo
@@ -137,8 +136,7 @@ class RelayEngine:
             swap(core, "request_block_hasher", PromptHashMemo(core.request_block_hasher,
                                                               core.scheduler.hash_block_size))
         # and looked up in the prefix cache once for them (None where vLLM's lookup is not the plain walk)
-        relay.cache_hits = None if envs.VLLM_RELAY_CACHE_HITS == 0 else CacheHitMemo.install(
-            core.scheduler.kv_cache_manager)
+        relay.cache_hits = CacheHitMemo.install(core.scheduler.kv_cache_manager)
         for call, method in UTILITY_CALLS.items():
             swap(core, call, getattr(relay, method))
         relay.fills.startup()

@@ -18,14 +18,16 @@ the whole prompt, as vLLM gives it (vLLM's first delta then holds the prompt's t
 vllm-project/vllm#48853; this hook changes no output, also not that one). Tested against vLLM's own
 detokenizer on random prompts and outputs of a byte-level BPE and a SentencePiece-style tokenizer.
 
-Active in a process once it builds a relay engine's config (`hooks/frontend.py` calls `enable`);
-`VLLM_RELAY_DETOKENIZER_PRIME` sets the tail (0: vLLM's priming).
+Active in a process once it builds a relay engine's config (`hooks/frontend.py` calls `enable`).
 """
 
-from vllm_relay import envs
 from vllm_relay.hooks._patch import original, patch
 
-PRIME_TOKENS = 128  # vllm-project/vllm#57330's bound; #51281 uses 32
+# Prompt tokens a relay front end's incremental detokenizer is primed with (vllm-project/vllm#57330's
+# bound; #51281 uses 32), measured against vLLM's whole-prompt priming in
+# benchmarks/results/archive/2026-11-27_cpu_detokenizer/. 0 primes it with the whole prompt, as vLLM
+# does (the reference in tests/hooks/test_detokenizer.py).
+PRIME_TOKENS = 128
 
 _Fast = None
 _enabled = False
@@ -36,12 +38,6 @@ def enable() -> None:
     front end)."""
     global _enabled
     _enabled = True
-
-
-def prime_tokens() -> int:
-    """How many prompt tokens a detokenizer is primed with (0: all, vLLM's own)."""
-    value = envs.VLLM_RELAY_DETOKENIZER_PRIME
-    return PRIME_TOKENS if value is None else value
 
 
 def tail_for(tokenizer, prompt: list[int], skip_special_tokens: bool, keep: int) -> list[int]:
@@ -58,7 +54,7 @@ def _init(self, tokenizer, request):
     prompt = request.prompt_token_ids
     if _enabled and prompt is not None:  # vLLM's __init__ then primes with the tail (a copy of the request)
         skip = request.sampling_params.skip_special_tokens
-        ids = tail_for(tokenizer._tokenizer, prompt, skip, prime_tokens())
+        ids = tail_for(tokenizer._tokenizer, prompt, skip, PRIME_TOKENS)
         if ids is not prompt:
             import msgspec
 

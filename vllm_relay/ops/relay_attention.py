@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 import torch
 
 from vllm_relay.ops.gather_rows import gather_rows
-from vllm_relay.ops.level_attention import level_attention
 from vllm_relay.ops.fuse_in_place import fuse_in_place, fuse_joint
 
 
@@ -52,9 +51,6 @@ class SharedLevel:
             level's output (CUDA graphs need fixed addresses); allocated per call when None.
         num_rows: optional int32 [1] on the device, the rows used this step (<= N): with q_buf,
             only they are gathered (a CUDA graph holds the whole capacity N).
-        fused: when set, the level runs as one `level_attention` launch with these keywords
-            (perm, tiles, group_pages, group_lens, ws, num_splits) instead of a gather, an
-            attn_fn call and a fusion.
         ctx_start: when set (int32 [1]), a joint level: `perm` gathers the level rows and then every
             token (from row ctx_start on), `call` also holds a sequence per token over its own
             pages (ops/joint.py), and the context call is not made: the plan's `context` is unused.
@@ -66,7 +62,6 @@ class SharedLevel:
     q_buf: torch.Tensor | None = None
     out_buf: torch.Tensor | None = None
     num_rows: torch.Tensor | None = None
-    fused: dict | None = None
     ctx_start: torch.Tensor | None = None
 
 
@@ -80,8 +75,7 @@ class RelayPlan:
             optionally scheduler_metadata / num_splits. A request on the prefix path has its
             shared pages in front of its own in this table; on the shared path only its own.
         shared: the shared levels, merged into the output in order; empty: one plain call.
-        level_stream: optional CUDA stream on which the levels (gather and attention; not a fused
-            level) run concurrently with the context call; None: all in the caller's stream.
+        level_stream: optional CUDA stream on which the levels (gather and attention) run concurrently with the context call; None: all in the caller's stream.
     """
 
     context: dict
@@ -119,7 +113,7 @@ def relay_attention(q, k_cache, v_cache, plan: RelayPlan, out, softmax_scale: fl
         level = levels[0]
         o_all, lse_all = _level_call(q, k_cache, v_cache, level, softmax_scale, attn_fn, extra)
         return fuse_joint(out, o_all, lse_all, level.ctx_start, level.row_index)
-    side = plan.level_stream if levels and all(level.fused is None for level in levels) else None
+    side = plan.level_stream if levels else None
     partials = []
     if side is not None:  # fork: the levels read q, written before this call in the caller's stream
         caller = torch.cuda.current_stream(q.device)
@@ -139,10 +133,6 @@ def relay_attention(q, k_cache, v_cache, plan: RelayPlan, out, softmax_scale: fl
         caller.wait_stream(side)  # buffers (persistent or cached for it) are never written early
     last = len(levels) - 1
     for i, level in enumerate(levels):
-        if level.fused is not None:
-            level_attention(q, k_cache, v_cache, out, lse, softmax_scale=softmax_scale, update_lse=i != last,
-                            **level.fused)
-            continue
         o_level, lse_level = partials[i] if partials else _level_call(q, k_cache, v_cache, level, softmax_scale,
                                                                       attn_fn, extra)
         # In place: `out` holds the merged state so far; its LSE is updated for the next level.
