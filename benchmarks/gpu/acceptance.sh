@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# GPU host, after benchmarks/gpu/install.sh and the project installed into /tmp/site: relay's checks on
+# vLLM 0.33 with Model Runner V2, one STEP per device call (each well under a call's 600 s), output
+# under $OUT (default /tmp/out): STEP.txt, and the throughput JSONs.
+# Usage: bash benchmarks/gpu/acceptance.sh STEP...   with STEP one of
+#   unit      the GPU unit tests: kernels, planner, graph manager (about 1 min)
+#   mha gqa   relay against FLASH_ATTN (and TRITON_ATTN as the yardstick), full CUDA graphs and eager, one GPU
+#             (tests/e2e/test_gpu_relay.py; four engines: about 4-5 min each with cold compile caches)
+#   unsplit   the unsplit twins replayed on every step with levels (both models: about 8 min)
+#   levels    levels found in the block tables, up to three deep, graphs and eager (about 4 min)
+#   sleep     sleep at levels 1 and 2, the prompts filled again after waking (about 6 min)
+#   seeded    seeded samples against vLLM's, requests all at once and one per step (about 4 min)
+#   l3 l2     the P=2048 throughput jobs: Llama-3-8B shape default / relay / no prompt (about 7 min), Llama-2-7B
+#             shape relay / no prompt (about 5 min); run each three times, in three calls, for a median of jobs
+set -uo pipefail
+export PYTHONPATH=/tmp/site VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
+out=${OUT:-/tmp/out}; mkdir -p "$out"
+t="python3 -m pytest -m gpu -p no:cacheprovider -s -x"
+bt="python3 benchmarks/bench_throughput.py --prefix-len 2048 --num-prompts 1000"
+stamp=$(date +%H%M%S)
+for step in "$@"; do
+  case $step in
+    unit) $t tests/ops tests/attention tests/hooks > "$out/unit.txt" 2>&1 ;;
+    mha|gqa) $t tests/e2e/test_gpu_relay.py -k "matches_flash and tp1 and $step" > "$out/$step.txt" 2>&1 ;;
+    unsplit) $t tests/e2e/test_gpu_relay.py -k unsplit > "$out/unsplit.txt" 2>&1 ;;
+    levels) $t tests/e2e/test_gpu_relay.py -k shared_levels > "$out/levels.txt" 2>&1 ;;
+    sleep) $t tests/e2e/test_gpu_relay.py -k sleep > "$out/sleep.txt" 2>&1 ;;
+    seeded) $t tests/e2e/test_seeded.py > "$out/seeded.txt" 2>&1 ;;
+    l3) m=$(python3 -m vllm_relay.testing build llama-3-8b-shape | tail -1 | cut -f2)
+        $bt --model "$m" --max-model-len 4096 --configs default,relay,noprefix \
+            --out "$out/e2e_llama3_p2048_$stamp.json" > "$out/l3.txt" 2>&1 ;;
+    l2) m=$(python3 -m vllm_relay.testing build llama-2-7b-shape | tail -1 | cut -f2)
+        $bt --model "$m" --max-model-len 5120 --configs relay,noprefix \
+            --out "$out/single_llama2_p2048_$stamp.json" > "$out/l2.txt" 2>&1 ;;
+    *) echo "unknown step $step" >&2; exit 2 ;;
+  esac
+  echo "$step: exit $?"; tail -n 3 "$out/$step.txt"
+done
