@@ -85,8 +85,9 @@ ENGINE_FEATURES = "The relay attention backend does not support: speculative dec
 MODEL_FEATURES = "The relay attention backend (cpu) does not support: ALiBi"
 XARGS = "not an error: dropped, with a warning (only the engine core tags requests)"
 
+RUNNER_ERROR = "VLLM_USE_V2_MODEL_RUNNER=0: the relay attention backend runs on vLLM's Model Runner V2 on GPUs"
 ALL_ERRORS = [row[-1] for row in FRONT_END] + [e for _, e in REGISTRATION] + [
-    FILL_FAILED, ENGINE_FEATURES, MODEL_FEATURES, XARGS]
+    FILL_FAILED, ENGINE_FEATURES, MODEL_FEATURES, XARGS, RUNNER_ERROR]
 
 
 @pytest.fixture(autouse=True)
@@ -248,6 +249,22 @@ def test_a_client_relay_tag_is_dropped_with_a_warning(core, monkeypatch):
     monkeypatch.setattr(engine_core, "_logger", Logger)
     req = submit(core, ecr("r", [1, 2, 3], extra_args={TAG_KEY: {"slot": 0, "system_len": 9, "fill": True}}))
     assert read_tag(req.sampling_params) is None and len(warnings) == 1 and TAG_KEY in warnings[0]
+
+
+def test_the_v1_runner_is_refused_on_gpus_in_the_front_end(monkeypatch):
+    """A GPU engine forced onto vLLM's V1 runner is refused before it starts; the CPU's runner is not
+    asked (this machine runs vLLM's CPU runner, a V1 subclass, and relay on it)."""
+    from types import SimpleNamespace
+
+    from vllm.platforms import current_platform
+
+    from vllm_relay.validate import check_runner
+
+    check_runner(SimpleNamespace(use_v2_model_runner=False))  # the CPU: fine
+    monkeypatch.setattr(current_platform, "is_cuda_alike", lambda: True)
+    check_runner(SimpleNamespace(use_v2_model_runner=True))
+    with pytest.raises(ValueError, match=re.escape(RUNNER_ERROR)):
+        check_runner(SimpleNamespace(use_v2_model_runner=False))
 
 
 def test_readme_table_lists_every_tested_row():

@@ -90,6 +90,7 @@ def validate_engine_config(vllm_config) -> dict[str, list[int]]:
     Raises ValueError naming the setting or prompt at fault.
     """
     envs.check()
+    check_runner(vllm_config)
     config = RelayConfig.from_vllm(vllm_config.additional_config)
     tools = PromptTools(vllm_config)
     # The block size is final here only if the user chose it: otherwise the engine picks the
@@ -98,3 +99,13 @@ def validate_engine_config(vllm_config) -> dict[str, list[int]]:
     block_size = cache.block_size if cache.user_specified_block_size else None
     return {name: resolve_prompt(name, spec, config, vllm_config, tools, block_size)
             for name, spec in config.system_prompts.items()}
+
+
+def check_runner(vllm_config) -> None:
+    """On GPUs relay runs on Model Runner V2, vLLM's default there: refuse the V1 runner up front
+    (the worker would refuse it too, once the model is built). vLLM's CPU runner is not asked."""
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cuda_alike() and not vllm_config.use_v2_model_runner:
+        raise ValueError("VLLM_USE_V2_MODEL_RUNNER=0: the relay attention backend runs on vLLM's Model Runner V2 "
+                         "on GPUs; unset it (or set it to 1)")
