@@ -26,6 +26,7 @@ from vllm.v1.attention.backends.flash_attn import (
     FlashAttentionMetadataBuilder,
 )
 
+from vllm_relay.attention import step as relay_step
 from vllm_relay.attention.common import check_engine, check_layer, log_active, logger
 from vllm_relay.attention.planner import RelayPlanner
 from vllm_relay.ops import RelayPlan, force_one_split, graph_split_cap, relay_attention
@@ -100,11 +101,7 @@ class RelayMetadataBuilder(FlashAttentionMetadataBuilder):
         return False  # relay replaces cascade attention; never stack the two
 
     def _build(self, cm, fast_build: bool, step, capture: bool = False):
-        if step is not None and (cm.num_reqs < step.num_reqs or cm.num_actual_tokens < step.num_tokens):
-            # Fewer than the step's means the batch was split (micro-batching), which relay does not
-            # plan for: that raises rather than silently dropping the system part of some tokens.
-            raise RuntimeError(f"vllm-relay: attention metadata for {cm.num_reqs} requests / {cm.num_actual_tokens} "
-                               f"tokens, but the step has {step.num_reqs} / {step.num_tokens}")
+        step = relay_step.covering(step, cm.num_reqs, cm.num_actual_tokens)
         levels, unsplit = self.capturing if capture else (False, False)
         graph = capture or (step is not None and step.graph_levels is not None)
         plan = self.planner.plan(cm, step, capture=capture, levels=levels, graph=graph)

@@ -73,7 +73,7 @@ class HostBlockTable:
 class RelayModelState(DefaultModelState):
     def __init__(self, vllm_config, model, encoder_cache, device) -> None:
         super().__init__(vllm_config, model, encoder_cache, device)
-        if self.rope_state is not None:  # validated in the front end too; a clear error here as well
+        if self.rope_state is not None:  # (relay's attention layers refuse such models first)
             raise ValueError("vllm-relay does not support M-RoPE models (relay shifts 1-D positions)")
         cfg = RelayConfig.from_vllm(vllm_config.additional_config)
         self.page_size = vllm_config.cache_config.block_size

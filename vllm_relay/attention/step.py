@@ -74,19 +74,23 @@ def slot_pages_for(cfg, page_size: int) -> SlotPages:
     return _slot_pages
 
 
-def current(num_reqs: int, num_tokens: int) -> RelayStep | None:
-    """The step's relay facts, if the metadata being built covers the step the runner prepared.
+def covering(step: RelayStep | None, num_reqs: int, num_tokens: int) -> RelayStep | None:
+    """`step`, if the metadata being built (`num_reqs`, `num_tokens`) covers it.
 
     Full CUDA graphs pad a batch (more requests and tokens than scheduled; padded requests have
     no KV and no relay part), which is fine. Fewer than scheduled means the batch was split
     (micro-batching), which relay does not plan for: that raises rather than silently dropping
     the system part of some tokens.
     """
-    step = _current
     if step is not None and (num_reqs < step.num_reqs or num_tokens < step.num_tokens):
         raise RuntimeError(f"vllm-relay: attention metadata for {num_reqs} requests / {num_tokens} tokens, "
                            f"but the step prepared {step.num_reqs} / {step.num_tokens}")
     return step
+
+
+def current(num_reqs: int, num_tokens: int) -> RelayStep | None:
+    """The step vLLM's V1 runner prepared, if the metadata being built covers it (`covering`)."""
+    return covering(_current, num_reqs, num_tokens)
 
 
 def clear() -> None:
