@@ -29,7 +29,6 @@ over N GPUs (data parallelism is a serving feature: vllm.LLM refuses it). Usage 
 """
 
 import argparse
-import functools
 import json
 import os
 import re
@@ -37,81 +36,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import model_config, profiler_config, result_line, run_logged, worker_command  # noqa: E402
-
-from vllm_relay.system_prompts.fill import common_prefix  # noqa: E402
-
-
-def sample_requests(args):
-    """vLLM's random dataset, tokenized: (prompt token ids per request, output lengths)."""
-    from vllm.benchmarks.datasets import RandomDataset
-    from vllm.tokenizers import get_tokenizer
-
-    tok = get_tokenizer(args.model)
-    reqs = RandomDataset(random_seed=args.seed).sample(
-        tokenizer=tok, num_requests=args.num_prompts, prefix_len=args.prefix_len,
-        input_len=args.input_len, output_len=args.output_len)
-    return [tok.encode(r.prompt) for r in reqs], [r.expected_output_len for r in reqs]
-
-
-def multi_requests(args):
-    """The multi-prompt workload: (system prompts, prompts, output lengths); 20% plain requests."""
-    import random
-
-    rng = random.Random(args.seed + 1)
-    vocab = model_config(args.model)["vocab_size"]
-    lens = [int(n) for n in args.multi_system_lens.split(",")]
-    systems = [[1] + [rng.randrange(100, vocab) for _ in range(n - 1)] for n in lens]
-    prompts, out_lens = [], []
-    for _ in range(args.num_prompts):
-        own = [rng.randrange(100, vocab) for _ in range(rng.randint(64, 256))]
-        prompts.append([1] + own if rng.random() < 0.2 else rng.choice(systems) + own)
-        out_lens.append(rng.randint(128, 384))
-    return systems, prompts, out_lens
-
-
-def workload(args, name):
-    """(system prompts, prompts, output lengths) of workload `name`."""
-    if name == "single":
-        prompts, out_lens = sample_requests(args)
-        return [functools.reduce(common_prefix, prompts)], prompts, out_lens
-    return multi_requests(args)
-
-
-def strip_system(prompts, systems):
-    """The same requests with no system prompt: BOS and the request's own tokens."""
-    out = []
-    for p in prompts:
-        n = max((len(s) for s in systems if p[: len(s)] == s), default=1)
-        out.append(p[:1] + p[n:])
-    return out
-
-
-def engine_kwargs(args, config, systems):
-    # Stats on: the latency sweep reads each request's engine timestamps (the same cost for every config).
-    kw = dict(model=args.model, load_format="dummy", max_model_len=args.max_model_len, seed=args.seed,
-              disable_log_stats=False, tensor_parallel_size=args.tensor_parallel_size,
-              enable_logging_iteration_details=args.iteration_details)
-    if args.gpu_memory_utilization:
-        kw["gpu_memory_utilization"] = args.gpu_memory_utilization
-    if args.max_num_seqs:
-        kw["max_num_seqs"] = args.max_num_seqs
-    if args.max_cudagraph_capture_size:
-        kw["compilation_config"] = {"max_cudagraph_capture_size": args.max_cudagraph_capture_size}
-    if config == "noprefix-relay":
-        kw["attention_backend"] = "relay"
-    elif config in ("relay", "accuracy-relay"):
-        kw["attention_backend"] = "relay"
-        relay = {"system_prompts": {f"s{i}": ids for i, ids in enumerate(systems)}, "max_prompts": len(systems),
-                 "max_prompt_tokens": max(map(len, systems))}
-        if args.shared_path:
-            relay["shared_path"] = args.shared_path
-        kw["additional_config"] = {"relay": relay}
-    elif config == "accuracy-reference":
-        kw["attention_backend"] = "FLASH_ATTN"
-    if args.profile:
-        kw["profiler_config"] = profiler_config(args, config)
-    return kw
+from common import (add_workload_args, engine_kwargs, model_config, result_line, run_logged,  # noqa: E402
+                    sampling_params, strip_system, worker_command, workload)
 
 
 def decode_latency(llm, system_ids, args):
@@ -151,13 +77,6 @@ def compiled_during(t0: float, t1: float) -> list[str]:
             if f.name.endswith(".json") and not f.name.startswith("__grp__") and t0 <= f.stat().st_mtime <= t1:
                 names.append(f.name[:-5])
     return sorted(names)
-
-
-def sampling_params(out_lens: list[int]) -> list:
-    """The throughput workloads' sampling: random tokens, each request exactly its output length."""
-    from vllm import SamplingParams
-
-    return [SamplingParams(temperature=1.0, top_p=1.0, ignore_eos=True, max_tokens=n) for n in out_lens]
 
 
 ALLOCATOR_KEYS = ("num_alloc_retries", "num_ooms", "num_sync_all_streams", "num_device_alloc", "num_device_free")
@@ -317,13 +236,7 @@ def compare(ref, relay):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--model", required=True)
-    p.add_argument("--prefix-len", type=int, default=2048)
-    p.add_argument("--input-len", type=int, default=128)
-    p.add_argument("--output-len", type=int, default=256)
-    p.add_argument("--num-prompts", type=int, default=1000)
-    p.add_argument("--max-model-len", type=int, default=4096)
-    p.add_argument("--seed", type=int, default=0)
+    add_workload_args(p)
     p.add_argument("--tensor-parallel-size", type=int, default=1)
     p.add_argument("--configs", default="default,relay")
     p.add_argument("--max-cudagraph-capture-size", type=int, help="vLLM's largest CUDA graph, for every config "
@@ -333,7 +246,6 @@ def main():
     p.add_argument("--gpu-memory-utilization", type=float, help="vLLM's (default: its own; on the CPU the "
                    "fraction of host memory for the KV cache)")
     p.add_argument("--workloads", default="single", help="single and/or multi, comma-separated")
-    p.add_argument("--multi-system-lens", default="512,1024,2048,4096", help="the multi workload's prompts")
     p.add_argument("--latency", action="store_true", help="also the decode-latency sweep (B = 1..256)")
     p.add_argument("--latency-steps", type=int, default=64)
     p.add_argument("--latency-batches", default="1,2,4,8,16,32,64,128,256")

@@ -12,6 +12,11 @@
 #   seeded    seeded samples against vLLM's, requests all at once and one per step (about 4 min)
 #   l3 l2     the P=2048 throughput jobs: Llama-3-8B shape default / relay / no prompt (about 7 min), Llama-2-7B
 #             shape relay / no prompt (about 5 min); run each three times, in three calls, for a median of jobs
+#   plain     traffic sharing nothing: the relay backend with nothing registered against vLLM's default, warm
+#             engines side by side on one GPU (0.45 of it each), the median of 5 interleaved rounds of 1000
+#             requests without a system prompt (bench_interleaved.py; two engine starts of about 1-2 min each,
+#             then 5 x 2 rounds of about 15-25 s: about 5-8 min), alone in its call:
+#             OUT=/tmp/out bash benchmarks/gpu/acceptance.sh plain   (plain.txt, plain_interleaved_HHMMSS.json)
 set -uo pipefail
 export PYTHONPATH=/tmp/site VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
 out=${OUT:-/tmp/out}; mkdir -p "$out"
@@ -32,6 +37,13 @@ for step in "$@"; do
     l2) m=$(python3 -m vllm_relay.testing build llama-2-7b-shape | tail -1 | cut -f2)
         $bt --model "$m" --max-model-len 5120 --configs relay,noprefix \
             --out "$out/single_llama2_p2048_$stamp.json" > "$out/l2.txt" 2>&1 ;;
+    plain) m=$(python3 -m vllm_relay.testing build llama-3-8b-shape | tail -1 | cut -f2)
+        # --prefix-len 0: the requests share nothing but BOS, so noprefix-relay's stripping of the system
+        # prompt leaves them as sampled and both engines get the same requests (the output's "Requests:"
+        # line compares their digests); `default` is vLLM's default engine with its prefix cache, as shipped
+        python3 benchmarks/bench_interleaved.py --model "$m" --configs default,noprefix-relay --rounds 5 \
+            --gpu-memory-utilization 0.45 --num-prompts 1000 --max-model-len 4096 --prefix-len 0 \
+            --out "$out/plain_interleaved_$stamp.json" > "$out/plain.txt" 2>&1 ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
   esac
   echo "$step: exit $?"; tail -n 3 "$out/$step.txt"

@@ -1,9 +1,12 @@
-"""benchmarks/common.py: running one configuration's process and reading back its result."""
+"""benchmarks/common.py: running one configuration's process and reading back its result, the engine
+arguments every configuration gets, and the requests without their system prompt."""
 
+import ast
 import json
 import sys
+from types import SimpleNamespace
 
-from tests.benchmarks import load
+from tests.benchmarks import BENCH, load
 
 common = load("common")
 
@@ -31,3 +34,36 @@ def test_worker_command_repeats_this_run_for_one_config(monkeypatch):
     monkeypatch.setattr(sys, "argv", ["bench_x.py", "--model", "m", "--out", "o.json"])
     assert common.worker_command("/b/bench_x.py", "noprefix") == [
         sys.executable, "/b/bench_x.py", "--model", "m", "--out", "o.json", "--worker", "noprefix"]
+
+
+def args(**kw):
+    base = dict(model="m", max_model_len=512, seed=0, tensor_parallel_size=1, iteration_details=False,
+                gpu_memory_utilization=None, max_num_seqs=None, max_cudagraph_capture_size=None,
+                shared_path=None, profile=None)
+    return SimpleNamespace(**{**base, **kw})
+
+
+def test_max_num_seqs_reaches_every_config_and_only_when_given():
+    for config in ("default", "relay", "noprefix", "noprefix-relay"):
+        assert common.engine_kwargs(args(max_num_seqs=96), config, [[1, 2, 3]])["max_num_seqs"] == 96
+        assert "max_num_seqs" not in common.engine_kwargs(args(), config, [[1, 2, 3]])
+    relay = common.engine_kwargs(args(max_num_seqs=96), "relay", [[1, 2, 3]])
+    assert relay["attention_backend"] == "relay"
+    assert relay["additional_config"]["relay"]["max_prompt_tokens"] == 3
+
+
+def test_strip_system_keeps_bos_and_the_requests_own_tokens():
+    systems = [[1, 7, 7], [1, 7, 7, 8, 8]]
+    prompts = [[1, 7, 7, 5], [1, 7, 7, 8, 8, 6], [1, 9]]
+    assert common.strip_system(prompts, systems) == [[1, 5], [1, 6], [1, 9]]  # the longest prompt that matches
+    # With no shared prompt (the single workload at --prefix-len 0 shares only BOS), nothing changes
+    assert common.strip_system(prompts, [[1]]) == prompts
+
+
+def test_no_benchmark_imports_another_benchmarks_internals():
+    scripts = {p.stem for p in BENCH.glob("*.py")} - {"common"}
+    for path in BENCH.glob("*.py"):
+        nodes = list(ast.walk(ast.parse(path.read_text())))
+        imported = {n.module for n in nodes if isinstance(n, ast.ImportFrom)} | {
+            a.name for n in nodes if isinstance(n, ast.Import) for a in n.names}
+        assert not imported & scripts, f"{path.name} imports {imported & scripts}: shared helpers go in common.py"
