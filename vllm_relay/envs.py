@@ -77,13 +77,12 @@ def is_set(name: str) -> bool:
 
 
 # Variables earlier releases read: set, they are refused rather than silently ignored.
+KNOB = "a tuning knob, now the measured choice in the code: unset it"
+KNOBS = ("LEVEL_KERNEL", "LEVEL_SPLITS", "GRAPH_LEVELS", "GRAPH_ONE_SPLIT", "GRAPH_SPLIT_CAP", "CHUNK_LEVELS",
+         "JOINT", "JOINT_ROWS", "LEVEL_STREAM", "LEVEL_STREAM_PRIORITY", "DETOKENIZER_PRIME", "CACHE_HITS")
 REMOVED = {"VLLM_RELAY_MAX_PROMPTS": "set max_prompts in the relay section of --additional-config",
            "VLLM_RELAY_MAX_PROMPT_TOKENS": "set max_prompt_tokens in the relay section of --additional-config",
-           **dict.fromkeys(("VLLM_RELAY_LEVEL_KERNEL", "VLLM_RELAY_LEVEL_SPLITS", "VLLM_RELAY_GRAPH_LEVELS",
-                            "VLLM_RELAY_GRAPH_ONE_SPLIT", "VLLM_RELAY_GRAPH_SPLIT_CAP", "VLLM_RELAY_CHUNK_LEVELS",
-                            "VLLM_RELAY_JOINT", "VLLM_RELAY_JOINT_ROWS", "VLLM_RELAY_LEVEL_STREAM",
-                            "VLLM_RELAY_LEVEL_STREAM_PRIORITY", "VLLM_RELAY_DETOKENIZER_PRIME",
-                            "VLLM_RELAY_CACHE_HITS"), "a tuning knob, now the measured choice in the code: unset it")}
+           **{f"VLLM_RELAY_{knob}": KNOB for knob in KNOBS}}
 
 
 def check() -> None:

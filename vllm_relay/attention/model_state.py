@@ -136,7 +136,8 @@ class RelayModelState(DefaultModelState):
         if self.auto_levels:  # the rows' blocks so far, in batch order
             table = self.blocks.table[idx, : max(1, int(self.blocks.count[idx].max(initial=0)))]
             seq_lens = (req_states.num_computed_tokens_np[idx] + counts).astype(np.int32)
-        self.step = relay_step.RelayStep(num_reqs, int(batch.num_tokens), rows[1], rows[2], counts, table, seq_lens)
+        self.step = relay_step.RelayStep(num_reqs, int(batch.num_tokens), rows[1], rows[2], counts, table,
+                                         seq_lens)
         find_step_levels(self.step)
 
     def preprocess_state(self, input_batch, block_tables, kv_cache_config, num_computed_tokens) -> None:

@@ -5,9 +5,8 @@ from typing import Any
 # (owner, attribute name) -> original value; insertion-ordered so revert_all undoes in reverse.
 _ORIGINALS: dict[tuple[Any, str], Any] = {}
 _ABSENT = object()  # the original of an attribute the patch adds: reverting deletes it
-# Every instance-level change made in this process, for the ledger test: for each, the names
-# "Class.name" of the instance's class and its bases (the ledger lists it under one of them).
-_INSTANCE_CHANGES: set[tuple[str, ...]] = set()
+# Every instance-level change made in this process, for the ledger test: (the instance's class, name).
+_INSTANCE_CHANGES: set[tuple[type, str]] = set()
 
 
 def patch(owner: Any, name: str, replacement: Any) -> None:
@@ -41,9 +40,12 @@ def revert_all() -> None:
 def swap(instance: Any, name: str, value: Any) -> None:
     """Set `instance.name = value` on one vLLM object (not its class), recorded for the ledger:
     every such change is listed in patches/README.md. `name` "__class__" swaps the object's class."""
-    _INSTANCE_CHANGES.add(tuple(f"{c.__name__}.{name}" for c in type(instance).__mro__[:-1]))
+    _INSTANCE_CHANGES.add((type(instance), name))  # (some are made per request: the names come later)
     setattr(instance, name, value)
 
 
 def instance_changes() -> list[tuple[str, ...]]:
-    return sorted(_INSTANCE_CHANGES)
+    """Each instance-level change as the names "Class.name" of the instance's class and its bases
+    (the ledger lists it under one of them)."""
+    names = {tuple(f"{c.__name__}.{name}" for c in cls.__mro__[:-1]) for cls, name in _INSTANCE_CHANGES}
+    return sorted(names)
