@@ -80,8 +80,9 @@ def is_set(name: str) -> bool:
 KNOB = "a tuning knob, now the measured choice in the code: unset it"
 KNOBS = ("LEVEL_KERNEL", "LEVEL_SPLITS", "GRAPH_LEVELS", "GRAPH_ONE_SPLIT", "GRAPH_SPLIT_CAP", "CHUNK_LEVELS",
          "JOINT", "JOINT_ROWS", "LEVEL_STREAM", "LEVEL_STREAM_PRIORITY", "DETOKENIZER_PRIME", "CACHE_HITS")
-REMOVED = {"VLLM_RELAY_MAX_PROMPTS": "set max_prompts in the relay section of --additional-config",
-           "VLLM_RELAY_MAX_PROMPT_TOKENS": "set max_prompt_tokens in the relay section of --additional-config",
+SECTION = "in the relay section of --additional-config"
+REMOVED = {"VLLM_RELAY_MAX_PROMPTS": f"set max_prompts {SECTION}",
+           "VLLM_RELAY_MAX_PROMPT_TOKENS": f"set max_prompt_tokens {SECTION}",
            **{f"VLLM_RELAY_{knob}": KNOB for knob in KNOBS}}
 
 
