@@ -207,6 +207,20 @@ def test_engine_features_are_refused(feature, monkeypatch):
         check_engine()
 
 
+@pytest.mark.parametrize("kv_cache_dtype", ["fp8", "fp8_e4m3", "fp8_e5m2"])
+def test_fp8_kv_cache_is_accepted_where_the_backend_reads_it(kv_cache_dtype):
+    """The CPU backend reads an FP8 cache (`check_engine(fp8_kv=True)`); the CUDA one refuses it."""
+    from vllm.config import set_current_vllm_config
+
+    from vllm_relay.attention.common import check_engine
+
+    config = engine_args({}, kv_cache_dtype=kv_cache_dtype).create_engine_config()
+    with set_current_vllm_config(config):
+        check_engine(fp8_kv=True)
+        with pytest.raises(NotImplementedError, match="FP8 KV caches: on the CPU only"):
+            check_engine()
+
+
 def test_sleep_mode_is_accepted():
     """Sleep resets the prefix cache first: relay's refills bring the prompts back on wake-up."""
     from vllm.config import set_current_vllm_config

@@ -8,14 +8,24 @@ A reference engine runs the same full prompts on vLLM's CPU backend. Greedy toke
 identical and the top-5 logprobs must agree within 1e-4 (fp32); seeded sampling with n > 1 and a
 stop string must give the same completions, texts and finish reasons. Both relay paths are run:
 "always" sends every decode token of a relay request through the shared (grouped) system level,
-"never" reads each request's system pages in front of its own (the prefix path).
+"never" reads each request's system pages in front of its own (the prefix path). With an FP8 KV
+cache (`kv_cache_dtype="fp8"`, where vLLM's CPU backend has it: x86 with AVX-512 or AMX) the reference
+engine runs with the same FP8 cache. Its logprobs cannot agree to 1e-4: relay's split sums in
+another order, so a key or value computed a last bit away from vLLM's can round to the next FP8 grid
+point (an e4m3 step is 6-12%), and such a flip moves later logprobs. The bound there is 5% of what
+FP8 itself moves them: the median over requests of the first token's largest top-5 logprob
+difference between vLLM with the FP8 cache and vLLM with the model's dtype, both without the plugin
+(measured on the tiny GQA model: FP8 itself 0.39, relay against vLLM 0.010, the bound 0.02);
+greedy tokens and top-5 sets must still be identical.
 """
 
 import json
 import random
+import statistics
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.e2e.engine_runner import assert_same_outputs, run_engine
 from vllm_relay.testing.models import get_model
@@ -42,17 +52,28 @@ def workload(vocab: int, seed: int):
 _references: dict = {}
 
 
-def reference_run(model, prompts, sampled, tmp_path):
-    """vLLM's own CPU backend on the full prompts; one run per model for all relay variants."""
-    if model not in _references:
-        _references[model], _ = run_engine({"engine": {"model": model, "max_model_len": 512}, "prompts": prompts,
-                                            "max_tokens": 16, "sampled_prompts": sampled}, tmp_path, "reference")
-    return _references[model]
+def reference_run(model, prompts, sampled, tmp_path, kv_cache_dtype="auto"):
+    """vLLM's own CPU backend on the full prompts; one run per model and cache dtype for all relay variants."""
+    if (model, kv_cache_dtype) not in _references:
+        engine = {"model": model, "max_model_len": 512, "kv_cache_dtype": kv_cache_dtype}
+        _references[model, kv_cache_dtype], _ = run_engine(
+            {"engine": engine, "prompts": prompts, "max_tokens": 16, "sampled_prompts": sampled}, tmp_path,
+            "reference")
+    return _references[model, kv_cache_dtype]
 
 
-@pytest.mark.parametrize("name, shared_path", [("tiny-llama-mha", "always"), ("tiny-llama-gqa", "always"),
-                                               ("tiny-llama-gqa", "never")])
-def test_relay_is_exact_on_mixed_batches_with_chunking_and_preemption(name, shared_path, tmp_path):
+def has_fp8_kv() -> bool:
+    """vLLM's CPU backend stores an FP8 KV cache on x86 with AVX-512 or AMX only."""
+    return torch.cpu._is_avx512_supported() or torch.cpu._is_amx_tile_supported()
+
+
+@pytest.mark.parametrize("name, shared_path, kv_cache_dtype", [
+    ("tiny-llama-mha", "always", "auto"), ("tiny-llama-gqa", "always", "auto"), ("tiny-llama-gqa", "never", "auto"),
+    pytest.param("tiny-llama-gqa", "always", "fp8", marks=pytest.mark.skipif(
+        not has_fp8_kv(), reason="vLLM's CPU FP8 KV cache needs x86 with AVX-512 or AMX")),
+])
+def test_relay_is_exact_on_mixed_batches_with_chunking_and_preemption(name, shared_path, kv_cache_dtype,
+                                                                      tmp_path):
     model = get_model(name)
     vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
     systems, prompts, num_relay = workload(vocab, seed=7)
@@ -62,6 +83,7 @@ def test_relay_is_exact_on_mixed_batches_with_chunking_and_preemption(name, shar
                                         "max_prompt_tokens": 256, "shared_path": shared_path}},
         "max_num_batched_tokens": 64, "max_num_seqs": 16, "max_model_len": 512,
         "num_gpu_blocks_override": 24,  # 768 tokens of paged KV for ~1700 tokens of requests
+        "kv_cache_dtype": kv_cache_dtype,
     }
     # A relay request (n=2, seeded, stop string) and an ordinary one, both within one chunk: vLLM's CPU
     # runner cannot rewind a seeded request's generator after a partial prefill (any backend), and the
@@ -69,9 +91,15 @@ def test_relay_is_exact_on_mixed_batches_with_chunking_and_preemption(name, shar
     sampled = [prompts[1], prompts[12]]
     relay, _ = run_engine({"engine": relay_engine, "prompts": prompts, "max_tokens": 16,
                            "sampled_prompts": sampled}, tmp_path, "relay")
-    reference = reference_run(model, prompts, sampled, tmp_path)
+    reference = reference_run(model, prompts, sampled, tmp_path, kv_cache_dtype)
 
-    assert_same_outputs(relay["outputs"], reference["outputs"])
+    tol = 1e-4
+    if kv_cache_dtype != "auto":  # 5% of what FP8 itself moves the first token's logprobs (docstring)
+        full = reference_run(model, prompts, sampled, tmp_path)["outputs"]
+        tol = 0.05 * statistics.median(max(abs(a[k] - b[k]) for k in a.keys() & b.keys())
+                                       for a, b in ((f["logprobs"][0], q["logprobs"][0])
+                                                    for f, q in zip(full, reference["outputs"])))
+    assert_same_outputs(relay["outputs"], reference["outputs"], tol=tol)
     assert [o["prompt_len"] for o in relay["outputs"]] == [len(p) for p in prompts]  # usage: full prompt
     stats = relay["relay_stats"]
     assert stats["relay_requests"] == num_relay + 2, stats  # + the n=2 samples of sampled[0]

@@ -39,11 +39,12 @@ def fusion_ref(o_sys, lse_sys, o_ctx, lse_ctx):
     return out, torch.logsumexp(lse, dim=0)
 
 
-def attention_ref(q, k, v, scale, causal):
+def attention_ref(q, k, v, scale, causal, softcap=0.0):
     """Dense attention of one sequence in fp32, one head at a time.
 
     q: [L, Hq, D]; k, v: [K, Hkv, D]. Causal is bottom-right aligned: query i sees keys
-    j <= K - L + i. Rows that see no key give o = 0, lse = -inf.
+    j <= K - L + i. Rows that see no key give o = 0, lse = -inf. `softcap` > 0 caps the scaled
+    scores to softcap * tanh(s / softcap).
     Returns (o float32 [L, Hq, D], lse float32 [Hq, L]).
     """
     L, Hq, D = q.shape
@@ -59,6 +60,8 @@ def attention_ref(q, k, v, scale, causal):
         kh = k[:, h * Hkv // Hq].float()
         vh = v[:, h * Hkv // Hq].float()
         s = (q[:, h].float() @ kh.T) * scale
+        if softcap:
+            s = softcap * torch.tanh(s / softcap)
         s = s.masked_fill(~allowed, float("-inf"))
         m = s.max(dim=1, keepdim=True).values
         m = torch.where(m == float("-inf"), 0.0, m)

@@ -17,24 +17,35 @@ SCENARIOS = {
 }
 
 
-def run_case(lens, h_kv, group, d, block_size, dtype, causal):
+def run_case(lens, h_kv, group, d, block_size, dtype, causal, softcap=0.0, fp8=None, scales=(1.0, 1.0)):
+    """One call against the fp32 reference. With `fp8` (a float8 dtype) the cache holds K / k_scale
+    and V / v_scale in it, read with k_descale / v_descale; the reference gets the values it holds."""
     hq = h_kv * group
     q = torch.randn(sum(ql for ql, _ in lens), hq, d).to(dtype)
     ks = [torch.randn(kl, h_kv, d).to(dtype) for _, kl in lens]
     vs = [torch.randn(kl, h_kv, d).to(dtype) for _, kl in lens]
-    k_cache, v_cache, table, seqused = make_paged_cache(ks, vs, block_size, dtype)
+    fp8_kw = {}
+    if fp8 is not None:  # what the cache holds, exactly: values of the FP8 grid, times the scale
+        ks = [(k.float() / scales[0]).to(fp8).float() * scales[0] for k in ks]
+        vs = [(v.float() / scales[1]).to(fp8).float() * scales[1] for v in vs]
+        k_cache, v_cache, table, seqused = make_paged_cache(
+            [k / scales[0] for k in ks], [v / scales[1] for v in vs], block_size, torch.float32)
+        k_cache, v_cache = k_cache.to(fp8), v_cache.to(fp8)  # exact: every value is on the grid
+        fp8_kw = dict(k_descale=scales[0], v_descale=torch.full((len(lens), h_kv), scales[1]))
+    else:
+        k_cache, v_cache, table, seqused = make_paged_cache(ks, vs, block_size, dtype)
     cu = cu_seqlens([ql for ql, _ in lens])
     scale = d ** -0.5
     out, lse = varlen_attention_torch(
         q=q, k=k_cache, v=v_cache, cu_seqlens_q=cu, seqused_k=seqused,
         max_seqlen_q=max(ql for ql, _ in lens), max_seqlen_k=max(kl for _, kl in lens),
         softmax_scale=scale, causal=causal, block_table=table, return_softmax_lse=True,
-        fa_version=3, scheduler_metadata=None, num_splits=0, window_size=[-1, -1], softcap=0.0)
+        fa_version=3, scheduler_metadata=None, num_splits=0, window_size=[-1, -1], softcap=softcap, **fp8_kw)
     assert out.dtype == dtype and out.shape == q.shape
     assert lse.dtype == torch.float32 and lse.shape == (hq, q.shape[0])
     for b in range(len(lens)):
         rows = slice(int(cu[b]), int(cu[b + 1]))
-        ref_o, ref_lse = attention_ref(q[rows], ks[b], vs[b], scale, causal)
+        ref_o, ref_lse = attention_ref(q[rows], ks[b], vs[b], scale, causal, softcap)
         assert_close(out[rows], ref_o, dtype, msg=f"request {b}")
         torch.testing.assert_close(lse[:, rows], ref_lse, atol=1e-4, rtol=1e-5)
     return out, lse
@@ -51,6 +62,34 @@ def test_matches_reference(scenario, group, block_size, dtype):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_non_causal_odd_head_size(dtype):
     run_case([(7, 17), (1, 1000), (4, 3)], h_kv=1, group=4, d=59, block_size=16, dtype=dtype, causal=False)
+
+
+@pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_fp8_kv_cache_read_with_its_scales(fp8, dtype):
+    """An FP8 cache (decodes batched and a chunked prefill) read as value * scale, both scales."""
+    run_case(SCENARIOS["decode_mixed"], h_kv=2, group=2, d=64, block_size=16, dtype=dtype, causal=True,
+             fp8=fp8, scales=(0.37, 1.9))
+
+
+@pytest.mark.parametrize("scenario", ["decode_mixed", "chunked", "q_longer"])
+def test_softcap(scenario):
+    """Soft-capped scores, small enough a cap (5) that it bends most of them (scores scaled x4)."""
+    run_case(SCENARIOS[scenario], h_kv=2, group=3, d=16, block_size=16, dtype=torch.float32, causal=True,
+             softcap=5.0)
+
+
+def test_scales_need_an_fp8_cache_and_one_value():
+    q = torch.randn(1, 4, 64)
+    k_cache, v_cache, table, seqused = make_paged_cache([torch.randn(3, 4, 64)], [torch.randn(3, 4, 64)],
+                                                        16, torch.float32)
+    kw = dict(q=q, cu_seqlens_q=cu_seqlens([1]), seqused_k=seqused, causal=True, block_table=table)
+    with pytest.raises(ValueError, match="FP8 KV cache only"):
+        varlen_attention_torch(k=k_cache, v=v_cache, k_descale=0.5, **kw)
+    f8 = torch.float8_e4m3fn
+    with pytest.raises(NotImplementedError, match="one scale"):
+        varlen_attention_torch(k=k_cache.to(f8), v=v_cache.to(f8),
+                               k_descale=torch.tensor([[0.5, 1.0, 1.0, 1.0]]), **kw)
 
 
 def test_long_prefill():
@@ -80,7 +119,8 @@ def test_out_is_written_in_place():
 
 @pytest.mark.parametrize("kwargs,match", [
     ({"window_size": (8, 0)}, "window_size"),
-    ({"softcap": 30.0}, "softcap"),
+    ({"s_aux": torch.zeros(4)}, "s_aux"),
+    ({"q_descale": torch.ones(1, 4)}, "q_descale"),
     ({"alibi_slopes": torch.ones(4)}, "alibi_slopes"),
     ({"cu_seqlens_k": torch.zeros(2, dtype=torch.int32)}, "cu_seqlens_k"),
 ])

@@ -35,8 +35,12 @@ def check_layer(backend: str, *, alibi_slopes, sliding_window, logits_soft_cap, 
         )
 
 
-def check_engine() -> None:
-    """Reject, at start-up, engine features relay does not compute exactly (model build time)."""
+FP8_KV_CACHE_DTYPES = ("fp8", "fp8_e4m3", "fp8_e5m2")
+
+
+def check_engine(fp8_kv: bool = False) -> None:
+    """Reject, at start-up, engine features relay does not compute exactly (model build time).
+    `fp8_kv`: the backend reads an FP8 KV cache (the CPU's); else only the model's dtype."""
     from vllm.config import get_current_vllm_config
 
     vllm_config = get_current_vllm_config()
@@ -46,9 +50,11 @@ def check_engine() -> None:
         unsupported.append("speculative decoding (its drafters do not shift system-prompt positions)")
     if model_config.uses_mrope or getattr(model_config, "uses_xdrope_dim", 0):
         unsupported.append("M-RoPE / XD-RoPE position encodings (only plain positions are shifted)")
-    if vllm_config.cache_config.cache_dtype not in ("auto", str(model_config.dtype).removeprefix("torch.")):
-        unsupported.append(f"kv_cache_dtype={vllm_config.cache_config.cache_dtype!r} other than the "
-                           f"model's {model_config.dtype}")
+    cache_dtype = vllm_config.cache_config.cache_dtype
+    if cache_dtype not in ("auto", str(model_config.dtype).removeprefix("torch.")) and not (
+            fp8_kv and cache_dtype in FP8_KV_CACHE_DTYPES):
+        also = " or fp8 / fp8_e4m3 / fp8_e5m2" if fp8_kv else " (FP8 KV caches: on the CPU only)"
+        unsupported.append(f"kv_cache_dtype={cache_dtype!r} other than the model's {model_config.dtype}{also}")
     if getattr(vllm_config.parallel_config, "use_ubatching", False):
         unsupported.append("micro-batching (dual-batch overlap splits a step the relay plan covers whole)")
     if unsupported:

@@ -8,6 +8,9 @@ slot's pages in front on the prefix path:
 * no level: vLLM's CPU kernel (`cpu_attention_with_kv_cache`) over the context tables, one call;
 * otherwise `ops.relay_attention` in torch (`varlen_attention_torch`, which returns the LSE that
   vLLM's kernel does not), the levels and the fusion.
+
+An FP8 KV cache (`--kv-cache-dtype fp8`, `fp8_e4m3`, `fp8_e5m2`; x86 with AVX-512 or AMX, as vLLM's
+CPU backend requires) is read as vLLM's kernel reads it: each stored value times the layer's scale.
 """
 
 import functools
@@ -27,6 +30,8 @@ from vllm_relay.attention.common import check_engine, check_layer, log_active
 from vllm_relay.attention.planner import RelayPlanner
 from vllm_relay.ops import RelayPlan, relay_attention, varlen_attention_torch
 
+FP8_KV = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+
 
 def torch_views(key_cache: torch.Tensor, value_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """FlashAttention-layout views [blocks, block_size, kv_heads, D] of the halves of vLLM's CPU cache
@@ -38,21 +43,32 @@ def torch_views(key_cache: torch.Tensor, value_cache: torch.Tensor) -> tuple[tor
 
 
 @functools.lru_cache(maxsize=None)
-def torch_views_match(isa: str, dtype: torch.dtype, block_size: int, head_size: int) -> bool:
-    """Whether `torch_views` reads back what vLLM's cache writes store for this ISA (probed once)."""
-    kv = torch.zeros(2, 2, block_size, 2 * head_size, dtype=dtype)
+def torch_views_match(isa: str, dtype: torch.dtype, block_size: int, head_size: int,
+                      kv_cache_dtype: str = "auto") -> bool:
+    """Whether `torch_views` reads back what vLLM's cache writes store for this ISA and cache dtype
+    (probed once; `dtype` is the model's). An FP8 cache is probed with scales 2 and 0.5: values
+    exact on both FP8 grids, stored divided by the scale and read times it."""
+    fp8 = FP8_KV.get(kv_cache_dtype)
+    kv = torch.zeros(2, 2, block_size, 2 * head_size, dtype=torch.uint8 if fp8 else dtype)
     key_cache, value_cache = kv.view(2, 2, 2 * block_size, head_size).chunk(2, dim=2)
     n = 2 * block_size
-    key = (torch.arange(n * 2 * head_size) % 251).reshape(n, 2, head_size).to(dtype)  # exact in 16 bits
+    if fp8:
+        key = (((torch.arange(n * 2 * head_size) * 7) % 8 - 4) / 2).reshape(n, 2, head_size).to(dtype)
+    else:
+        key = (torch.arange(n * 2 * head_size) % 251).reshape(n, 2, head_size).to(dtype)  # exact in 16 bits
     value = key.flip(0)
+    scales = (2.0, 0.5) if fp8 else (1.0, 1.0)
     ops.cpu_attn_reshape_and_cache(key, value, key_cache, value_cache, torch.arange(n), isa,
-                                   k_scale=1.0, v_scale=1.0, kv_cache_dtype="auto")
+                                   k_scale=scales[0], v_scale=scales[1], kv_cache_dtype=kv_cache_dtype)
     k, v = torch_views(key_cache, value_cache)
+    if fp8:
+        k, v = (x.flatten(0, 1).contiguous().view(fp8).float() * s for x, s in zip((k, v), scales))
+        return torch.equal(k, key.float()) and torch.equal(v, value.float())
     return torch.equal(k.flatten(0, 1), key) and torch.equal(v.flatten(0, 1), value)
 
 
 class RelayCPUBackend(CPUAttentionBackend):
-    supported_kv_cache_dtypes: ClassVar[list[str]] = ["auto", "float32", "float16", "bfloat16"]
+    supported_kv_cache_dtypes: ClassVar[list[str]] = ["auto", "float32", "float16", "bfloat16", *FP8_KV]
 
     @staticmethod
     def get_name() -> str:
@@ -110,7 +126,7 @@ class RelayCPUImpl(CPUAttentionBackendImpl):
         check_layer("CPU", alibi_slopes=alibi_slopes, sliding_window=sliding_window,
                     logits_soft_cap=logits_soft_cap, attn_type=attn_type, sinks=sinks,
                     kv_sharing_target_layer_name=kv_sharing_target_layer_name)
-        check_engine()
+        check_engine(fp8_kv=True)
         super().__init__(num_heads, head_size, scale, num_kv_heads, alibi_slopes, sliding_window,
                          kv_cache_dtype, logits_soft_cap, attn_type, kv_sharing_target_layer_name, sinks)
 
@@ -130,11 +146,18 @@ class RelayCPUImpl(CPUAttentionBackendImpl):
                 query_start_loc=attn_metadata.query_start_loc, seq_lens=attn_metadata.seq_lens, scale=self.scale,
                 causal=True, alibi_slopes=None, sliding_window=-1, block_table=attn_metadata.block_table,
                 softcap=0, scheduler_metadata=attn_metadata.scheduler_metadata, s_aux=None,
+                k_scale=layer._k_scale_float, v_scale=layer._v_scale_float,
                 kv_cache_dtype=self.kv_cache_dtype)
             return output
-        if not torch_views_match(layer.isa, kv_cache.dtype, block_size, self.head_size):
-            raise RuntimeError(f"vllm-relay: the shared levels cannot read vLLM's CPU KV cache with ISA {layer.isa!r} "
-                               "(an unknown block layout); use shared_path 'auto' or 'never' on this machine")
+        if not torch_views_match(layer.isa, query.dtype, block_size, self.head_size, self.kv_cache_dtype):
+            raise RuntimeError(f"vllm-relay: the shared levels cannot read vLLM's CPU KV cache with ISA "
+                               f"{layer.isa!r} and cache dtype {self.kv_cache_dtype!r} (an unknown block "
+                               "layout); use shared_path 'auto' or 'never' on this machine")
         k, v = torch_views(key_cache, value_cache)
-        relay_attention(query[:n], k, v, plan, output[:n], self.scale, attn_fn=varlen_attention_torch)
+        extra = {}
+        if self.kv_cache_dtype in FP8_KV:
+            fp8 = FP8_KV[self.kv_cache_dtype]
+            k, v = k.view(fp8), v.view(fp8)
+            extra = dict(k_descale=layer._k_scale_float, v_descale=layer._v_scale_float)
+        relay_attention(query[:n], k, v, plan, output[:n], self.scale, varlen_attention_torch, extra)
         return output

@@ -12,9 +12,41 @@ _MAX_SCORE_ELEMS = 1 << 24
 _MAX_KV_ELEMS = 1 << 24
 
 
-def _gather_kv(cache: torch.Tensor, blocks: torch.Tensor, k_len: int) -> torch.Tensor:
-    """First `k_len` tokens of a request from a paged cache [num_blocks, block_size, Hkv, D]."""
-    return cache.index_select(0, blocks).flatten(0, 1)[:k_len]
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+class _Fp8Cache:
+    """An FP8 paged cache and its scale: `index_select` gathers its bytes and reads them in fp32."""
+
+    def __init__(self, cache: torch.Tensor, scale: float) -> None:
+        self.bytes, self.fp8, self.shape = cache.view(torch.uint8), cache.dtype, cache.shape
+        self.scale = scale
+
+    def index_select(self, dim: int, index: torch.Tensor) -> torch.Tensor:
+        return self.bytes.index_select(dim, index).view(self.fp8).float() * self.scale
+
+
+def _descale(x, name: str) -> float:
+    """A per-tensor scale given as a float or as a tensor of one value (possibly expanded)."""
+    if x is None:
+        return 1.0
+    if not isinstance(x, torch.Tensor):
+        return float(x)
+    values = x.reshape(-1).float()
+    if values.numel() > 0 and bool((values == values[0]).all()):
+        return float(values[0])
+    raise NotImplementedError(f"varlen_attention_torch: {name} must be one scale for the whole cache, got a "
+                              f"tensor of {tuple(x.shape)} with distinct entries")
+
+
+def _cap(s: torch.Tensor, softcap: float) -> torch.Tensor:
+    """Soft-capped scores, as FlashAttention applies `softcap` (after the softmax scale)."""
+    return s if not softcap else torch.tanh(s / softcap) * softcap
+
+
+def _gather_kv(cache, blocks: torch.Tensor, k_len: int) -> torch.Tensor:
+    """First `k_len` tokens of a request from a paged cache [num_blocks, block_size, Hkv, D], in fp32."""
+    return cache.index_select(0, blocks).flatten(0, 1)[:k_len].float()
 
 
 def varlen_attention_torch(q, k_cache=None, v_cache=None, cu_seqlens_q=None, seqused_k=None,
@@ -24,15 +56,16 @@ def varlen_attention_torch(q, k_cache=None, v_cache=None, cu_seqlens_q=None, seq
 
     Pass arguments by keyword. FlashAttention's names `k=` and `v=` are accepted for `k_cache` and
     `v_cache`; FlashAttention-only tuning keywords (fa_version, scheduler_metadata, num_splits,
-    q/k/v_descale left None, window_size=None or (-1, -1), softcap=0, ...) are accepted and ignored.
-    Features that would change the result (sliding window, softcap, ALiBi, non-paged
+    q_descale left None, window_size=None or (-1, -1), ...) are accepted and ignored. Features that
+    would change the result and are not computed here (sliding window, ALiBi, sinks, non-paged
     `cu_seqlens_k`) raise NotImplementedError.
 
     Args:
         q: queries, shape [Tq, Hq, D], fp16/bf16/fp32, last dim contiguous.
         k_cache, v_cache: paged caches, shape [num_blocks, block_size, Hkv, D] each (FlashAttention's
-            layout; non-contiguous views allowed), q's dtype. Query head h reads KV head
-            h // (Hq // Hkv).
+            layout; non-contiguous views allowed), q's dtype, or an FP8 KV cache (float8_e4m3fn or
+            float8_e5m2) read as `value * k_descale` / `value * v_descale`. Query head h reads KV
+            head h // (Hq // Hkv).
         cu_seqlens_q: int32 [B + 1], request b owns query rows cu_seqlens_q[b]:cu_seqlens_q[b+1].
         seqused_k: int32 [B], number of KV tokens of request b, read through `block_table`.
         max_seqlen_q, max_seqlen_k: ints, accepted for compatibility (not needed here).
@@ -42,6 +75,9 @@ def varlen_attention_torch(q, k_cache=None, v_cache=None, cu_seqlens_q=None, seq
         block_table: int32 [B, max_blocks], physical block ids of each request.
         out: optional output [Tq, Hq, D] in q's dtype; rows outside cu_seqlens_q are left as is.
         return_softmax_lse: also return the natural-log LSE, float32 [Hq, Tq].
+        k_descale, v_descale: the FP8 cache's per-tensor scales: a float, or a tensor holding one
+            value (FlashAttention's [B, Hkv] expanded from one); 1.0 when None.
+        softcap: logit soft-capping, scores `softcap * tanh(s / softcap)` (0: none), as FlashAttention.
 
     Returns:
         `out` [Tq, Hq, D] in q's dtype, or `(out, lse)` with `return_softmax_lse`. Computed in fp32.
@@ -56,8 +92,16 @@ def varlen_attention_torch(q, k_cache=None, v_cache=None, cu_seqlens_q=None, seq
     """
     k_cache = kwargs.pop("k", None) if k_cache is None else k_cache
     v_cache = kwargs.pop("v", None) if v_cache is None else v_cache
+    descale = tuple(_descale(kwargs.pop(name, None), name) for name in ("k_descale", "v_descale"))
+    softcap = float(kwargs.pop("softcap", 0) or 0)
     _check_unsupported(kwargs)
     _check_args(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, out)
+    if k_cache.dtype in FP8_DTYPES:  # gathered as bytes (index_select has no float8 kernels), read scaled
+        kv = (_Fp8Cache(k_cache, descale[0]), _Fp8Cache(v_cache, descale[1]))
+    elif descale != (1.0, 1.0):
+        raise ValueError("varlen_attention_torch: k_descale / v_descale apply to an FP8 KV cache only")
+    else:
+        kv = (k_cache, v_cache)
     T, Hq, D = q.shape
     Hkv = k_cache.shape[2]
     group = Hq // Hkv
@@ -72,7 +116,7 @@ def varlen_attention_torch(q, k_cache=None, v_cache=None, cu_seqlens_q=None, seq
     # One query and some keys (decode): all such requests at once; the others one by one.
     decode = [b for b, k_len in enumerate(k_lens) if cu[b + 1] - cu[b] == 1 and k_len > 0]
     if len(decode) > 1:
-        _decode_batch(q, k_cache, v_cache, decode, cu, k_lens, block_table, scale, out, lse)
+        _decode_batch(q, *kv, decode, cu, k_lens, block_table, scale, softcap, out, lse)
     else:
         decode = []
     batched = set(decode)
@@ -85,13 +129,13 @@ def varlen_attention_torch(q, k_cache=None, v_cache=None, cu_seqlens_q=None, seq
             out[q_start:q_end] = 0
             continue
         blocks = block_table[b, : (k_len + block_size - 1) // block_size].long()
-        k = _gather_kv(k_cache, blocks, k_len).float()  # [K, Hkv, D]
-        v = _gather_kv(v_cache, blocks, k_len).float()
+        k = _gather_kv(kv[0], blocks, k_len)  # [K, Hkv, D] fp32
+        v = _gather_kv(kv[1], blocks, k_len)
         chunk = max(1, _MAX_SCORE_ELEMS // (Hq * k_len))
         for c0 in range(0, q_len, chunk):
             c1 = min(q_len, c0 + chunk)
             qc = q[q_start + c0: q_start + c1].float().reshape(c1 - c0, Hkv, group, D)
-            s = torch.einsum("qhgd,khd->hgqk", qc, k) * scale  # [Hkv, g, C, K]
+            s = _cap(torch.einsum("qhgd,khd->hgqk", qc, k) * scale, softcap)  # [Hkv, g, C, K]
             if causal:
                 rows = torch.arange(c0, c1, device=q.device)[:, None] + (k_len - q_len)
                 s = s.masked_fill(torch.arange(k_len, device=q.device)[None, :] > rows, float("-inf"))
@@ -112,7 +156,7 @@ def _gather_blocks(k_cache, v_cache, table, k_len):
     return k, v
 
 
-def _decode_batch(q, k_cache, v_cache, reqs, cu, k_lens, block_table, scale, out, lse) -> None:
+def _decode_batch(q, k_cache, v_cache, reqs, cu, k_lens, block_table, scale, softcap, out, lse) -> None:
     """Requests `reqs`, one query each (it sees all of its keys), as batched matmuls over their KV
     gathered padded to the longest of a chunk (the padding masked): a few torch calls per chunk
     instead of a few per request. Chunks hold requests of similar lengths, within the limits."""
@@ -137,7 +181,8 @@ def _decode_batch(q, k_cache, v_cache, reqs, cu, k_lens, block_table, scale, out
         k, v = _gather_blocks(k_cache, v_cache, table, k_max)  # [n, K, Hkv, D] each
         qc = q[rows].float().reshape(n, Hkv, Hq // Hkv, D)
         # Per KV head: batched matmuls over strided views of the gathered blocks (no permuted copy).
-        s = torch.stack([torch.bmm(qc[:, h], k[:, :, h].transpose(1, 2)) for h in range(Hkv)], 1) * scale
+        s = torch.stack([torch.bmm(qc[:, h], k[:, :, h].transpose(1, 2)) for h in range(Hkv)], 1)
+        s = _cap(s * scale, softcap)
         pad = torch.arange(k_max, device=q.device)[None, :] >= used[:, None]
         s = s.masked_fill(pad[:, None, None, :], float("-inf"))  # [n, Hkv, g, K]
         row_lse = torch.logsumexp(s, dim=-1)  # [n, Hkv, g]: every row sees at least one key
@@ -148,8 +193,8 @@ def _decode_batch(q, k_cache, v_cache, reqs, cu, k_lens, block_table, scale, out
         i = j
 
 
-_IGNORED_NONE = ("alibi_slopes", "cu_seqlens_k", "q_v", "q_descale", "k_descale", "v_descale",
-                 "s_aux", "mask_mod", "aux_tensors", "dynamic_causal", "output_scale")
+_IGNORED_NONE = ("alibi_slopes", "cu_seqlens_k", "q_v", "q_descale", "s_aux", "mask_mod", "aux_tensors",
+                 "dynamic_causal", "output_scale")
 
 
 def _check_unsupported(kwargs: dict) -> None:
@@ -159,8 +204,6 @@ def _check_unsupported(kwargs: dict) -> None:
     window = kwargs.get("window_size")
     if window is not None and tuple(window) != (-1, -1):
         raise NotImplementedError(f"varlen_attention_torch: window_size={window} is not supported")
-    if kwargs.get("softcap"):
-        raise NotImplementedError("varlen_attention_torch: softcap is not supported")
     if kwargs.get("dropout_p"):
         raise NotImplementedError("varlen_attention_torch: dropout_p is not supported")
 
@@ -181,8 +224,9 @@ def _check_args(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, out) 
     if q.shape[1] % k_cache.shape[2] != 0:
         raise ValueError(f"varlen_attention_torch: Hq={q.shape[1]} is not a multiple of "
                          f"Hkv={k_cache.shape[2]}")
-    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
-        raise ValueError(f"varlen_attention_torch: KV dtype {k_cache.dtype} != q dtype {q.dtype}")
+    if k_cache.dtype != v_cache.dtype or k_cache.dtype not in (q.dtype, *FP8_DTYPES):
+        raise ValueError(f"varlen_attention_torch: KV dtypes {k_cache.dtype}, {v_cache.dtype}: need q's "
+                         f"({q.dtype}) or one FP8 dtype for both")
     if cu_seqlens_q.dim() != 1 or seqused_k.shape != (cu_seqlens_q.shape[0] - 1,):
         raise ValueError(f"varlen_attention_torch: need cu_seqlens_q [B+1] and seqused_k [B], got "
                          f"{tuple(cu_seqlens_q.shape)} and {tuple(seqused_k.shape)}")
