@@ -249,6 +249,21 @@ def test_model_features_are_refused(feature, value):
             check_layer("cpu", **layer)
 
 
+@pytest.mark.parametrize("feature, value, name", [("logits_soft_cap", 30.0, "softcap"), ("sinks", object(), "sinks")])
+def test_model_features_a_backend_computes_are_accepted(feature, value, name):
+    """The CPU backend computes soft-capping and sinks (`computes`); the same layer without them
+    named is refused."""
+    from vllm.v1.attention.backend import AttentionType
+
+    from vllm_relay.attention.common import check_layer
+
+    layer = {"alibi_slopes": None, "sliding_window": None, "logits_soft_cap": None,
+             "attn_type": AttentionType.DECODER, feature: value}
+    check_layer("cpu", computes=frozenset({name}), **layer)
+    with pytest.raises(NotImplementedError):
+        check_layer("cpu", computes=frozenset({"softcap", "sinks"} - {name}), **layer)
+
+
 def test_a_client_relay_tag_is_dropped_with_a_warning(core, monkeypatch):
     from tests.engine.test_core import ecr, submit
     from vllm_relay.engine import core as engine_core

@@ -39,12 +39,13 @@ def fusion_ref(o_sys, lse_sys, o_ctx, lse_ctx):
     return out, torch.logsumexp(lse, dim=0)
 
 
-def attention_ref(q, k, v, scale, causal, softcap=0.0):
+def attention_ref(q, k, v, scale, causal, softcap=0.0, sinks=None):
     """Dense attention of one sequence in fp32, one head at a time.
 
     q: [L, Hq, D]; k, v: [K, Hkv, D]. Causal is bottom-right aligned: query i sees keys
     j <= K - L + i. Rows that see no key give o = 0, lse = -inf. `softcap` > 0 caps the scaled
-    scores to softcap * tanh(s / softcap).
+    scores to softcap * tanh(s / softcap). `sinks` [Hq]: each head's sink, one more logit in every
+    row's softmax with a zero value (a row that sees no key then has lse = its sink).
     Returns (o float32 [L, Hq, D], lse float32 [Hq, L]).
     """
     L, Hq, D = q.shape
@@ -52,7 +53,7 @@ def attention_ref(q, k, v, scale, causal, softcap=0.0):
     o = torch.zeros(L, Hq, D)
     lse = torch.full((Hq, L), float("-inf"))
     if K == 0:
-        return o, lse
+        return o, lse if sinks is None else sinks.float()[:, None].expand(Hq, L).clone()
     allowed = torch.ones(L, K, dtype=torch.bool)
     if causal:
         allowed = torch.arange(K)[None, :] <= (torch.arange(L)[:, None] + K - L)
@@ -63,6 +64,9 @@ def attention_ref(q, k, v, scale, causal, softcap=0.0):
         if softcap:
             s = softcap * torch.tanh(s / softcap)
         s = s.masked_fill(~allowed, float("-inf"))
+        if sinks is not None:  # the sink: one more column of scores, its value a zero row
+            s = torch.cat([s, torch.full((L, 1), float(sinks[h]))], dim=1)
+            vh = torch.cat([vh, torch.zeros(1, D)])
         m = s.max(dim=1, keepdim=True).values
         m = torch.where(m == float("-inf"), 0.0, m)
         p = torch.exp(s - m)

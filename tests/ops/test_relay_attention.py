@@ -44,7 +44,7 @@ RULES = {
 }
 
 
-def build(batch, sys_pages, h_kv, group, d, block_size, dtype, device="cpu"):
+def build(batch, sys_pages, h_kv, group, d, block_size, dtype, device="cpu", softcap=0.0, sinks=None):
     """Random inputs in one paged cache and the dense reference output of `batch`.
 
     A row with a parent holds the parent's page ids for its first shared pages (at most the whole
@@ -85,7 +85,7 @@ def build(batch, sys_pages, h_kv, group, d, block_size, dtype, device="cpu"):
         k, v = ks[b], vs[b]
         if slot >= 0:  # the full sequence the request would have without relay
             k, v = torch.cat([sys_kv[slot][0], k]), torch.cat([sys_kv[slot][1], v])
-        ref[rows], _ = attention_ref(q[rows], k, v, scale, causal=True)
+        ref[rows], _ = attention_ref(q[rows], k, v, scale, causal=True, softcap=softcap, sinks=sinks)
     own_table = torch.randint(0, table.shape[0], (B, width), dtype=torch.int32)  # stale entries
     own_table[:, : table.shape[1]] = table[:B]
     moved = [x.to(device) for x in (q, k_cache, v_cache)]
@@ -168,6 +168,24 @@ def test_random_trees_of_sharing(seed):
     out = torch.full_like(q, float("nan"))
     relay_attention(q, k_cache, v_cache, plan, out, scale, varlen_attention_torch)
     assert_close(out, ref, torch.float32)
+
+
+@pytest.mark.parametrize("rule", ["permissive", "one_level"])
+def test_softcap_and_sinks(rule):
+    """Soft-capping in every call, sinks in the context call only (its LSE carries them into the
+    merge): the dense attention with both, over the mixed batch's levels up to three deep."""
+    sinks = torch.linspace(0.5, 4.0, 8)
+    (q, k_cache, v_cache), own, slot_pages, scale, ref = build(MIXED_BATCH, (1, 63), 2, 4, 64, 16, torch.float32,
+                                                               softcap=2.0, sinks=sinks)
+    plan = make_plan(MIXED_BATCH, own, slot_pages, (1, 63), 16, RULES[rule])
+    assert plan.shared
+    out = torch.empty_like(q)
+    relay_attention(q, k_cache, v_cache, plan, out, scale, varlen_attention_torch, {"softcap": 2.0},
+                    {"s_aux": sinks})
+    assert_close(out, ref, torch.float32)
+    plain = torch.empty_like(q)  # the same without them: far from it (they matter on these inputs)
+    relay_attention(q, k_cache, v_cache, plan, plain, scale, varlen_attention_torch)
+    assert (plain - ref).abs().max() > 0.05
 
 
 def test_long_prefill_chunk_and_odd_head_size():
@@ -347,3 +365,13 @@ def test_levels_on_a_second_stream_eager_and_in_a_graph(rule):
     graph.replay()
     assert torch.equal(out_static, one_stream)
     assert_close(out_static, ref, dtype)
+
+
+def test_joint_plan_refuses_context_only_keywords():
+    """Sinks belong to one partial: a joint call (levels and context in one) cannot take them."""
+    level = SharedLevel(perm=torch.zeros(1, dtype=torch.int32), row_index=torch.zeros(1, dtype=torch.int32),
+                        call={}, ctx_start=torch.zeros(1, dtype=torch.int32))
+    q = torch.randn(1, 2, 8)
+    with pytest.raises(ValueError, match="joint plan"):
+        relay_attention(q, q, q, RelayPlan(context={}, shared=[level]), torch.empty_like(q), 1.0,
+                        varlen_attention_torch, None, {"s_aux": torch.zeros(2)})

@@ -17,7 +17,8 @@ SCENARIOS = {
 }
 
 
-def run_case(lens, h_kv, group, d, block_size, dtype, causal, softcap=0.0, fp8=None, scales=(1.0, 1.0)):
+def run_case(lens, h_kv, group, d, block_size, dtype, causal, softcap=0.0, fp8=None, scales=(1.0, 1.0),
+             sinks=None):
     """One call against the fp32 reference. With `fp8` (a float8 dtype) the cache holds K / k_scale
     and V / v_scale in it, read with k_descale / v_descale; the reference gets the values it holds."""
     hq = h_kv * group
@@ -40,12 +41,13 @@ def run_case(lens, h_kv, group, d, block_size, dtype, causal, softcap=0.0, fp8=N
         q=q, k=k_cache, v=v_cache, cu_seqlens_q=cu, seqused_k=seqused,
         max_seqlen_q=max(ql for ql, _ in lens), max_seqlen_k=max(kl for _, kl in lens),
         softmax_scale=scale, causal=causal, block_table=table, return_softmax_lse=True,
-        fa_version=3, scheduler_metadata=None, num_splits=0, window_size=[-1, -1], softcap=softcap, **fp8_kw)
+        fa_version=3, scheduler_metadata=None, num_splits=0, window_size=[-1, -1], softcap=softcap, s_aux=sinks,
+        **fp8_kw)
     assert out.dtype == dtype and out.shape == q.shape
     assert lse.dtype == torch.float32 and lse.shape == (hq, q.shape[0])
     for b in range(len(lens)):
         rows = slice(int(cu[b]), int(cu[b + 1]))
-        ref_o, ref_lse = attention_ref(q[rows], ks[b], vs[b], scale, causal, softcap)
+        ref_o, ref_lse = attention_ref(q[rows], ks[b], vs[b], scale, causal, softcap, sinks)
         assert_close(out[rows], ref_o, dtype, msg=f"request {b}")
         torch.testing.assert_close(lse[:, rows], ref_lse, atol=1e-4, rtol=1e-5)
     return out, lse
@@ -77,6 +79,16 @@ def test_softcap(scenario):
     """Soft-capped scores, small enough a cap (5) that it bends most of them (scores scaled x4)."""
     run_case(SCENARIOS[scenario], h_kv=2, group=3, d=16, block_size=16, dtype=torch.float32, causal=True,
              softcap=5.0)
+
+
+@pytest.mark.parametrize("scenario", ["decode_mixed", "empty_kv", "q_longer", "chunked"])
+def test_sinks(scenario):
+    """Attention sinks (one logit per query head, no value): in every row's softmax and LSE, rows
+    that see no key included (their LSE is the sink). Sinks of 1-5 against scores of a few units:
+    each takes a real share of the weight."""
+    sinks = torch.linspace(1.0, 5.0, 6)
+    run_case(SCENARIOS[scenario], h_kv=2, group=3, d=16, block_size=16, dtype=torch.float32, causal=True,
+             sinks=sinks)
 
 
 def test_scales_need_an_fp8_cache_and_one_value():
@@ -119,7 +131,6 @@ def test_out_is_written_in_place():
 
 @pytest.mark.parametrize("kwargs,match", [
     ({"window_size": (8, 0)}, "window_size"),
-    ({"s_aux": torch.zeros(4)}, "s_aux"),
     ({"q_descale": torch.ones(1, 4)}, "q_descale"),
     ({"alibi_slopes": torch.ones(4)}, "alibi_slopes"),
     ({"cu_seqlens_k": torch.zeros(2, dtype=torch.int32)}, "cu_seqlens_k"),

@@ -11,8 +11,9 @@ def log_active(implementation: str) -> None:
 
 
 def check_layer(backend: str, *, alibi_slopes, sliding_window, logits_soft_cap, attn_type, sinks=None,
-                kv_sharing_target_layer_name=None) -> None:
-    """Reject, at start-up with a clear message, layer features relay does not compute exactly."""
+                kv_sharing_target_layer_name=None, computes: frozenset = frozenset()) -> None:
+    """Reject, at start-up with a clear message, layer features relay does not compute exactly;
+    `computes` names those the backend does ("softcap", "sinks")."""
     from vllm.v1.attention.backend import AttentionType
 
     unsupported = []
@@ -20,11 +21,11 @@ def check_layer(backend: str, *, alibi_slopes, sliding_window, logits_soft_cap, 
         unsupported.append("ALiBi")
     if sliding_window is not None:
         unsupported.append(f"sliding window ({sliding_window})")
-    if logits_soft_cap:
+    if logits_soft_cap and "softcap" not in computes:
         unsupported.append(f"logits soft-capping ({logits_soft_cap})")
     if attn_type != AttentionType.DECODER:
         unsupported.append(f"attention type {attn_type!r} (decoder self-attention only)")
-    if sinks is not None:
+    if sinks is not None and "sinks" not in computes:
         unsupported.append("attention sinks")
     if kv_sharing_target_layer_name is not None:
         unsupported.append("cross-layer KV sharing")

@@ -11,6 +11,8 @@ slot's pages in front on the prefix path:
 
 An FP8 KV cache (`--kv-cache-dtype fp8`, `fp8_e4m3`, `fp8_e5m2`; x86 with AVX-512 or AMX, as vLLM's
 CPU backend requires) is read as vLLM's kernel reads it: each stored value times the layer's scale.
+Logit soft-capping applies in every call; attention sinks join the context call only, whose LSE
+carries them into the merge (so a model with sinks plans no joint call).
 """
 
 import functools
@@ -94,6 +96,10 @@ class RelayCPUBackend(CPUAttentionBackend):
     def supports_non_causal(cls) -> bool:
         return False
 
+    @classmethod
+    def supports_sink(cls) -> bool:
+        return True
+
     @staticmethod
     def use_cascade_attention(*args, **kwargs) -> bool:
         return False
@@ -105,7 +111,8 @@ class RelayCPUMetadataBuilder(CPUAttentionMetadataBuilder):
         from vllm_relay.hooks.runner import apply_worker
 
         apply_worker()
-        self.planner = RelayPlanner(vllm_config, kv_cache_spec, device, num_layers=len(layer_names))
+        self.planner = RelayPlanner(vllm_config, kv_cache_spec, device, num_layers=len(layer_names),
+                                    joint=not any_sinks(vllm_config, layer_names))
         log_active(f"cpu (vLLM's CPU attention kernel, isa {self.isa}; the shared levels in torch)")
 
     def build(self, common_prefix_len, common_attn_metadata, fast_build: bool = False):
@@ -119,13 +126,23 @@ class RelayCPUMetadataBuilder(CPUAttentionMetadataBuilder):
         return meta
 
 
+def any_sinks(vllm_config, layer_names) -> bool:
+    """Whether any of these attention layers has sinks (they must stay out of a joint call)."""
+    from vllm.config import get_layers_from_vllm_config
+    from vllm.model_executor.layers.attention import Attention
+
+    layers = get_layers_from_vllm_config(vllm_config, Attention, layer_names)
+    return any(getattr(layer.impl, "sinks", None) is not None for layer in layers.values())
+
+
 class RelayCPUImpl(CPUAttentionBackendImpl):
     def __init__(self, num_heads, head_size, scale, num_kv_heads, alibi_slopes, sliding_window,
                  kv_cache_dtype, logits_soft_cap=None, attn_type=AttentionType.DECODER,
                  kv_sharing_target_layer_name=None, sinks=None) -> None:
         check_layer("CPU", alibi_slopes=alibi_slopes, sliding_window=sliding_window,
                     logits_soft_cap=logits_soft_cap, attn_type=attn_type, sinks=sinks,
-                    kv_sharing_target_layer_name=kv_sharing_target_layer_name)
+                    kv_sharing_target_layer_name=kv_sharing_target_layer_name,
+                    computes=frozenset({"softcap", "sinks"}))
         check_engine(fp8_kv=True)
         super().__init__(num_heads, head_size, scale, num_kv_heads, alibi_slopes, sliding_window,
                          kv_cache_dtype, logits_soft_cap, attn_type, kv_sharing_target_layer_name, sinks)
@@ -140,12 +157,14 @@ class RelayCPUImpl(CPUAttentionBackendImpl):
         num_blocks, num_kv_heads, block_size, _ = kv_cache.shape
         key_cache, value_cache = kv_cache.view(num_blocks, num_kv_heads, 2 * block_size, -1).chunk(2, dim=2)
         plan = attn_metadata.relay
+        if self.sinks is not None and self.sinks.dtype not in (torch.bfloat16, torch.float32):
+            self.sinks = self.sinks.to(torch.float32)  # as vLLM's CPU backend runs them
         if not plan.shared:  # vLLM's own kernel over the context tables (the cache was written already)
             ops.cpu_attention_with_kv_cache(
                 query=query[:n], key_cache=key_cache, value_cache=value_cache, output=output[:n],
                 query_start_loc=attn_metadata.query_start_loc, seq_lens=attn_metadata.seq_lens, scale=self.scale,
                 causal=True, alibi_slopes=None, sliding_window=-1, block_table=attn_metadata.block_table,
-                softcap=0, scheduler_metadata=attn_metadata.scheduler_metadata, s_aux=None,
+                softcap=self.logits_soft_cap, scheduler_metadata=attn_metadata.scheduler_metadata, s_aux=self.sinks,
                 k_scale=layer._k_scale_float, v_scale=layer._v_scale_float,
                 kv_cache_dtype=self.kv_cache_dtype)
             return output
@@ -154,10 +173,11 @@ class RelayCPUImpl(CPUAttentionBackendImpl):
                                f"{layer.isa!r} and cache dtype {self.kv_cache_dtype!r} (an unknown block "
                                "layout); use shared_path 'auto' or 'never' on this machine")
         k, v = torch_views(key_cache, value_cache)
-        extra = {}
+        extra = {"softcap": self.logits_soft_cap}
         if self.kv_cache_dtype in FP8_KV:
             fp8 = FP8_KV[self.kv_cache_dtype]
             k, v = k.view(fp8), v.view(fp8)
-            extra = dict(k_descale=layer._k_scale_float, v_descale=layer._v_scale_float)
-        relay_attention(query[:n], k, v, plan, output[:n], self.scale, varlen_attention_torch, extra)
+            extra.update(k_descale=layer._k_scale_float, v_descale=layer._v_scale_float)
+        context = None if self.sinks is None else {"s_aux": self.sinks}
+        relay_attention(query[:n], k, v, plan, output[:n], self.scale, varlen_attention_torch, extra, context)
         return output

@@ -84,7 +84,7 @@ class RelayPlan:
 
 
 def relay_attention(q, k_cache, v_cache, plan: RelayPlan, out, softmax_scale: float, attn_fn,
-                    attn_kwargs=None):
+                    attn_kwargs=None, context_kwargs=None):
     """Attention of every token over its shared levels' pages and its request's own, into `out`.
 
     Args:
@@ -97,7 +97,11 @@ def relay_attention(q, k_cache, v_cache, plan: RelayPlan, out, softmax_scale: fl
         attn_fn: a FlashAttention-compatible varlen function, called by keyword (q=, k=, v=, out=,
             softmax_scale=, causal=, return_softmax_lse=, the plan's keywords and `attn_kwargs`):
             vLLM's `flash_attn_varlen_func` on CUDA, `varlen_attention_torch` on CPU.
-        attn_kwargs: optional extra keywords for every attn_fn call (e.g. fa_version).
+        attn_kwargs: optional extra keywords for every attn_fn call (e.g. fa_version, softcap, the
+            FP8 cache's k_descale / v_descale).
+        context_kwargs: optional keywords for the context call only: attention sinks (`s_aux`), each a
+            logit every query sees once, join the softmax of one partial, whose LSE then carries them
+            into the merge. A joint plan (one call for the levels and the context) refuses them.
 
     Returns:
         `out` [T, Hq, D].
@@ -108,8 +112,11 @@ def relay_attention(q, k_cache, v_cache, plan: RelayPlan, out, softmax_scale: fl
         ...                 attn_kwargs={"fa_version": 3})
     """
     extra = attn_kwargs or {}
+    ctx_extra = {**extra, **(context_kwargs or {})}
     levels = plan.shared
     if levels and levels[0].ctx_start is not None:  # one call for the levels and the context
+        if context_kwargs:
+            raise ValueError(f"relay_attention: a joint plan cannot take context-only keywords {list(context_kwargs)}")
         level = levels[0]
         o_all, lse_all = _level_call(q, k_cache, v_cache, level, softmax_scale, attn_fn, extra)
         return fuse_joint(out, o_all, lse_all, level.ctx_start, level.row_index)
@@ -121,7 +128,7 @@ def relay_attention(q, k_cache, v_cache, plan: RelayPlan, out, softmax_scale: fl
         with torch.cuda.stream(side):
             partials = [_level_call(q, k_cache, v_cache, level, softmax_scale, attn_fn, extra) for level in levels]
     result = attn_fn(q=q, k=k_cache, v=v_cache, out=out, softmax_scale=softmax_scale, causal=True,
-                     return_softmax_lse=bool(levels), **plan.context, **extra)
+                     return_softmax_lse=bool(levels), **plan.context, **ctx_extra)
     if not levels:
         if result is not out:
             out.copy_(result)

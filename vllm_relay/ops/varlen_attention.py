@@ -39,6 +39,13 @@ def _descale(x, name: str) -> float:
                               f"tensor of {tuple(x.shape)} with distinct entries")
 
 
+def _logsumexp(s: torch.Tensor, sinks: torch.Tensor | None) -> torch.Tensor:
+    """Each row's LSE over its scores `s` [..., K] (-inf for a row that sees no key) and, with
+    `sinks` (broadcast to s[..., 0]), over its sink's logit too."""
+    lse = torch.logsumexp(s, dim=-1)
+    return lse if sinks is None else torch.logaddexp(lse, sinks.expand_as(lse))
+
+
 def _cap(s: torch.Tensor, softcap: float) -> torch.Tensor:
     """Soft-capped scores, as FlashAttention applies `softcap` (after the softmax scale)."""
     return s if not softcap else torch.tanh(s / softcap) * softcap
@@ -57,7 +64,7 @@ def varlen_attention_torch(q, k_cache=None, v_cache=None, cu_seqlens_q=None, seq
     Pass arguments by keyword. FlashAttention's names `k=` and `v=` are accepted for `k_cache` and
     `v_cache`; FlashAttention-only tuning keywords (fa_version, scheduler_metadata, num_splits,
     q_descale left None, window_size=None or (-1, -1), ...) are accepted and ignored. Features that
-    would change the result and are not computed here (sliding window, ALiBi, sinks, non-paged
+    would change the result and are not computed here (sliding window, ALiBi, non-paged
     `cu_seqlens_k`) raise NotImplementedError.
 
     Args:
@@ -78,11 +85,13 @@ def varlen_attention_torch(q, k_cache=None, v_cache=None, cu_seqlens_q=None, seq
         k_descale, v_descale: the FP8 cache's per-tensor scales: a float, or a tensor holding one
             value (FlashAttention's [B, Hkv] expanded from one); 1.0 when None.
         softcap: logit soft-capping, scores `softcap * tanh(s / softcap)` (0: none), as FlashAttention.
+        s_aux: attention sinks, one logit per query head [Hq]: a key every row sees that has no value
+            (FlashAttention's `s_aux`): it joins each row's softmax denominator and its LSE.
 
     Returns:
         `out` [Tq, Hq, D] in q's dtype, or `(out, lse)` with `return_softmax_lse`. Computed in fp32.
         A row that sees no key (seqused_k == 0, or masked out by causality) gives out = 0 and
-        lse = -inf (FlashAttention-3's convention).
+        lse = -inf (FlashAttention-3's convention), or its sink's logit with `s_aux`.
 
     Example:
         >>> o, lse = varlen_attention_torch(  # doctest: +SKIP
@@ -94,6 +103,7 @@ def varlen_attention_torch(q, k_cache=None, v_cache=None, cu_seqlens_q=None, seq
     v_cache = kwargs.pop("v", None) if v_cache is None else v_cache
     descale = tuple(_descale(kwargs.pop(name, None), name) for name in ("k_descale", "v_descale"))
     softcap = float(kwargs.pop("softcap", 0) or 0)
+    sinks = kwargs.pop("s_aux", None)
     _check_unsupported(kwargs)
     _check_args(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, out)
     if k_cache.dtype in FP8_DTYPES:  # gathered as bytes (index_select has no float8 kernels), read scaled
@@ -106,6 +116,10 @@ def varlen_attention_torch(q, k_cache=None, v_cache=None, cu_seqlens_q=None, seq
     Hkv = k_cache.shape[2]
     group = Hq // Hkv
     scale = D ** -0.5 if softmax_scale is None else float(softmax_scale)
+    if sinks is not None:
+        if sinks.shape != (Hq,):
+            raise ValueError(f"varlen_attention_torch: s_aux must be [Hq] = [{Hq}], got {tuple(sinks.shape)}")
+        sinks = sinks.float().view(Hkv, group)
     if out is None:
         out = torch.zeros_like(q)
     lse = torch.full((Hq, T), float("-inf"), dtype=torch.float32, device=q.device)
@@ -116,7 +130,7 @@ def varlen_attention_torch(q, k_cache=None, v_cache=None, cu_seqlens_q=None, seq
     # One query and some keys (decode): all such requests at once; the others one by one.
     decode = [b for b, k_len in enumerate(k_lens) if cu[b + 1] - cu[b] == 1 and k_len > 0]
     if len(decode) > 1:
-        _decode_batch(q, *kv, decode, cu, k_lens, block_table, scale, softcap, out, lse)
+        _decode_batch(q, *kv, decode, cu, k_lens, block_table, scale, softcap, sinks, out, lse)
     else:
         decode = []
     batched = set(decode)
@@ -127,6 +141,8 @@ def varlen_attention_torch(q, k_cache=None, v_cache=None, cu_seqlens_q=None, seq
             continue
         if k_len <= 0:
             out[q_start:q_end] = 0
+            if sinks is not None:
+                lse[:, q_start:q_end] = sinks.reshape(Hq, 1)
             continue
         blocks = block_table[b, : (k_len + block_size - 1) // block_size].long()
         k = _gather_kv(kv[0], blocks, k_len)  # [K, Hkv, D] fp32
@@ -139,7 +155,7 @@ def varlen_attention_torch(q, k_cache=None, v_cache=None, cu_seqlens_q=None, seq
             if causal:
                 rows = torch.arange(c0, c1, device=q.device)[:, None] + (k_len - q_len)
                 s = s.masked_fill(torch.arange(k_len, device=q.device)[None, :] > rows, float("-inf"))
-            row_lse = torch.logsumexp(s, dim=-1)  # [Hkv, g, C]; -inf for rows that see no key
+            row_lse = _logsumexp(s, None if sinks is None else sinks[:, :, None])  # [Hkv, g, C]
             p = torch.exp(s - row_lse.masked_fill(row_lse == float("-inf"), 0.0)[..., None])
             o = torch.einsum("hgqk,khd->qhgd", p, v).reshape(c1 - c0, Hq, D)
             out[q_start + c0: q_start + c1] = o.to(out.dtype)
@@ -156,7 +172,7 @@ def _gather_blocks(k_cache, v_cache, table, k_len):
     return k, v
 
 
-def _decode_batch(q, k_cache, v_cache, reqs, cu, k_lens, block_table, scale, softcap, out, lse) -> None:
+def _decode_batch(q, k_cache, v_cache, reqs, cu, k_lens, block_table, scale, softcap, sinks, out, lse) -> None:
     """Requests `reqs`, one query each (it sees all of its keys), as batched matmuls over their KV
     gathered padded to the longest of a chunk (the padding masked): a few torch calls per chunk
     instead of a few per request. Chunks hold requests of similar lengths, within the limits."""
@@ -185,7 +201,7 @@ def _decode_batch(q, k_cache, v_cache, reqs, cu, k_lens, block_table, scale, sof
         s = _cap(s * scale, softcap)
         pad = torch.arange(k_max, device=q.device)[None, :] >= used[:, None]
         s = s.masked_fill(pad[:, None, None, :], float("-inf"))  # [n, Hkv, g, K]
-        row_lse = torch.logsumexp(s, dim=-1)  # [n, Hkv, g]: every row sees at least one key
+        row_lse = _logsumexp(s, sinks)  # [n, Hkv, g]: every row sees at least one key
         p = torch.exp(s - row_lse[..., None])
         o = torch.stack([torch.bmm(p[:, h], v[:, :, h]) for h in range(Hkv)], 1)  # [n, Hkv, g, D]
         out[rows] = o.reshape(n, Hq, D).to(out.dtype)
@@ -193,7 +209,7 @@ def _decode_batch(q, k_cache, v_cache, reqs, cu, k_lens, block_table, scale, sof
         i = j
 
 
-_IGNORED_NONE = ("alibi_slopes", "cu_seqlens_k", "q_v", "q_descale", "s_aux", "mask_mod", "aux_tensors",
+_IGNORED_NONE = ("alibi_slopes", "cu_seqlens_k", "q_v", "q_descale", "mask_mod", "aux_tensors",
                  "dynamic_causal", "output_scale")
 
 

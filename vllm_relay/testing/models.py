@@ -8,6 +8,9 @@ benchmarks load is built by this module:
   about 17 MB. Small enough for CPU tests, with a real head_dim (64). vLLM's
   ``dtype="auto"`` turns float32 checkpoints into bfloat16, so pass
   ``dtype="float32"`` to compare with transformers token for token.
+- ``tiny-gemma2-softcap`` / ``tiny-granite-sinks``: the same scale (GQA, 4 layers)
+  in the architectures of two attention features relay computes: Gemma 2's
+  logit soft-capping (every layer global) and Granite's attention sinks.
 - ``llama-2-7b-shape`` / ``llama-3-8b-shape`` / ``llama-2-13b-shape`` /
   ``llama-2-70b-shape``: config.json only, for ``--load-format dummy`` on a
   GPU, so benchmarks run at real shapes (MHA 32/32, GQA 32/8, MHA 40/40 for
@@ -62,7 +65,17 @@ _TINY = dict(
 TINY_MODELS = {
     "tiny-llama-mha": dict(_TINY, num_key_value_heads=4),
     "tiny-llama-gqa": dict(_TINY, num_key_value_heads=2),  # GQA ratio 2
+    # Gemma 2's attention soft-capping on every layer (all global: no sliding window), with a cap of 5:
+    # the scores of these random weights are a few units, which Gemma 2's own cap (50) leaves
+    # nearly as they are. Its embeddings are tied, as vLLM's Gemma 2 loads them.
+    "tiny-gemma2-softcap": dict(_TINY, num_key_value_heads=2, attn_logit_softcapping=5.0,
+                                final_logit_softcapping=30.0, query_pre_attn_scalar=64,
+                                layer_types=["full_attention"] * 4, sliding_window=None, tie_word_embeddings=True),
+    # Granite with a sink per head (`attention_sinks`; their weights, 2 to 6, are added to the
+    # checkpoint: transformers' Granite has none), its attention scale 1 / sqrt(head_dim).
+    "tiny-granite-sinks": dict(_TINY, num_key_value_heads=2, attention_sinks=True, attention_multiplier=0.125),
 }
+ARCHITECTURES = {"tiny-gemma2-softcap": "Gemma2ForCausalLM", "tiny-granite-sinks": "GraniteForCausalLM"}
 
 # What every shape has in common (Llama-2's vocab and RoPE; Llama-3 overrides them). The context
 # length is 16384 for all: room for 8k-token system prompts plus output (Llama-3-8B has 8192).
@@ -91,15 +104,16 @@ SHAPE_MODELS = {
 MODEL_NAMES = [*TINY_MODELS, *SHAPE_MODELS]
 
 
-def _llama_config(tok_path: Path, **kwargs):
-    """A LlamaConfig whose bos/eos/pad ids come from the tokenizer at ``tok_path``."""
-    from transformers import AutoTokenizer, LlamaConfig
+def _llama_config(tok_path: Path, arch: str = "LlamaForCausalLM", **kwargs):
+    """A config of `arch` (Llama's by default) whose bos/eos/pad ids come from the tokenizer at ``tok_path``."""
+    import transformers
+    from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tok_path)
     kwargs.setdefault("vocab_size", len(tok))
     assert len(tok) <= kwargs["vocab_size"], "tokenizer ids must fit in the model's vocab"
-    return LlamaConfig(
-        architectures=["LlamaForCausalLM"],
+    return getattr(transformers, arch.replace("ForCausalLM", "Config"))(
+        architectures=[arch],
         bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,
@@ -123,16 +137,31 @@ def _write_generation_config(config, path: Path) -> None:
 def build_tiny_model(name: str, path: str | Path, seed: int = SEED) -> Path:
     """Write tokenizer, config and random safetensors weights for a tiny model."""
     import torch
-    from transformers import LlamaForCausalLM
+    import transformers
 
     spec = TINY_MODELS[name]
+    arch = ARCHITECTURES.get(name, "LlamaForCausalLM")
     path = build_tokenizer(path, seed=seed, model_max_length=spec["max_position_embeddings"])
-    config = _llama_config(path, **spec)
+    config = _llama_config(path, arch, **spec)
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config)
+    model = getattr(transformers, arch)(config)
     model.save_pretrained(path, safe_serialization=True)
+    if spec.get("attention_sinks"):
+        _add_sinks(path, config, torch.Generator().manual_seed(seed))
     _write_generation_config(config, path)
     return path
+
+
+def _add_sinks(path: Path, config, gen) -> None:
+    """Each layer's sinks (one logit per query head, 2 to 6) into the checkpoint, as vLLM names them."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    file = path / "model.safetensors"
+    weights = load_file(file)
+    for i in range(config.num_hidden_layers):
+        weights[f"model.layers.{i}.self_attn.sinks"] = 2 + 4 * torch.rand(config.num_attention_heads, generator=gen)
+    save_file(weights, file, metadata={"format": "pt"})
 
 
 def build_shape_config(name: str, path: str | Path, seed: int = SEED) -> Path:
