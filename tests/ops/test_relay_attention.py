@@ -44,8 +44,20 @@ RULES = {
 }
 
 
-def build(batch, sys_pages, h_kv, group, d, block_size, dtype, device="cpu", softcap=0.0, sinks=None):
+FP8 = torch.float8_e4m3fn
+
+
+def on_grid(x, scale):
+    """`x` moved to the nearest value an FP8 (e4m3) cache with this scale holds, in x's dtype."""
+    return ((x.float() / scale).to(FP8).float() * scale).to(x.dtype)
+
+
+def build(batch, sys_pages, h_kv, group, d, block_size, dtype, device="cpu", softcap=0.0, sinks=None,
+          grid=None):
     """Random inputs in one paged cache and the dense reference output of `batch`.
+
+    `grid` (q, k, v scales, powers of two): every query, key and value on the FP8 grid of its scale,
+    so a cache of K / k_scale and V / v_scale in FP8 (and queries of q / q_scale) hold them exactly.
 
     A row with a parent holds the parent's page ids for its first shared pages (at most the whole
     pages before either one's query); its own copies of those pages are overwritten with garbage,
@@ -54,9 +66,10 @@ def build(batch, sys_pages, h_kv, group, d, block_size, dtype, device="cpu", sof
     """
     hq = h_kv * group
     q_lens = [row[2] for row in batch]
-    q = torch.randn(sum(q_lens), hq, d).to(dtype)
-    ks = [torch.randn(cl, h_kv, d).to(dtype) for _, cl, _, _, _ in batch]
-    vs = [torch.randn(cl, h_kv, d).to(dtype) for _, cl, _, _, _ in batch]
+    snap = (lambda x, i: x) if grid is None else (lambda x, i: on_grid(x, grid[i]))  # noqa: E731
+    q = snap(torch.randn(sum(q_lens), hq, d).to(dtype), 0)
+    ks = [snap(torch.randn(cl, h_kv, d).to(dtype), 1) for _, cl, _, _, _ in batch]
+    vs = [snap(torch.randn(cl, h_kv, d).to(dtype), 2) for _, cl, _, _, _ in batch]
     shared_pages = []
     for r, (_, cl, ql, parent, pages) in enumerate(batch):
         if parent >= 0:
@@ -64,8 +77,8 @@ def build(batch, sys_pages, h_kv, group, d, block_size, dtype, device="cpu", sof
             n = pages * block_size
             ks[r][:n], vs[r][:n] = ks[parent][:n], vs[parent][:n]
         shared_pages.append(max(pages, 0) if parent >= 0 else 0)
-    sys_kv = [(torch.randn(n * block_size, h_kv, d).to(dtype), torch.randn(n * block_size, h_kv, d).to(dtype))
-              for n in sys_pages]
+    sys_kv = [(snap(torch.randn(n * block_size, h_kv, d).to(dtype), 1),
+               snap(torch.randn(n * block_size, h_kv, d).to(dtype), 2)) for n in sys_pages]
     k_cache, v_cache, table, lens = make_paged_cache(ks + [k for k, _ in sys_kv], vs + [v for _, v in sys_kv],
                                                      block_size, dtype)
     B = len(batch)
@@ -315,6 +328,43 @@ def test_relay_attention_cuda_flash_attn(rule, dtype, group):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("sink_dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_relay_attention_cuda_flash_attn_softcap_and_sinks(sink_dtype):
+    """FlashAttention's soft-capping in every call and its sinks (`s_aux`) in the context call: its
+    LSE must carry the sinks into the merge (the dense reference has them in every row's softmax)."""
+    flash_attn_varlen_func, fa_version = _fa()
+    sinks = torch.linspace(0.5, 4.0, 8)  # exact in bf16
+    (q, k_cache, v_cache), own, slot_pages, scale, ref = build(MIXED_BATCH, (1, 63), 2, 4, 128, 16,
+                                                               torch.bfloat16, device="cuda", softcap=2.0,
+                                                               sinks=sinks)
+    plan = make_plan(MIXED_BATCH, own, slot_pages, (1, 63), 16, RULES["permissive"], device="cuda")
+    out = torch.full_like(q, float("nan"))
+    relay_attention(q, k_cache, v_cache, plan, out, scale, flash_attn_varlen_func,
+                    attn_kwargs={"fa_version": fa_version, "softcap": 2.0},
+                    context_kwargs={"s_aux": sinks.to("cuda", sink_dtype)})
+    assert_close(out, ref, torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rule", ["permissive", "one_level"])
+def test_relay_attention_cuda_flash_attn_fp8(rule):
+    """FlashAttention-3 over an FP8 cache with FP8 queries (as vLLM quantizes them), each call with
+    its scales expanded to its own sequences; bf16 output against the dense reference of the values
+    the FP8 tensors hold."""
+    flash_attn_varlen_func, fa_version = _fa()
+    grid = (0.5, 0.25, 2.0)
+    (q, k_cache, v_cache), own, slot_pages, scale, ref = build(MIXED_BATCH, (1, 63), 2, 4, 128, 16,
+                                                               torch.bfloat16, device="cuda", grid=grid)
+    plan = make_plan(MIXED_BATCH, own, slot_pages, (1, 63), 16, RULES[rule], device="cuda")
+    q8, k8, v8 = ((x.float() / g).to(FP8) for x, g in zip((q, k_cache, v_cache), grid))
+    out = torch.full(q.shape, float("nan"), dtype=torch.bfloat16, device="cuda")
+    descale = tuple(torch.tensor([g], device="cuda") for g in grid)
+    relay_attention(q8, k8, v8, plan, out, scale, flash_attn_varlen_func, attn_kwargs={"fa_version": fa_version},
+                    descale=descale)
+    assert_close(out, ref, torch.bfloat16)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_relay_attention_cuda_torch_attn(dtype):
     """Triton fusion on CUDA with the torch attention: no vLLM needed."""
@@ -365,6 +415,22 @@ def test_levels_on_a_second_stream_eager_and_in_a_graph(rule):
     graph.replay()
     assert torch.equal(out_static, one_stream)
     assert_close(out_static, ref, dtype)
+
+
+@pytest.mark.parametrize("rule", ["permissive", "one_level"])
+def test_fp8_cache_scales_reach_every_call(rule):
+    """An FP8 cache read with its per-tensor scales (`descale`), expanded for each call: the context
+    call and the levels' grouped call have different numbers of sequences."""
+    grid = (1.0, 0.5, 2.0)
+    (q, k_cache, v_cache), own, slot_pages, scale, ref = build(MIXED_BATCH, (1, 63), 2, 4, 64, 16, torch.float32,
+                                                               grid=grid)
+    plan = make_plan(MIXED_BATCH, own, slot_pages, (1, 63), 16, RULES[rule])
+    assert plan.shared and plan.shared[0].call["cu_seqlens_q"].shape != plan.context["cu_seqlens_q"].shape
+    k8, v8 = (k_cache / grid[1]).to(FP8), (v_cache / grid[2]).to(FP8)  # exact: the values are on the grid
+    out = torch.empty_like(q)
+    relay_attention(q, k8, v8, plan, out, scale, varlen_attention_torch,
+                    descale=(None, torch.tensor([grid[1]]), torch.tensor([grid[2]])))
+    assert_close(out, ref, torch.float32)
 
 
 def test_joint_plan_refuses_context_only_keywords():

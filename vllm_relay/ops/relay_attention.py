@@ -84,7 +84,7 @@ class RelayPlan:
 
 
 def relay_attention(q, k_cache, v_cache, plan: RelayPlan, out, softmax_scale: float, attn_fn,
-                    attn_kwargs=None, context_kwargs=None):
+                    attn_kwargs=None, context_kwargs=None, descale=None):
     """Attention of every token over its shared levels' pages and its request's own, into `out`.
 
     Args:
@@ -102,6 +102,9 @@ def relay_attention(q, k_cache, v_cache, plan: RelayPlan, out, softmax_scale: fl
         context_kwargs: optional keywords for the context call only: attention sinks (`s_aux`), each a
             logit every query sees once, join the softmax of one partial, whose LSE then carries them
             into the merge. A joint plan (one call for the levels and the context) refuses them.
+        descale: optional (q_descale, k_descale, v_descale) of an FP8 cache, each a per-tensor scale
+            (a tensor of one element; q_descale None when q is not quantized): every call gets them
+            expanded to [its sequences, Hkv], FlashAttention-3's shape (views: no copy, graph-safe).
 
     Returns:
         `out` [T, Hq, D].
@@ -112,13 +115,13 @@ def relay_attention(q, k_cache, v_cache, plan: RelayPlan, out, softmax_scale: fl
         ...                 attn_kwargs={"fa_version": 3})
     """
     extra = attn_kwargs or {}
-    ctx_extra = {**extra, **(context_kwargs or {})}
+    ctx_extra = {**extra, **(context_kwargs or {}), **_descales(descale, plan.context, k_cache)}
     levels = plan.shared
     if levels and levels[0].ctx_start is not None:  # one call for the levels and the context
         if context_kwargs:
             raise ValueError(f"relay_attention: a joint plan cannot take context-only keywords {list(context_kwargs)}")
         level = levels[0]
-        o_all, lse_all = _level_call(q, k_cache, v_cache, level, softmax_scale, attn_fn, extra)
+        o_all, lse_all = _level_call(q, k_cache, v_cache, level, softmax_scale, attn_fn, extra, descale)
         return fuse_joint(out, o_all, lse_all, level.ctx_start, level.row_index)
     side = plan.level_stream if levels else None
     partials = []
@@ -126,7 +129,8 @@ def relay_attention(q, k_cache, v_cache, plan: RelayPlan, out, softmax_scale: fl
         caller = torch.cuda.current_stream(q.device)
         side.wait_stream(caller)
         with torch.cuda.stream(side):
-            partials = [_level_call(q, k_cache, v_cache, level, softmax_scale, attn_fn, extra) for level in levels]
+            partials = [_level_call(q, k_cache, v_cache, level, softmax_scale, attn_fn, extra, descale)
+                        for level in levels]
     result = attn_fn(q=q, k=k_cache, v=v_cache, out=out, softmax_scale=softmax_scale, causal=True,
                      return_softmax_lse=bool(levels), **plan.context, **ctx_extra)
     if not levels:
@@ -141,19 +145,36 @@ def relay_attention(q, k_cache, v_cache, plan: RelayPlan, out, softmax_scale: fl
     last = len(levels) - 1
     for i, level in enumerate(levels):
         o_level, lse_level = partials[i] if partials else _level_call(q, k_cache, v_cache, level, softmax_scale,
-                                                                      attn_fn, extra)
+                                                                      attn_fn, extra, descale)
         # In place: `out` holds the merged state so far; its LSE is updated for the next level.
         fuse_in_place(out, lse, o_level, lse_level, level.row_index, update_lse=i != last)
     return out
 
 
-def _level_call(q, k_cache, v_cache, level: SharedLevel, softmax_scale, attn_fn, extra):
+def _descales(descale, call: dict, k_cache) -> dict:
+    """An FP8 call's scales, each expanded to [the call's sequences, Hkv]."""
+    if descale is None:
+        return {}
+    n, heads = call["cu_seqlens_q"].shape[0] - 1, k_cache.shape[2]
+    return {name: x.reshape(1, 1).expand(n, heads)
+            for name, x in zip(("q_descale", "k_descale", "v_descale"), descale) if x is not None}
+
+
+def _bytes(x):
+    """FP8 rows gathered as bytes (the gathers copy rows, whatever they hold)."""
+    return x.view(torch.uint8) if x is not None and x.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) else x
+
+
+def _level_call(q, k_cache, v_cache, level: SharedLevel, softmax_scale, attn_fn, extra, descale=None):
     """One level's gather and grouped non-causal call: (output [N, Hq, D], LSE [Hq, N])."""
+    src, buf = _bytes(q), _bytes(level.q_buf)
     if level.num_rows is not None:
-        q_level = gather_rows(q, level.perm, level.num_rows, level.q_buf)
-    elif level.q_buf is not None:
-        q_level = torch.index_select(q, 0, level.perm, out=level.q_buf)
+        q_level = gather_rows(src, level.perm, level.num_rows, buf)
+    elif buf is not None:
+        q_level = torch.index_select(src, 0, level.perm, out=buf)
     else:
-        q_level = q.index_select(0, level.perm)
+        q_level = src.index_select(0, level.perm)
+    if src is not q:
+        q_level = q_level.view(q.dtype)
     return attn_fn(q=q_level, k=k_cache, v=v_cache, out=level.out_buf, softmax_scale=softmax_scale, causal=False,
-                   return_softmax_lse=True, **level.call, **extra)
+                   return_softmax_lse=True, **level.call, **extra, **_descales(descale, level.call, k_cache))
