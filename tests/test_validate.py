@@ -221,6 +221,20 @@ def test_fp8_kv_cache_is_accepted_where_the_backend_reads_it(kv_cache_dtype):
             check_engine()
 
 
+def test_ngram_speculative_decoding_is_accepted_where_the_backend_serves_it():
+    """The CPU backend serves n-gram drafts (`check_engine(ngram=True)`); the CUDA one refuses them."""
+    from vllm.config import set_current_vllm_config
+
+    from vllm_relay.attention.common import check_engine
+
+    spec = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3}
+    config = engine_args({}, speculative_config=spec).create_engine_config()
+    with set_current_vllm_config(config):
+        check_engine(ngram=True)
+        with pytest.raises(NotImplementedError, match=re.escape(ENGINE_FEATURES)):
+            check_engine()
+
+
 def test_sleep_mode_is_accepted():
     """Sleep resets the prefix cache first: relay's refills bring the prompts back on wake-up."""
     from vllm.config import set_current_vllm_config

@@ -75,6 +75,8 @@ def main() -> None:
                           for c in out.outputs] for out in outs]
     metrics = {m.name: getattr(m, "value", None) for m in llm.get_metrics()}
     result["preemptions"] = metrics.get("vllm:num_preemptions")
+    result["draft_tokens"] = metrics.get("vllm:spec_decode_num_draft_tokens")  # speculative decoding
+    result["accepted_tokens"] = metrics.get("vllm:spec_decode_num_accepted_tokens")
     if relay:
         from vllm_relay.stats import relay_stats
 

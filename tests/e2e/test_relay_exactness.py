@@ -118,3 +118,31 @@ def test_relay_is_exact_on_mixed_batches_with_chunking_and_preemption(name, shar
     assert relay["sampled"] == reference["sampled"]
     reasons = [c["finish_reason"] for out in reference["sampled"] for c in out]
     assert len(reasons) == 4 and "stop" in reasons, reasons  # the stop string did fire
+
+
+def test_relay_serves_ngram_speculative_decoding_exactly(tmp_path):
+    """n-gram speculative decoding (drafts from each request's token ids, no drafter model): its
+    verification steps, several query tokens per request, read the levels as a prompt chunk does,
+    and the draft tokens' KV that verification accepts stays. Greedy outputs and logprobs equal
+    vLLM's with the same drafter, on the model whose continuations loop (drafts get accepted). A
+    request on a registered prompt drafts from its own tokens only (the engine never holds the
+    system prompt's tokens in it), so its drafts can differ from vLLM's: greedy answers cannot,
+    seeded samples can (each is still a sample of the same distribution)."""
+    model = get_model("tiny-llama-loops")
+    vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
+    systems, prompts, num_relay = workload(vocab, seed=7)
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+    relay_engine = {
+        "model": model, "attention_backend": "relay", "speculative_config": spec,
+        "additional_config": {"relay": {"system_prompts": systems, "max_prompts": 2,
+                                        "max_prompt_tokens": 256, "shared_path": "always"}},
+        "max_num_batched_tokens": 64, "max_num_seqs": 16, "max_model_len": 512, "num_gpu_blocks_override": 24,
+    }
+    relay, _ = run_engine({"engine": relay_engine, "prompts": prompts, "max_tokens": 48}, tmp_path, "relay")
+    reference, _ = run_engine({"engine": {"model": model, "max_model_len": 512, "speculative_config": spec},
+                               "prompts": prompts, "max_tokens": 48}, tmp_path, "reference")
+    assert_same_outputs(relay["outputs"], reference["outputs"])
+    assert relay["relay_stats"]["relay_requests"] == num_relay, relay["relay_stats"]
+    assert relay["worker_stats"]["shared_tokens"] > 0, relay["worker_stats"]
+    # Drafts were made and most were accepted, under relay as without it.
+    assert relay["draft_tokens"] > 200 and relay["accepted_tokens"] > relay["draft_tokens"] // 3, relay

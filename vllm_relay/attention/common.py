@@ -39,16 +39,19 @@ def check_layer(backend: str, *, alibi_slopes, sliding_window, logits_soft_cap, 
 FP8_KV_CACHE_DTYPES = ("fp8", "fp8_e4m3", "fp8_e5m2")
 
 
-def check_engine(fp8_kv: bool = False) -> None:
+def check_engine(fp8_kv: bool = False, ngram: bool = False) -> None:
     """Reject, at start-up, engine features relay does not compute exactly (model build time).
-    `fp8_kv`: the backend reads an FP8 KV cache (the CPU's); else only the model's dtype."""
+    `fp8_kv`: the backend reads an FP8 KV cache (the CPU's); else only the model's dtype. `ngram`: it
+    serves n-gram speculative decoding (drafts from the token ids, no drafter model)."""
     from vllm.config import get_current_vllm_config
 
     vllm_config = get_current_vllm_config()
     model_config = vllm_config.model_config
     unsupported = []
-    if vllm_config.speculative_config is not None:
-        unsupported.append("speculative decoding (its drafters do not shift system-prompt positions)")
+    spec = vllm_config.speculative_config
+    if spec is not None and not (ngram and spec.method == "ngram"):
+        unsupported.append("speculative decoding (its drafters do not shift system-prompt positions)"
+                           + ("; n-gram drafts are served" if ngram else ""))
     if model_config.uses_mrope or getattr(model_config, "uses_xdrope_dim", 0):
         unsupported.append("M-RoPE / XD-RoPE position encodings (only plain positions are shifted)")
     cache_dtype = vllm_config.cache_config.cache_dtype

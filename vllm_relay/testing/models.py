@@ -11,6 +11,8 @@ benchmarks load is built by this module:
 - ``tiny-gemma2-softcap`` / ``tiny-granite-sinks``: the same scale (GQA, 4 layers)
   in the architectures of two attention features relay computes: Gemma 2's
   logit soft-capping (every layer global) and Granite's attention sinks.
+- ``tiny-llama-loops``: the GQA model with Llama's default initializer, whose
+  greedy continuations loop, for n-gram speculative decoding.
 - ``llama-2-7b-shape`` / ``llama-3-8b-shape`` / ``llama-2-13b-shape`` /
   ``llama-2-70b-shape``: config.json only, for ``--load-format dummy`` on a
   GPU, so benchmarks run at real shapes (MHA 32/32, GQA 32/8, MHA 40/40 for
@@ -74,6 +76,9 @@ TINY_MODELS = {
     # Granite with a sink per head (`attention_sinks`; their weights, 2 to 6, are added to the
     # checkpoint: transformers' Granite has none), its attention scale 1 / sqrt(head_dim).
     "tiny-granite-sinks": dict(_TINY, num_key_value_heads=2, attention_sinks=True, attention_multiplier=0.125),
+    # Llama's default initializer (0.02): greedy continuations fall into short loops, which n-gram
+    # speculative decoding drafts and the model accepts (the 0.1 models' continuations keep varying).
+    "tiny-llama-loops": dict(_TINY, num_key_value_heads=2, initializer_range=0.02),
 }
 ARCHITECTURES = {"tiny-gemma2-softcap": "Gemma2ForCausalLM", "tiny-granite-sinks": "GraniteForCausalLM"}
 
