@@ -27,7 +27,7 @@ from vllm.v1.attention.backends.flash_attn import (
 )
 
 from vllm_relay.attention import step as relay_step
-from vllm_relay.attention.common import check_engine, check_layer, log_active, logger
+from vllm_relay.attention.common import any_sinks, check_engine, check_layer, log_active, logger
 from vllm_relay.attention.planner import RelayPlanner
 from vllm_relay.ops import RelayPlan, force_one_split, graph_split_cap, relay_attention
 from vllm_relay.ops.split_schedule import FA3_DYNAMIC_SPLIT_BATCHES
@@ -78,7 +78,8 @@ class RelayMetadataBuilder(FlashAttentionMetadataBuilder):
 
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
-        self.planner = RelayPlanner(vllm_config, kv_cache_spec, device, num_layers=len(layer_names))
+        self.planner = RelayPlanner(vllm_config, kv_cache_spec, device, num_layers=len(layer_names),
+                                    joint=not any_sinks(vllm_config, layer_names))
         self.capturing = (False, False)  # (with the levels, unsplit)
         if self.use_full_cuda_graph and self.aot_schedule:
             # FA3's split workspace in every graph, for the context and the levels' calls alike
@@ -204,7 +205,9 @@ class RelayAttentionImpl(FlashAttentionImpl):
         super().__init__(num_heads, head_size, scale, num_kv_heads, alibi_slopes, sliding_window,
                          kv_cache_dtype, logits_soft_cap, attn_type, kv_sharing_target_layer_name,
                          sinks)
-        self.attn_kwargs = {"fa_version": self.vllm_flash_attn_version}
+        # Soft-capping in every call (0: none), sinks in the context call only (ops/relay_attention.py).
+        self.attn_kwargs = {"fa_version": self.vllm_flash_attn_version, "softcap": self.logits_soft_cap}
+        self.context_kwargs = None if self.sinks is None else {"s_aux": self.sinks}
         log_active(f"cuda-flash-attn-{self.vllm_flash_attn_version} (vllm.vllm_flash_attn)")
 
     def forward(self, layer, query, key, value, kv_cache, attn_metadata, output,
@@ -220,5 +223,5 @@ class RelayAttentionImpl(FlashAttentionImpl):
         key_cache = canonicalize_singleton_dim_strides(key_cache)
         value_cache = canonicalize_singleton_dim_strides(value_cache)
         relay_attention(query[:n], key_cache, value_cache, plan, output[:n], self.scale,
-                        flash_attn.flash_attn_varlen_func, self.attn_kwargs)
+                        flash_attn.flash_attn_varlen_func, self.attn_kwargs, self.context_kwargs)
         return output

@@ -10,6 +10,16 @@ def log_active(implementation: str) -> None:
     logger.info_once("vllm-relay: relay attention backend active, implementation: %s", implementation)
 
 
+def any_sinks(vllm_config, layer_names) -> bool:
+    """Whether any of these attention layers has sinks: they join one partial's softmax (the
+    context call's), so their steps plan no joint call."""
+    from vllm.config import get_layers_from_vllm_config
+    from vllm.model_executor.layers.attention import Attention
+
+    layers = get_layers_from_vllm_config(vllm_config, Attention, layer_names)
+    return any(getattr(layer.impl, "sinks", None) is not None for layer in layers.values())
+
+
 def check_layer(backend: str, *, alibi_slopes, sliding_window, logits_soft_cap, attn_type, sinks=None,
                 kv_sharing_target_layer_name=None, computes: frozenset = frozenset()) -> None:
     """Reject, at start-up with a clear message, layer features relay does not compute exactly;

@@ -28,7 +28,7 @@ from vllm.v1.attention.backends.cpu_attn import (
 )
 
 from vllm_relay.attention import step as relay_step
-from vllm_relay.attention.common import check_engine, check_layer, log_active
+from vllm_relay.attention.common import any_sinks, check_engine, check_layer, log_active
 from vllm_relay.attention.planner import RelayPlanner
 from vllm_relay.ops import RelayPlan, relay_attention, varlen_attention_torch
 
@@ -124,15 +124,6 @@ class RelayCPUMetadataBuilder(CPUAttentionMetadataBuilder):
                        max_seqlen_k=ctx.max_seq_len, block_table=ctx.block_table_tensor)
         meta.relay = RelayPlan(context, [plan.level] if plan is not None and plan.run_level else [])
         return meta
-
-
-def any_sinks(vllm_config, layer_names) -> bool:
-    """Whether any of these attention layers has sinks (they must stay out of a joint call)."""
-    from vllm.config import get_layers_from_vllm_config
-    from vllm.model_executor.layers.attention import Attention
-
-    layers = get_layers_from_vllm_config(vllm_config, Attention, layer_names)
-    return any(getattr(layer.impl, "sinks", None) is not None for layer in layers.values())
 
 
 class RelayCPUImpl(CPUAttentionBackendImpl):
