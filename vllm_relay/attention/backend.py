@@ -16,15 +16,18 @@ tensors, so one captured graph serves any mix of requests and any tree of sharin
 """
 
 import torch
+from vllm.platforms import current_platform
 from vllm.utils.math_utils import round_up
 from vllm.utils.torch_utils import canonicalize_singleton_dim_strides
 from vllm.v1.attention.backend import AttentionType
 from vllm.v1.attention.backends import flash_attn
+from vllm.v1.attention.backends.fa_utils import flash_attn_supports_quant_query_input
 from vllm.v1.attention.backends.flash_attn import (
     FlashAttentionBackend,
     FlashAttentionImpl,
     FlashAttentionMetadataBuilder,
 )
+from vllm.v1.kv_cache_interface import is_quantized_kv_cache
 
 from vllm_relay.attention import step as relay_step
 from vllm_relay.attention.common import any_sinks, check_engine, check_layer, log_active, logger
@@ -78,8 +81,10 @@ class RelayMetadataBuilder(FlashAttentionMetadataBuilder):
 
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        self.fp8 = is_quantized_kv_cache(vllm_config.cache_config.cache_dtype)
+        query_dtype = current_platform.fp8_dtype() if self.fp8 and flash_attn_supports_quant_query_input() else None
         self.planner = RelayPlanner(vllm_config, kv_cache_spec, device, num_layers=len(layer_names),
-                                    joint=not any_sinks(vllm_config, layer_names))
+                                    joint=not any_sinks(vllm_config, layer_names), query_dtype=query_dtype)
         self.capturing = (False, False)  # (with the levels, unsplit)
         if self.use_full_cuda_graph and self.aot_schedule:
             # FA3's split workspace in every graph, for the context and the levels' calls alike
@@ -144,7 +149,8 @@ class RelayMetadataBuilder(FlashAttentionMetadataBuilder):
         sched = flash_attn.get_scheduler_metadata(
             batch_size=call["seqused_k"].shape[0], max_seqlen_q=call["max_seqlen_q"],
             max_seqlen_k=call["max_seqlen_k"], num_heads_q=self.num_heads_q, num_heads_kv=self.num_heads_kv,
-            headdim=self.headdim, cache_seqlens=call["seqused_k"], qkv_dtype=self.kv_cache_dtype,
+            headdim=self.headdim, cache_seqlens=call["seqused_k"],
+            qkv_dtype=current_platform.fp8_dtype() if self.fp8 else self.kv_cache_dtype,
             cu_seqlens_q=call["cu_seqlens_q"], page_size=self.block_size, causal=False,
             window_size=(-1, -1), num_splits=num_splits,
         )
@@ -222,6 +228,11 @@ class RelayAttentionImpl(FlashAttentionImpl):
         key_cache, value_cache = kv_cache.transpose(1, 2).split(self.head_size, dim=-1)
         key_cache = canonicalize_singleton_dim_strides(key_cache)
         value_cache = canonicalize_singleton_dim_strides(value_cache)
+        descale = None
+        if is_quantized_kv_cache(self.kv_cache_dtype):  # as FlashAttention's forward reads it
+            key_cache = key_cache.view(current_platform.fp8_dtype())
+            value_cache = value_cache.view(current_platform.fp8_dtype())
+            descale = (layer._q_scale if self.supports_quant_query_input else None, layer._k_scale, layer._v_scale)
         relay_attention(query[:n], key_cache, value_cache, plan, output[:n], self.scale,
-                        flash_attn.flash_attn_varlen_func, self.attn_kwargs, self.context_kwargs)
+                        flash_attn.flash_attn_varlen_func, self.attn_kwargs, self.context_kwargs, descale)
         return output

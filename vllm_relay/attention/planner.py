@@ -61,14 +61,15 @@ class RelayPlanner:
 
     def __init__(self, vllm_config, kv_cache_spec, device, num_layers: int = 1, *, joint: bool = True,
                  joint_rows: int | None = None, graph_levels: int = GRAPH_LEVELS, one_split: bool = True,
-                 chunk_levels: bool = False) -> None:
+                 chunk_levels: bool = False, query_dtype: torch.dtype | None = None) -> None:
         """The keywords are the measured rules' choices (`rules.py`), which every engine runs; tests
         set them to check the other forms, which compute the same attention:
         `joint` a decode step's levels and context in one call (else two), `joint_rows` the query rows of
         each level sequence of a joint call (None: `rules.joint_tokens`), `graph_levels` the levels a
         full graph holds besides the system prompts' (0: as many as its tokens can form), `one_split`
         a graph's levels unsplit when their rows fill the GPU (`rules.graph_one_split`; else FA3's
-        split every step), `chunk_levels` a prompt chunk that fills its own query tiles reads levels too."""
+        split every step), `chunk_levels` a prompt chunk that fills its own query tiles reads levels too.
+        `query_dtype`: the queries' dtype when the backend quantizes them (FP8), else the model's."""
         cfg = RelayConfig.from_vllm(vllm_config.additional_config)
         model, sched, comp = vllm_config.model_config, vllm_config.scheduler_config, vllm_config.compilation_config
         hq = model.get_num_attention_heads(vllm_config.parallel_config)
@@ -122,8 +123,9 @@ class RelayPlanner:
          self._row_index) = self.staging.views.values()
         self.slot_pages = torch.zeros(self.num_slots, self.max_pages, dtype=torch.int32, device=self.device)
         # A gather, an attention call and the fusion: their buffers.
-        self.q_buf = torch.empty(self.max_rows + tokens, hq, head_size, dtype=model.dtype, device=self.device)
-        self.out_buf = torch.empty_like(self.q_buf)
+        self.q_buf = torch.empty(self.max_rows + tokens, hq, head_size, dtype=query_dtype or model.dtype,
+                                 device=self.device)
+        self.out_buf = torch.empty(self.q_buf.shape, dtype=model.dtype, device=self.device)
         # Compiled now, not by the first large steps of a loaded server (a second or more each).
         for levels in range(1, self.max_depth + 1):
             warm_up_fuse_in_place(hq, head_size, model.dtype, self.device, max_tokens, levels=levels,
