@@ -10,6 +10,8 @@
 #   levels    levels found in the block tables, up to three deep, graphs and eager (about 4 min)
 #   sleep     sleep at levels 1 and 2, the prompts filled again after waking (about 6 min)
 #   seeded    seeded samples against vLLM's, requests all at once and one per step (about 4 min)
+#   features  soft-capping, sinks and an FP8 KV cache against FLASH_ATTN with each on (three times four
+#             engines: about 10-12 min with cold caches; run it with -k in two calls if need be)
 #   l3 l2     the P=2048 throughput jobs: Llama-3-8B shape default / relay / no prompt (about 7 min), Llama-2-7B
 #             shape relay / no prompt (about 5 min); run each three times, in three calls, for a median of jobs
 #   plain     traffic sharing nothing: the relay backend with nothing registered against vLLM's default, warm
@@ -31,6 +33,7 @@ for step in "$@"; do
     levels) $t tests/e2e/test_gpu_relay.py -k shared_levels > "$out/levels.txt" 2>&1 ;;
     sleep) $t tests/e2e/test_gpu_relay.py -k sleep > "$out/sleep.txt" 2>&1 ;;
     seeded) $t tests/e2e/test_seeded.py > "$out/seeded.txt" 2>&1 ;;
+    features) $t tests/e2e/test_gpu_relay.py -k features > "$out/features.txt" 2>&1 ;;
     l3) m=$(python3 -m vllm_relay.testing build llama-3-8b-shape | tail -1 | cut -f2)
         $bt --model "$m" --max-model-len 4096 --configs default,relay,noprefix \
             --out "$out/e2e_llama3_p2048_$stamp.json" > "$out/l3.txt" 2>&1 ;;
