@@ -10,6 +10,8 @@
 #   levels    levels found in the block tables, up to three deep, graphs and eager (about 4 min)
 #   sleep     sleep at levels 1 and 2, the prompts filled again after waking (about 6 min)
 #   seeded    seeded samples against vLLM's, requests all at once and one per step (about 4 min)
+#   host      the host-side timings of tools/ (prompt hashing, prefix-cache lookup of n samples, detokenizer
+#             priming): vLLM's code against relay's, CPU only (about 1-2 min)
 #   features  soft-capping, sinks and an FP8 KV cache against FLASH_ATTN with each on (three times four
 #             engines: about 10-12 min with cold caches; run it with -k in two calls if need be)
 #   l3 l2     the P=2048 throughput jobs: Llama-3-8B shape default / relay / no prompt (about 7 min), Llama-2-7B
@@ -34,6 +36,9 @@ for step in "$@"; do
     sleep) $t tests/e2e/test_gpu_relay.py -k sleep > "$out/sleep.txt" 2>&1 ;;
     seeded) $t tests/e2e/test_seeded.py > "$out/seeded.txt" 2>&1 ;;
     features) $t tests/e2e/test_gpu_relay.py -k features > "$out/features.txt" 2>&1 ;;
+    host) { python3 tools/bench_prompt_hashes.py --out "$out/prompt_hashes.json"
+            python3 tools/bench_cache_hits.py --rounds 5 --out "$out/cache_hits.json"
+            python3 tools/bench_detokenizer.py --out "$out/detokenizer.json"; } > "$out/host.txt" 2>&1 ;;
     l3) m=$(python3 -m vllm_relay.testing build llama-3-8b-shape | tail -1 | cut -f2)
         $bt --model "$m" --max-model-len 4096 --configs default,relay,noprefix \
             --out "$out/e2e_llama3_p2048_$stamp.json" > "$out/l3.txt" 2>&1 ;;
