@@ -28,6 +28,12 @@ def assert_close(actual, expected, dtype, msg=""):
     torch.testing.assert_close(actual.float().cpu(), expected.float().cpu(), **TOL[dtype], msg=msg or None)
 
 
+def on_grid(x, scale, fp8=torch.float8_e4m3fn):
+    """`x` moved to the nearest value an FP8 cache of this dtype and scale holds, in fp32 (exact:
+    the FP8 value times the scale)."""
+    return (x.float() / scale).to(fp8).float() * scale
+
+
 def fusion_ref(o_sys, lse_sys, o_ctx, lse_ctx):
     """Exact merge in float64 for finite LSEs: softmax weights over the two parts.
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.ops.reference import DTYPES, assert_close, attention_ref, cu_seqlens, make_paged_cache
+from tests.ops.reference import DTYPES, assert_close, attention_ref, cu_seqlens, make_paged_cache, on_grid
 from vllm_relay.ops import RelayPlan, SharedLevel, prefix_block_table, relay_attention, varlen_attention_torch
 from vllm_relay.ops.level_tree import LevelRule, find_levels, level_rows
 
@@ -47,11 +47,6 @@ RULES = {
 FP8 = torch.float8_e4m3fn
 
 
-def on_grid(x, scale):
-    """`x` moved to the nearest value an FP8 (e4m3) cache with this scale holds, in x's dtype."""
-    return ((x.float() / scale).to(FP8).float() * scale).to(x.dtype)
-
-
 def build(batch, sys_pages, h_kv, group, d, block_size, dtype, device="cpu", softcap=0.0, sinks=None,
           grid=None):
     """Random inputs in one paged cache and the dense reference output of `batch`.
@@ -66,7 +61,7 @@ def build(batch, sys_pages, h_kv, group, d, block_size, dtype, device="cpu", sof
     """
     hq = h_kv * group
     q_lens = [row[2] for row in batch]
-    snap = (lambda x, i: x) if grid is None else (lambda x, i: on_grid(x, grid[i]))  # noqa: E731
+    snap = (lambda x, i: x) if grid is None else (lambda x, i: on_grid(x, grid[i]).to(x.dtype))  # noqa: E731
     q = snap(torch.randn(sum(q_lens), hq, d).to(dtype), 0)
     ks = [snap(torch.randn(cl, h_kv, d).to(dtype), 1) for _, cl, _, _, _ in batch]
     vs = [snap(torch.randn(cl, h_kv, d).to(dtype), 2) for _, cl, _, _, _ in batch]

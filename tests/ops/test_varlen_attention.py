@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from tests.ops.reference import DTYPES, assert_close, attention_ref, cu_seqlens, make_paged_cache
+from tests.ops.reference import DTYPES, assert_close, attention_ref, cu_seqlens, make_paged_cache, on_grid
 from vllm_relay.ops import varlen_attention_torch
 
 # (q_len, k_len) per request: decode, full prefill, chunked prefill (q_len < k_len), empty KV,
@@ -27,8 +27,8 @@ def run_case(lens, h_kv, group, d, block_size, dtype, causal, softcap=0.0, fp8=N
     vs = [torch.randn(kl, h_kv, d).to(dtype) for _, kl in lens]
     fp8_kw = {}
     if fp8 is not None:  # what the cache holds, exactly: values of the FP8 grid, times the scale
-        ks = [(k.float() / scales[0]).to(fp8).float() * scales[0] for k in ks]
-        vs = [(v.float() / scales[1]).to(fp8).float() * scales[1] for v in vs]
+        ks = [on_grid(k, scales[0], fp8) for k in ks]
+        vs = [on_grid(v, scales[1], fp8) for v in vs]
         k_cache, v_cache, table, seqused = make_paged_cache(
             [k / scales[0] for k in ks], [v / scales[1] for v in vs], block_size, torch.float32)
         k_cache, v_cache = k_cache.to(fp8), v_cache.to(fp8)  # exact: every value is on the grid

@@ -21,7 +21,6 @@ from vllm.utils.math_utils import round_up
 from vllm.utils.torch_utils import canonicalize_singleton_dim_strides
 from vllm.v1.attention.backend import AttentionType
 from vllm.v1.attention.backends import flash_attn
-from vllm.v1.attention.backends.fa_utils import flash_attn_supports_quant_query_input
 from vllm.v1.attention.backends.flash_attn import (
     FlashAttentionBackend,
     FlashAttentionImpl,
@@ -30,7 +29,14 @@ from vllm.v1.attention.backends.flash_attn import (
 from vllm.v1.kv_cache_interface import is_quantized_kv_cache
 
 from vllm_relay.attention import step as relay_step
-from vllm_relay.attention.common import any_sinks, check_engine, check_layer, log_active, logger
+from vllm_relay.attention.common import (
+    any_sinks,
+    check_engine,
+    check_layer,
+    layer_impls,
+    log_active,
+    logger,
+)
 from vllm_relay.attention.planner import RelayPlanner
 from vllm_relay.ops import RelayPlan, force_one_split, graph_split_cap, relay_attention
 from vllm_relay.ops.split_schedule import FA3_DYNAMIC_SPLIT_BATCHES
@@ -82,9 +88,12 @@ class RelayMetadataBuilder(FlashAttentionMetadataBuilder):
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         self.fp8 = is_quantized_kv_cache(vllm_config.cache_config.cache_dtype)
-        query_dtype = current_platform.fp8_dtype() if self.fp8 and flash_attn_supports_quant_query_input() else None
+        impls = layer_impls(vllm_config, layer_names)
+        # FP8 queries where the layers quantize them (FlashAttention's choice, per its version).
+        quantized_q = self.fp8 and any(getattr(impl, "supports_quant_query_input", False) for impl in impls)
         self.planner = RelayPlanner(vllm_config, kv_cache_spec, device, num_layers=len(layer_names),
-                                    joint=not any_sinks(vllm_config, layer_names), query_dtype=query_dtype)
+                                    joint=not any_sinks(impls),
+                                    query_dtype=current_platform.fp8_dtype() if quantized_q else None)
         self.capturing = (False, False)  # (with the levels, unsplit)
         if self.use_full_cuda_graph and self.aot_schedule:
             # FA3's split workspace in every graph, for the context and the levels' calls alike
@@ -214,6 +223,7 @@ class RelayAttentionImpl(FlashAttentionImpl):
         # Soft-capping in every call (0: none), sinks in the context call only (ops/relay_attention.py).
         self.attn_kwargs = {"fa_version": self.vllm_flash_attn_version, "softcap": self.logits_soft_cap}
         self.context_kwargs = None if self.sinks is None else {"s_aux": self.sinks}
+        self.fp8_dtype = current_platform.fp8_dtype() if is_quantized_kv_cache(kv_cache_dtype) else None
         log_active(f"cuda-flash-attn-{self.vllm_flash_attn_version} (vllm.vllm_flash_attn)")
 
     def forward(self, layer, query, key, value, kv_cache, attn_metadata, output,
@@ -229,9 +239,8 @@ class RelayAttentionImpl(FlashAttentionImpl):
         key_cache = canonicalize_singleton_dim_strides(key_cache)
         value_cache = canonicalize_singleton_dim_strides(value_cache)
         descale = None
-        if is_quantized_kv_cache(self.kv_cache_dtype):  # as FlashAttention's forward reads it
-            key_cache = key_cache.view(current_platform.fp8_dtype())
-            value_cache = value_cache.view(current_platform.fp8_dtype())
+        if self.fp8_dtype is not None:  # as FlashAttention's forward reads it
+            key_cache, value_cache = key_cache.view(self.fp8_dtype), value_cache.view(self.fp8_dtype)
             descale = (layer._q_scale if self.supports_quant_query_input else None, layer._k_scale, layer._v_scale)
         relay_attention(query[:n], key_cache, value_cache, plan, output[:n], self.scale,
                         flash_attn.flash_attn_varlen_func, self.attn_kwargs, self.context_kwargs, descale)

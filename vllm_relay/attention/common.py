@@ -1,5 +1,6 @@
 """What both relay backends (CUDA and CPU) declare and check, in one place."""
 
+import torch
 from vllm.logger import init_logger
 
 # A child of vLLM's logger, so our lines appear with vLLM's formatting and level.
@@ -10,14 +11,22 @@ def log_active(implementation: str) -> None:
     logger.info_once("vllm-relay: relay attention backend active, implementation: %s", implementation)
 
 
-def any_sinks(vllm_config, layer_names) -> bool:
-    """Whether any of these attention layers has sinks: they join one partial's softmax (the
-    context call's), so their steps plan no joint call."""
+# The FP8 KV-cache dtypes a backend may read, by vLLM's names.
+FP8_KV = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+
+
+def layer_impls(vllm_config, layer_names) -> list:
+    """The attention implementations (`Attention.impl`) of these layers, built with the model."""
     from vllm.config import get_layers_from_vllm_config
     from vllm.model_executor.layers.attention import Attention
 
-    layers = get_layers_from_vllm_config(vllm_config, Attention, layer_names)
-    return any(getattr(layer.impl, "sinks", None) is not None for layer in layers.values())
+    return [layer.impl for layer in get_layers_from_vllm_config(vllm_config, Attention, layer_names).values()]
+
+
+def any_sinks(impls) -> bool:
+    """Whether any of these attention implementations has sinks: they join one partial's softmax
+    (the context call's), so their steps plan no joint call."""
+    return any(getattr(impl, "sinks", None) is not None for impl in impls)
 
 
 def check_layer(backend: str, *, alibi_slopes, sliding_window, logits_soft_cap, attn_type, sinks=None,
@@ -46,9 +55,6 @@ def check_layer(backend: str, *, alibi_slopes, sliding_window, logits_soft_cap, 
         )
 
 
-FP8_KV_CACHE_DTYPES = ("fp8", "fp8_e4m3", "fp8_e5m2")
-
-
 def check_engine(fp8_kv: bool = False, ngram: bool = False) -> None:
     """Reject, at start-up, engine features relay does not compute exactly (model build time).
     `fp8_kv`: the backend reads an FP8 KV cache (the CPU's); else only the model's dtype. `ngram`: it
@@ -66,7 +72,7 @@ def check_engine(fp8_kv: bool = False, ngram: bool = False) -> None:
         unsupported.append("M-RoPE / XD-RoPE position encodings (only plain positions are shifted)")
     cache_dtype = vllm_config.cache_config.cache_dtype
     if cache_dtype not in ("auto", str(model_config.dtype).removeprefix("torch.")) and not (
-            fp8_kv and cache_dtype in FP8_KV_CACHE_DTYPES):
+            fp8_kv and cache_dtype in FP8_KV):
         also = " or fp8 / fp8_e4m3 / fp8_e5m2" if fp8_kv else " (FP8 KV caches: on the CPU only)"
         unsupported.append(f"kv_cache_dtype={cache_dtype!r} other than the model's {model_config.dtype}{also}")
     if getattr(vllm_config.parallel_config, "use_ubatching", False):

@@ -28,12 +28,16 @@ from vllm.v1.attention.backends.cpu_attn import (
 )
 
 from vllm_relay.attention import step as relay_step
-from vllm_relay.attention.common import any_sinks, check_engine, check_layer, log_active
+from vllm_relay.attention.common import (
+    FP8_KV,
+    any_sinks,
+    check_engine,
+    check_layer,
+    layer_impls,
+    log_active,
+)
 from vllm_relay.attention.planner import RelayPlanner
 from vllm_relay.ops import RelayPlan, relay_attention, varlen_attention_torch
-
-FP8_KV = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
-
 
 def torch_views(key_cache: torch.Tensor, value_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """FlashAttention-layout views [blocks, block_size, kv_heads, D] of the halves of vLLM's CPU cache
@@ -112,7 +116,7 @@ class RelayCPUMetadataBuilder(CPUAttentionMetadataBuilder):
 
         apply_worker()
         self.planner = RelayPlanner(vllm_config, kv_cache_spec, device, num_layers=len(layer_names),
-                                    joint=not any_sinks(vllm_config, layer_names))
+                                    joint=not any_sinks(layer_impls(vllm_config, layer_names)))
         log_active(f"cpu (vLLM's CPU attention kernel, isa {self.isa}; the shared levels in torch)")
 
     def build(self, common_prefix_len, common_attn_metadata, fast_build: bool = False):
@@ -165,8 +169,8 @@ class RelayCPUImpl(CPUAttentionBackendImpl):
                                "layout); use shared_path 'auto' or 'never' on this machine")
         k, v = torch_views(key_cache, value_cache)
         extra = {"softcap": self.logits_soft_cap}
-        if self.kv_cache_dtype in FP8_KV:
-            fp8 = FP8_KV[self.kv_cache_dtype]
+        fp8 = FP8_KV.get(self.kv_cache_dtype)
+        if fp8 is not None:
             k, v = k.view(fp8), v.view(fp8)
             extra.update(k_descale=layer._k_scale_float, v_descale=layer._v_scale_float)
         context = None if self.sinks is None else {"s_aux": self.sinks}

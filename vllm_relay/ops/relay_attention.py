@@ -33,6 +33,7 @@ import torch
 
 from vllm_relay.ops.gather_rows import gather_rows
 from vllm_relay.ops.fuse_in_place import fuse_in_place, fuse_joint
+from vllm_relay.ops.varlen_attention import FP8_DTYPES
 
 
 @dataclass
@@ -162,7 +163,7 @@ def _descales(descale, call: dict, k_cache) -> dict:
 
 def _bytes(x):
     """FP8 rows gathered as bytes (the gathers copy rows, whatever they hold)."""
-    return x.view(torch.uint8) if x is not None and x.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) else x
+    return x.view(torch.uint8) if x is not None and x.dtype in FP8_DTYPES else x
 
 
 def _level_call(q, k_cache, v_cache, level: SharedLevel, softmax_scale, attn_fn, extra, descale=None):
