@@ -197,28 +197,27 @@ def test_engine_features_are_refused(feature, monkeypatch):
     if feature == "speculative":
         engine["speculative_config"] = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3}
     elif feature == "kv_cache_dtype":
-        engine["kv_cache_dtype"] = "fp8"
+        engine["kv_cache_dtype"] = "float16"  # neither the model's float32 nor FP8
     config = engine_args({}, **engine).create_engine_config()
     if feature == "mrope":
         monkeypatch.setattr(ModelConfig, "uses_mrope", property(lambda self: True))
     expected = {"speculative": ENGINE_FEATURES, "mrope": "M-RoPE / XD-RoPE position encodings",
-                "kv_cache_dtype": "kv_cache_dtype='fp8' other than the model's"}[feature]
+                "kv_cache_dtype": "kv_cache_dtype='float16' other than the model's"}[feature]
     with set_current_vllm_config(config), pytest.raises(NotImplementedError, match=re.escape(expected)):
         check_engine()
 
 
 @pytest.mark.parametrize("kv_cache_dtype", ["fp8", "fp8_e4m3", "fp8_e5m2"])
-def test_fp8_kv_cache_is_accepted_where_the_backend_reads_it(kv_cache_dtype):
-    """The CPU backend reads an FP8 cache (`check_engine(fp8_kv=True)`); the CUDA one refuses it."""
+def test_fp8_kv_cache_is_accepted(kv_cache_dtype):
+    """Both backends read an FP8 cache; which formats, each backend's `supports_kv_cache_dtype` says
+    (the CPU's all three, FlashAttention-3's fp8 / fp8_e4m3)."""
     from vllm.config import set_current_vllm_config
 
     from vllm_relay.attention.common import check_engine
 
     config = engine_args({}, kv_cache_dtype=kv_cache_dtype).create_engine_config()
     with set_current_vllm_config(config):
-        check_engine(fp8_kv=True)
-        with pytest.raises(NotImplementedError, match="FP8 KV caches: on the CPU only"):
-            check_engine()
+        check_engine()
 
 
 def test_ngram_speculative_decoding_is_accepted_where_the_backend_serves_it():

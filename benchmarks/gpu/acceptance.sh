@@ -12,8 +12,8 @@
 #   seeded    seeded samples against vLLM's, requests all at once and one per step (about 4 min)
 #   host      the host-side timings of tools/ (prompt hashing, prefix-cache lookup of n samples, detokenizer
 #             priming): vLLM's code against relay's, CPU only (about 1-2 min)
-#   features  soft-capping, sinks and an FP8 KV cache against FLASH_ATTN with each on (three times four
-#             engines: about 10-12 min with cold caches; run it with -k in two calls if need be)
+#   features  soft-capping, sinks and an FP8 KV cache against FLASH_ATTN with each on (four engines each,
+#             about 5-6 min each with cold caches); features-softcap, features-sinks, features-fp8: one each
 #   l3 l2     the P=2048 throughput jobs: Llama-3-8B shape default / relay / no prompt (about 7 min), Llama-2-7B
 #             shape relay / no prompt (about 5 min); run each three times, in three calls, for a median of jobs
 #   plain     traffic sharing nothing: the relay backend with nothing registered against vLLM's default, warm
@@ -36,6 +36,7 @@ for step in "$@"; do
     sleep) $t tests/e2e/test_gpu_relay.py -k sleep > "$out/sleep.txt" 2>&1 ;;
     seeded) $t tests/e2e/test_seeded.py > "$out/seeded.txt" 2>&1 ;;
     features) $t tests/e2e/test_gpu_relay.py -k features > "$out/features.txt" 2>&1 ;;
+    features-*) $t tests/e2e/test_gpu_relay.py -k "features and ${step#features-}" > "$out/$step.txt" 2>&1 ;;
     host) { python3 tools/bench_prompt_hashes.py --out "$out/prompt_hashes.json"
             python3 tools/bench_cache_hits.py --rounds 5 --out "$out/cache_hits.json"
             python3 tools/bench_detokenizer.py --out "$out/detokenizer.json"; } > "$out/host.txt" 2>&1 ;;

@@ -71,10 +71,6 @@ class RelayAttentionBackend(FlashAttentionBackend):
     def supports_attn_type(cls, attn_type: str) -> bool:
         return attn_type == AttentionType.DECODER
 
-    @classmethod
-    def supports_kv_cache_dtype(cls, kv_cache_dtype) -> bool:
-        return kv_cache_dtype in (None, "auto", "float16", "bfloat16")
-
 
 class RelayMetadataBuilder(FlashAttentionMetadataBuilder):
     # CUDA-graph support is FlashAttention's (full graphs with FA3): every tensor the relay path
@@ -214,7 +210,8 @@ class RelayAttentionImpl(FlashAttentionImpl):
                  kv_sharing_target_layer_name=None, sinks=None) -> None:
         check_layer("CUDA", alibi_slopes=alibi_slopes, sliding_window=sliding_window,
                     logits_soft_cap=logits_soft_cap, attn_type=attn_type, sinks=sinks,
-                    kv_sharing_target_layer_name=kv_sharing_target_layer_name)
+                    kv_sharing_target_layer_name=kv_sharing_target_layer_name,
+                    computes=frozenset({"softcap"}))  # sinks: verified in the kernel, not yet end to end
         check_engine()
         check_runner()
         super().__init__(num_heads, head_size, scale, num_kv_heads, alibi_slopes, sliding_window,

@@ -55,10 +55,11 @@ def check_layer(backend: str, *, alibi_slopes, sliding_window, logits_soft_cap, 
         )
 
 
-def check_engine(fp8_kv: bool = False, ngram: bool = False) -> None:
-    """Reject, at start-up, engine features relay does not compute exactly (model build time).
-    `fp8_kv`: the backend reads an FP8 KV cache (the CPU's); else only the model's dtype. `ngram`: it
-    serves n-gram speculative decoding (drafts from the token ids, no drafter model)."""
+def check_engine(ngram: bool = False) -> None:
+    """Reject, at start-up, engine features relay does not compute exactly (model build time). The
+    KV cache is the model's dtype or FP8 (which FP8 formats, the backend's `supports_kv_cache_dtype`
+    says). `ngram`: the backend serves n-gram speculative decoding (drafts from the token ids, no
+    drafter model)."""
     from vllm.config import get_current_vllm_config
 
     vllm_config = get_current_vllm_config()
@@ -71,10 +72,9 @@ def check_engine(fp8_kv: bool = False, ngram: bool = False) -> None:
     if model_config.uses_mrope or getattr(model_config, "uses_xdrope_dim", 0):
         unsupported.append("M-RoPE / XD-RoPE position encodings (only plain positions are shifted)")
     cache_dtype = vllm_config.cache_config.cache_dtype
-    if cache_dtype not in ("auto", str(model_config.dtype).removeprefix("torch.")) and not (
-            fp8_kv and cache_dtype in FP8_KV):
-        also = " or fp8 / fp8_e4m3 / fp8_e5m2" if fp8_kv else " (FP8 KV caches: on the CPU only)"
-        unsupported.append(f"kv_cache_dtype={cache_dtype!r} other than the model's {model_config.dtype}{also}")
+    if cache_dtype not in ("auto", str(model_config.dtype).removeprefix("torch."), *FP8_KV):
+        unsupported.append(f"kv_cache_dtype={cache_dtype!r} other than the model's {model_config.dtype} "
+                           "or fp8 / fp8_e4m3 / fp8_e5m2")
     if getattr(vllm_config.parallel_config, "use_ubatching", False):
         unsupported.append("micro-batching (dual-batch overlap splits a step the relay plan covers whole)")
     if unsupported:
