@@ -1,19 +1,19 @@
 #!/usr/bin/env bash
 # GPU host, after benchmarks/gpu/install.sh and the project installed into /tmp/site: relay's checks on
-# vLLM 0.33 with Model Runner V2, one STEP per device call (each well under a call's 600 s), output
-# under $OUT (default /tmp/out): STEP.txt, and the throughput JSONs.
-# Usage: bash benchmarks/gpu/acceptance.sh STEP...   with STEP one of
+# vLLM 0.33 with Model Runner V2, output under $OUT (default /tmp/out): STEP.txt, and the throughput JSONs.
+# Usage: bash benchmarks/gpu/acceptance.sh [--side-by-side] STEP...   with STEP one of
 #   unit      the GPU unit tests: kernels, planner, graph manager (about 1 min)
 #   mha gqa   relay against FLASH_ATTN (and TRITON_ATTN as the yardstick), full CUDA graphs and eager, one GPU
 #             (tests/e2e/test_gpu_relay.py; four engines: about 4-5 min each with cold compile caches)
-#   unsplit   the unsplit twins replayed on every step with levels (both models: about 8 min)
+#   unsplit   the unsplit twins replayed on every step with levels (both models: about 8 min); unsplit-mha,
+#             unsplit-gqa: one model each
 #   levels    levels found in the block tables, up to three deep, graphs and eager (about 4 min)
-#   sleep     sleep at levels 1 and 2, the prompts filled again after waking (about 6 min)
+#   sleep     sleep at levels 1 and 2, the prompts filled again after waking (about 6 min); sleep-1, sleep-2
 #   seeded    seeded samples against vLLM's, requests all at once and one per step (about 4 min)
-#   host      the host-side timings of tools/ (prompt hashing, prefix-cache lookup of n samples, detokenizer
-#             priming): vLLM's code against relay's, CPU only (about 1-2 min)
 #   features  soft-capping, sinks and an FP8 KV cache against FLASH_ATTN with each on (four engines each,
 #             about 5-6 min each with cold caches); features-softcap, features-sinks, features-fp8: one each
+#   host      the host-side timings of tools/ (prompt hashing, prefix-cache lookup of n samples, detokenizer
+#             priming): vLLM's code against relay's, CPU only (about 1-2 min)
 #   l3 l2     the P=2048 throughput jobs: Llama-3-8B shape default / relay / no prompt (about 7 min), Llama-2-7B
 #             shape relay / no prompt (about 5 min); run each three times, in three calls, for a median of jobs
 #   plain     traffic sharing nothing: the relay backend with nothing registered against vLLM's default, warm
@@ -21,39 +21,65 @@
 #             requests without a system prompt (bench_interleaved.py; two engine starts of about 1-2 min each,
 #             then 5 x 2 rounds of about 15-25 s: about 5-8 min), alone in its call:
 #             OUT=/tmp/out bash benchmarks/gpu/acceptance.sh plain   (plain.txt, plain_interleaved_HHMMSS.json)
+# Steps run one after another, each well under a call's 600 s. With --side-by-side the test steps (not
+# host and the throughput jobs, which need the machine alone) run at once, each engine on a share of the
+# GPU with a fixed KV cache (RELAY_TEST_GPU_SHARE, tests/e2e/engine_runner.py): vLLM's memory profiling
+# expects the GPU to itself and fails when other processes free memory meanwhile.
 set -uo pipefail
 export PYTHONPATH=/tmp/site VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
 out=${OUT:-/tmp/out}; mkdir -p "$out"
-t="python3 -m pytest -m gpu -p no:cacheprovider -s -x"
+side=0
+if [ "${1:-}" = "--side-by-side" ]; then side=1; shift; fi
 bt="python3 benchmarks/bench_throughput.py --prefix-len 2048 --num-prompts 1000"
 stamp=$(date +%H%M%S)
-for step in "$@"; do
+
+run() {  # one step into $out/STEP.txt; its exit status
+  local step=$1 e2e="tests/e2e/test_gpu_relay.py"
+  local t="python3 -m pytest -m gpu -p no:cacheprovider -s -x --basetemp=/tmp/pytest-relay/$step"
   case $step in
-    unit) $t tests/ops tests/attention tests/hooks > "$out/unit.txt" 2>&1 ;;
-    mha|gqa) $t tests/e2e/test_gpu_relay.py -k "matches_flash and tp1 and $step" > "$out/$step.txt" 2>&1 ;;
-    unsplit) $t tests/e2e/test_gpu_relay.py -k unsplit > "$out/unsplit.txt" 2>&1 ;;
-    levels) $t tests/e2e/test_gpu_relay.py -k shared_levels > "$out/levels.txt" 2>&1 ;;
-    sleep) $t tests/e2e/test_gpu_relay.py -k sleep > "$out/sleep.txt" 2>&1 ;;
-    seeded) $t tests/e2e/test_seeded.py > "$out/seeded.txt" 2>&1 ;;
-    features) $t tests/e2e/test_gpu_relay.py -k features > "$out/features.txt" 2>&1 ;;
-    features-*) $t tests/e2e/test_gpu_relay.py -k "features and ${step#features-}" > "$out/$step.txt" 2>&1 ;;
-    host) { python3 tools/bench_prompt_hashes.py --out "$out/prompt_hashes.json"
-            python3 tools/bench_cache_hits.py --rounds 5 --out "$out/cache_hits.json"
-            python3 tools/bench_detokenizer.py --out "$out/detokenizer.json"; } > "$out/host.txt" 2>&1 ;;
+    unit) $t tests/ops tests/attention tests/hooks ;;
+    mha|gqa) $t $e2e -k "matches_flash and tp1 and $step" ;;
+    unsplit) $t $e2e -k unsplit ;;
+    unsplit-mha|unsplit-gqa) $t $e2e -k "unsplit and ${step#unsplit-}" ;;
+    levels) $t $e2e -k shared_levels ;;
+    sleep) $t $e2e -k sleep ;;
+    sleep-1|sleep-2) $t $e2e -k "sleep and ${step#sleep-}" ;;
+    seeded) $t tests/e2e/test_seeded.py ;;
+    features) $t $e2e -k features ;;
+    features-*) $t $e2e -k "features and ${step#features-}" ;;
+    host) python3 tools/bench_prompt_hashes.py --out "$out/prompt_hashes.json" &&
+          python3 tools/bench_cache_hits.py --rounds 5 --out "$out/cache_hits.json" &&
+          python3 tools/bench_detokenizer.py --out "$out/detokenizer.json" ;;
     l3) m=$(python3 -m vllm_relay.testing build llama-3-8b-shape | tail -1 | cut -f2)
         $bt --model "$m" --max-model-len 4096 --configs default,relay,noprefix \
-            --out "$out/e2e_llama3_p2048_$stamp.json" > "$out/l3.txt" 2>&1 ;;
+            --out "$out/e2e_llama3_p2048_$stamp.json" ;;
     l2) m=$(python3 -m vllm_relay.testing build llama-2-7b-shape | tail -1 | cut -f2)
         $bt --model "$m" --max-model-len 5120 --configs relay,noprefix \
-            --out "$out/single_llama2_p2048_$stamp.json" > "$out/l2.txt" 2>&1 ;;
+            --out "$out/single_llama2_p2048_$stamp.json" ;;
     plain) m=$(python3 -m vllm_relay.testing build llama-3-8b-shape | tail -1 | cut -f2)
         # --prefix-len 0: the requests share nothing but BOS, so noprefix-relay's stripping of the system
         # prompt leaves them as sampled and both engines get the same requests (the output's "Requests:"
         # line compares their digests); `default` is vLLM's default engine with its prefix cache, as shipped
         python3 benchmarks/bench_interleaved.py --model "$m" --configs default,noprefix-relay --rounds 5 \
             --gpu-memory-utilization 0.45 --num-prompts 1000 --max-model-len 4096 --prefix-len 0 \
-            --out "$out/plain_interleaved_$stamp.json" > "$out/plain.txt" 2>&1 ;;
-    *) echo "unknown step $step" >&2; exit 2 ;;
-  esac
-  echo "$step: exit $?"; tail -n 3 "$out/$step.txt"
-done
+            --out "$out/plain_interleaved_$stamp.json" ;;
+    *) echo "unknown step $step" >&2; return 2 ;;
+  esac > "$out/$step.txt" 2>&1
+}
+
+if [ $side = 1 ]; then
+  export RELAY_TEST_GPU_SHARE=${RELAY_TEST_GPU_SHARE:-0.08}
+  for step in "$@"; do
+    case $step in host|l3|l2|plain) echo "$step needs the machine alone: not with --side-by-side" >&2; exit 2 ;; esac
+  done
+  pids=()
+  for step in "$@"; do run "$step" & pids+=($!); done
+  i=0
+  for step in "$@"; do
+    wait "${pids[$i]}"; echo "$step: exit $?"; tail -n 2 "$out/$step.txt"; i=$((i + 1))
+  done
+else
+  for step in "$@"; do
+    run "$step"; echo "$step: exit $?"; tail -n 3 "$out/$step.txt"
+  done
+fi

@@ -18,22 +18,23 @@ from vllm_relay.protocol import RelayTag, tag
 PAGE = 32
 MAX_REQS = 6
 WIDTH = 5
+GROUPS = [[]]  # the runner's attention groups (what the model state finds its planner in)
 
 
 @pytest.fixture
 def state(monkeypatch):
     from vllm.v1.worker.gpu.model_states.default import DefaultModelState
 
-    from vllm_relay.attention import model_state, step as relay_step
+    from vllm_relay.attention import model_state
 
     def base_init(self, vllm_config, model, encoder_cache, device):
         self.vllm_config, self.device, self.max_num_reqs = vllm_config, device, MAX_REQS
         self.rope_state = self.prompt_embeds_state = None
 
     monkeypatch.setattr(DefaultModelState, "__init__", base_init)
-    monkeypatch.setattr(relay_step, "_slot_pages", None)
-    levels = []
-    monkeypatch.setattr(model_state, "find_step_levels", lambda step: levels.append(step))
+    levels = []  # the steps the runner's relay planner was asked to find levels in
+    monkeypatch.setattr(model_state.workers, "planners",
+                        lambda attn_groups: [NS(levels_for=levels.append)] if attn_groups is GROUPS else [])
     config = NS(additional_config={"relay": {"max_prompts": 3, "max_prompt_tokens": 4 * PAGE}},
                 cache_config=NS(block_size=PAGE))
     s = model_state.RelayModelState(config, None, None, torch.device("cpu"))
@@ -67,7 +68,7 @@ def test_the_step_holds_each_rows_tag_blocks_and_lengths_in_batch_order(state):
     computed = np.zeros(MAX_REQS, np.int32)
     computed[[4, 1, 2]] = [40, 5, 0]
     req_states = NS(req_id_to_index=index, num_computed_tokens_np=computed)
-    state.plan(output(new=reqs), batch([1, 4, 2], [1, 1, 70]), req_states)
+    state.plan(output(new=reqs), batch([1, 4, 2], [1, 1, 70]), req_states, GROUPS)
     step = state.step
     assert step.num_reqs == 3 and step.num_tokens == 72
     assert step.req_slot.tolist() == [2, -1, -1] and step.req_shift.tolist() == [2 * PAGE, 0, 0]
@@ -75,6 +76,7 @@ def test_the_step_holds_each_rows_tag_blocks_and_lengths_in_batch_order(state):
     assert step.block_table[:, :3].tolist() == [[3, 0, 0], [7, 8, 0], [10, 11, 12]]
     assert state.pages.pages[1, :2].tolist() == [10, 11]  # the fill's system pages (2 of its 3 blocks)
     assert state.levels_asked == [step]  # the levels are found before vLLM picks the graph
+    assert step.pages is state.pages  # the model state's slot pages go to the planner with the step
 
     # Next step: running requests get blocks appended, a new one takes a free index.
     reqs2 = [new_req("relay2", [20], RelayTag(slot=0, system_len=PAGE))]
@@ -82,7 +84,7 @@ def test_the_step_holds_each_rows_tag_blocks_and_lengths_in_batch_order(state):
     computed[[4, 1, 2, 0]] = [41, 6, 70, 0]
     state.add_request(0, reqs2[0])
     state.plan(output(new=reqs2, cached=[("relay", ([9],)), ("plain", None)]), batch([1, 4, 0], [1, 1, 3]),
-               req_states)
+               req_states, GROUPS)
     assert state.step.block_table[:, :2].tolist() == [[3, 9], [7, 8], [20, 0]]
     assert state.step.req_shift.tolist() == [2 * PAGE, 0, PAGE]
 
@@ -90,19 +92,20 @@ def test_the_step_holds_each_rows_tag_blocks_and_lengths_in_batch_order(state):
 def test_a_batch_of_the_same_rows_keeps_its_arrays_and_a_reused_index_does_not(state):
     state.add_request(0, new_req("a", [1], RelayTag(slot=0, system_len=PAGE)))
     req_states = NS(req_id_to_index={"a": 0}, num_computed_tokens_np=np.zeros(MAX_REQS, np.int32))
-    state.plan(output(new=[new_req("a", [1])]), batch([0], [4]), req_states)
+    state.plan(output(new=[new_req("a", [1])]), batch([0], [4]), req_states, GROUPS)
     first = state.step.req_slot
-    state.plan(output(), batch([0], [1]), req_states)
+    state.plan(output(), batch([0], [1]), req_states, GROUPS)
     assert state.step.req_slot is first and not first.flags.writeable  # the planner's tree cache key
     state.add_request(0, new_req("b", [2]))  # another request at index 0
     state.plan(output(new=[new_req("b", [2])]), batch([0], [4]), NS(req_id_to_index={"b": 0},
-                                                                  num_computed_tokens_np=np.zeros(MAX_REQS, np.int32)))
+                                                                  num_computed_tokens_np=np.zeros(MAX_REQS, np.int32)),
+               GROUPS)
     assert state.step.req_slot is not first and state.step.req_slot.tolist() == [-1]
 
 
 def test_a_dummy_run_has_no_step(state):
     state.step = object()
-    state.plan(None, None, None)
+    state.plan(None, None, None, GROUPS)
     assert state.step is None
 
 
@@ -127,12 +130,12 @@ def test_relay_positions_are_shifted_after_vllm_used_them_and_before_the_forward
     state.add_request(1, new_req("b", [2]))
     state.add_request(2, new_req("c", [3], RelayTag(slot=1, system_len=PAGE)))
     req_states = NS(req_id_to_index={"a": 0, "b": 1, "c": 2}, num_computed_tokens_np=np.zeros(MAX_REQS, np.int32))
-    state.plan(output(), batch([2, 1, 0], [2, 3, 1]), req_states)
+    state.plan(output(), batch([2, 1, 0], [2, 3, 1]), req_states, GROUPS)
     own = torch.tensor([5, 6, 0, 1, 2, 9, 0, 0])  # the step's positions, then padding
     positions = own.clone()
     state.preprocess_state(NS(positions=positions), None, None, None)
     assert positions.tolist() == [5 + PAGE, 6 + PAGE, 0, 1, 2, 9 + 3 * PAGE, 0, 0]
-    state.plan(output(), batch([1], [3]), req_states)  # no relay row: untouched
+    state.plan(output(), batch([1], [3]), req_states, GROUPS)  # no relay row: untouched
     positions = own.clone()
     state.preprocess_state(NS(positions=positions), None, None, None)
     assert torch.equal(positions, own)

@@ -85,12 +85,12 @@ class World:
         self.own_lens = lens[:B]
         self.q = torch.randn(sum(row[2] for row in batch), H_KV * GROUP, D, generator=g).to(dtype).to(device)
         self.own, self.dtype, self.device = own, dtype, device
+        self.pages = relay_step.SlotPages.for_config(RelayConfig(max_prompts=3, max_prompt_tokens=128), BLOCK)
 
     def record_fills(self):
-        cfg = RelayConfig(max_prompts=3, max_prompt_tokens=128)
-        pages = relay_step.slot_pages_for(cfg, BLOCK)
+        """The slot pages the step's preparer (model state or runner hook) records from the fills."""
         for slot, n in enumerate(SLOT_PAGES):
-            pages.record(slot, self.slot_table[slot, :n].tolist())
+            self.pages.record(slot, self.slot_table[slot, :n].tolist())
 
     def cm(self, pad_reqs=0, pad_tokens=0):
         """vLLM's metadata for the batch, padded as a full CUDA graph pads it (padding requests have
@@ -117,7 +117,7 @@ class World:
         shift = np.array([SLOT_PAGES[s] * BLOCK if s >= 0 else 0 for s in slots], dtype=np.int32)
         q_lens = np.array([row[2] for row in self.batch], dtype=np.int32)
         return relay_step.RelayStep(len(self.batch), int(q_lens.sum()), slots, shift, q_lens,
-                                    self.block_table.numpy(), self.own_lens.numpy().copy())
+                                    self.block_table.numpy(), self.own_lens.numpy().copy(), pages=self.pages)
 
     def reference(self):
         out, row, scale = torch.zeros(self.q.shape), 0, D ** -0.5
@@ -275,7 +275,7 @@ def test_decode_steps_with_the_same_rows_reuse_their_tree():
             for page in range(-(-int(step.seq_lens[r]) // BLOCK), -(-int(seq[r]) // BLOCK)):
                 table[r, page] = next(fresh)
         return relay_step.RelayStep(step.num_reqs, step.num_tokens, rows, step.req_shift, step.q_lens,
-                                    table, seq)
+                                    table, seq, pages=step.pages)
 
     registered = World([(0, 50, 1, -1, 0), (0, 60, 1, -1, 0), (1, 70, 1, -1, 0), (1, 80, 1, -1, 0),
                         (-1, 90, 1, -1, 0)], torch.float32, "cpu", 7)
@@ -299,7 +299,7 @@ def test_decode_steps_with_the_same_rows_reuse_their_tree():
         assert tree_of(planner, other) is not tree and same(other.tree, tree)
         prompt = relay_step.RelayStep(first.num_reqs, first.num_tokens + 1, first.req_slot, first.req_shift,
                                       first.q_lens + np.eye(first.num_reqs, dtype=np.int32)[0],
-                                      first.block_table, first.seq_lens + 1)
+                                      first.block_table, first.seq_lens + 1, pages=first.pages)
         assert tree_of(planner, prompt) is not tree  # not a decode step: searched
 
 
@@ -334,7 +334,7 @@ def test_decode_steps_over_the_same_rows_stage_their_plan_once(monkeypatch):
     assert plan.run_level and staged is not None
     run_and_check(world, plan, cm, padded(world.q, cm))
     again = relay_step.RelayStep(first.num_reqs, first.num_tokens, first.req_slot, first.req_shift, first.q_lens,
-                                 first.block_table, first.seq_lens.copy())
+                                 first.block_table, first.seq_lens.copy(), pages=first.pages)
     plan = planned(planner, cm, again)
     assert planner._staged is staged and again.tree is first.tree
     run_and_check(world, plan, cm, padded(world.q, cm))
@@ -342,20 +342,20 @@ def test_decode_steps_over_the_same_rows_stage_their_plan_once(monkeypatch):
     grown = (cm.seq_lens > 0).to(torch.int32)
     later_cm = dataclasses.replace(cm, seq_lens=cm.seq_lens + grown, max_seq_len=cm.max_seq_len + 1)
     later = relay_step.RelayStep(first.num_reqs, first.num_tokens, first.req_slot, first.req_shift, first.q_lens,
-                                 first.block_table, first.seq_lens + 1)
+                                 first.block_table, first.seq_lens + 1, pages=first.pages)
     plan = planned(planner, later_cm, later)
     assert planner._staged is staged
     fresh_planner = make_planner(full_graphs=True)
     fresh = planned(fresh_planner, later_cm, relay_step.RelayStep(
         first.num_reqs, first.num_tokens, first.req_slot.copy(), first.req_shift, first.q_lens, first.block_table,
-        first.seq_lens + 1))
+        first.seq_lens + 1, pages=first.pages))
     for a, b in zip(reads(plan), reads(fresh)):
         assert torch.equal(a, b)
     assert plan.context.max_seq_len == fresh.context.max_seq_len and plan.one_split == fresh.one_split
     assert fresh_planner.stats["shared_tokens"] == 4  # each step: slot 0's two rows, the plain pair's two
     assert planner.stats == {k: v if k.startswith("max_") else 3 * v for k, v in fresh_planner.stats.items()}
     other = relay_step.RelayStep(first.num_reqs, first.num_tokens, first.req_slot.copy(), first.req_shift,
-                                 first.q_lens, first.block_table, first.seq_lens.copy())
+                                 first.q_lens, first.block_table, first.seq_lens.copy(), pages=first.pages)
     planned(planner, cm, other)  # the batch's rows changed: staged again
     assert planner._staged is not staged and planner._staged is not None
     planner.plan(cm, None, capture=True, levels=True)
@@ -366,7 +366,8 @@ def test_decode_steps_over_the_same_rows_stage_their_plan_once(monkeypatch):
     staged = planner._staged
     assert step.tree is None and not plan.run_level and staged is not None
     plan = planned(planner, cm, relay_step.RelayStep(step.num_reqs, step.num_tokens, step.req_slot, step.req_shift,
-                                                     step.q_lens, step.block_table, step.seq_lens.copy()))
+                                                     step.q_lens, step.block_table, step.seq_lens.copy(),
+                                                     pages=step.pages))
     assert planner._staged is staged
     run_and_check(plain, plan, cm, padded(plain.q, cm))
 
@@ -575,14 +576,10 @@ def test_plan_tensors_are_aligned_views_of_exact_length(joint, monkeypatch):
 
 
 def test_step_with_fewer_requests_than_prepared_raises():
-    relay_step._current = relay_step.RelayStep(3, 3, np.zeros(3, np.int32), np.zeros(3, np.int32),
-                                               np.ones(3, np.int32))
-    try:
-        assert relay_step.current(5, 5) is relay_step._current  # padded: fine
-        with pytest.raises(RuntimeError, match="prepared 3 / 3"):
-            relay_step.current(2, 2)  # split (micro-batching): refused
-    finally:
-        relay_step.clear()
+    step = relay_step.RelayStep(3, 3, np.zeros(3, np.int32), np.zeros(3, np.int32), np.ones(3, np.int32))
+    assert relay_step.covering(step, 5, 5) is step  # padded: fine
+    with pytest.raises(RuntimeError, match="prepared 3 / 3"):
+        relay_step.covering(step, 2, 2)  # split (micro-batching): refused
 
 
 # ---------------------------------------------------------------------------------------------- GPU

@@ -33,9 +33,8 @@ def runner(states: dict, order: list, table_width=8):
 
 def facts(r, counts, pages):
     r.positions.zero_()
-    relay_step.prepare(r, np.asarray(counts), pages, PAGE)
-    step = relay_step._current
-    relay_step.clear()
+    step = relay_step.prepare(r, np.asarray(counts), pages, PAGE)
+    assert step.pages is pages  # the step carries the preparer's slot pages to the planners
     return step
 
 

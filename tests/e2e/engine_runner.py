@@ -20,7 +20,19 @@ def plugin_env(spec: dict) -> dict:
     return dict(os.environ) if loaded else {**os.environ, "VLLM_PLUGINS": ""}  # "": no plugin loads
 
 
+def sized(spec: dict) -> dict:
+    """`spec`, its engine sized for a shared GPU when RELAY_TEST_GPU_SHARE is set (a fraction: GPU test
+    steps run side by side, `benchmarks/gpu/acceptance.sh --side-by-side`): that share of the GPU and
+    a KV cache of fixed size, so vLLM skips its memory profiling, which expects the GPU to itself."""
+    share = os.environ.get("RELAY_TEST_GPU_SHARE")
+    if not share:
+        return spec
+    return {**spec, "engine": {"gpu_memory_utilization": float(share), "kv_cache_memory_bytes": 1 << 30,
+                               **spec["engine"]}}
+
+
 def run_engine(spec: dict, tmp_path: Path, name: str):
+    spec = sized(spec)
     spec_file, out_file = tmp_path / f"{name}.spec.json", tmp_path / f"{name}.out.json"
     spec_file.write_text(json.dumps(spec))
     proc = subprocess.run([sys.executable, str(RUNNER), str(spec_file), str(out_file)],
@@ -31,6 +43,7 @@ def run_engine(spec: dict, tmp_path: Path, name: str):
 
 def run_module(module: str, spec: dict, tmp_path: Path, name: str) -> dict:
     """`python -m module SPEC_JSON OUT_JSON` from the repository root; its JSON output."""
+    spec = sized(spec)
     spec_file, out_file = tmp_path / f"{name}.spec.json", tmp_path / f"{name}.out.json"
     spec_file.write_text(json.dumps(spec))
     proc = subprocess.run([sys.executable, "-m", module, str(spec_file), str(out_file)],

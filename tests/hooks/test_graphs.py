@@ -17,6 +17,7 @@ class State:
     """What the graph manager reads of the relay model state."""
 
     step = None
+    planner = None
     capturing = (False, False)
 
 
@@ -80,12 +81,12 @@ def test_each_size_captures_its_twins_beside_vllms_graph_the_split_twin_first(mo
 def test_a_step_replays_the_twin_only_when_it_has_levels_and_the_choice_is_recorded(monkeypatch):
     from vllm.config import CUDAGraphMode
 
-    from vllm_relay.attention import workers
+    from types import SimpleNamespace
 
     monkeypatch.delenv("VLLM_RELAY_UNSPLIT_GRAPHS", raising=False)
-    monkeypatch.setattr(workers, "step_runs_unsplit", lambda step, n: step.tree == "wide")
     m = captured(manager(monkeypatch))
     state = m.relay_state
+    state.planner = SimpleNamespace(runs_unsplit=lambda tree, n: tree == "wide")  # the planner's rule
     state.step = step_with(None)  # nothing shared: vLLM's own graph
     desc = m.dispatch(3, 3, 1, 0, 1)
     assert desc.cg_mode == CUDAGraphMode.FULL and kind(desc) == "plain" and desc.num_tokens == 4

@@ -121,7 +121,7 @@ class RelayCPUMetadataBuilder(CPUAttentionMetadataBuilder):
 
     def build(self, common_prefix_len, common_attn_metadata, fast_build: bool = False):
         cm = common_attn_metadata
-        plan = self.planner.plan(cm, relay_step.current(cm.num_reqs, cm.num_actual_tokens))
+        plan = self.planner.plan(cm, relay_step.covering(self.planner.current, cm.num_reqs, cm.num_actual_tokens))
         ctx = cm if plan is None else plan.context
         meta = super().build(0, ctx, fast_build)  # vLLM's kernel schedule over the context tables
         context = dict(cu_seqlens_q=ctx.query_start_loc, seqused_k=ctx.seq_lens, max_seqlen_q=ctx.max_query_len,

@@ -30,7 +30,7 @@ from vllm.v1.worker.gpu.model_states.default import DefaultModelState
 from vllm.v1.worker.gpu.model_states.interface import ModelSpecificAttnMetadata
 
 from vllm_relay.attention import step as relay_step
-from vllm_relay.attention.workers import find_step_levels
+from vllm_relay.attention import workers
 from vllm_relay.config import RelayConfig
 from vllm_relay.protocol import read_tag
 
@@ -77,7 +77,7 @@ class RelayModelState(DefaultModelState):
             raise ValueError("vllm-relay does not support M-RoPE models (relay shifts 1-D positions)")
         cfg = RelayConfig.from_vllm(vllm_config.additional_config)
         self.page_size = vllm_config.cache_config.block_size
-        self.pages = relay_step.slot_pages_for(cfg, self.page_size)
+        self.pages = relay_step.SlotPages.for_config(cfg, self.page_size)  # the worker's, for every step
         self.auto_levels = cfg.auto_levels and cfg.shared_path != "never"
         n = self.max_num_reqs
         self.req_slot = np.full(n, -1, dtype=np.int32)  # by request index: its system slot, -1 none
@@ -86,6 +86,7 @@ class RelayModelState(DefaultModelState):
         self.fill_slot = np.full(n, -1, dtype=np.int32)
         self.blocks: HostBlockTable | None = None
         self.step: relay_step.RelayStep | None = None
+        self.planner = None  # the first relay planner of the runner's builders (attention/workers.py)
         self.capturing = (False, False)  # the full graph being captured: (with the levels, unsplit)
         self._rows = None  # (request indices, req_slot, req_shift) of the last step's batch
 
@@ -112,9 +113,12 @@ class RelayModelState(DefaultModelState):
 
     # ---- the step -----------------------------------------------------------------------------
 
-    def plan(self, scheduler_output, batch, req_states) -> None:
+    def plan(self, scheduler_output, batch, req_states, attn_groups) -> None:
         """Record the step vLLM has just gathered (`batch`: MRV2's `BatchReqState`, None for a dummy
-        run) and find its levels: called before vLLM picks the step's CUDA graph."""
+        run) and have the planner of the runner's `attn_groups` find its levels: called before vLLM
+        picks the step's CUDA graph."""
+        found = workers.planners(attn_groups)
+        self.planner = found[0] if found else None
         if self.blocks is not None and scheduler_output is not None:
             self.blocks.update(scheduler_output, req_states.req_id_to_index)
         if batch is None:
@@ -137,8 +141,9 @@ class RelayModelState(DefaultModelState):
             table = self.blocks.table[idx, : max(1, int(self.blocks.count[idx].max(initial=0)))]
             seq_lens = (req_states.num_computed_tokens_np[idx] + counts).astype(np.int32)
         self.step = relay_step.RelayStep(num_reqs, int(batch.num_tokens), rows[1], rows[2], counts, table,
-                                         seq_lens)
-        find_step_levels(self.step)
+                                         seq_lens, pages=self.pages)
+        if self.planner is not None:
+            self.planner.levels_for(self.step)
 
     def preprocess_state(self, input_batch, block_tables, kv_cache_config, num_computed_tokens) -> None:
         super().preprocess_state(input_batch, block_tables, kv_cache_config, num_computed_tokens)

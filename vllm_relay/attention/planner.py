@@ -37,13 +37,18 @@ from vllm_relay.attention.rules import (
     joint_tokens,
 )
 from vllm_relay.attention.staging import Staged, StagingBuffer, same_key
-from vllm_relay.attention.workers import STATS, register
 from vllm_relay.config import RelayConfig
 from vllm_relay.ops import SharedLevel, prefix_block_table
 from vllm_relay.ops.joint import joint_capacity, joint_layout
 from vllm_relay.ops.level_tree import LevelRule, LevelTree, find_levels, level_rows, saved_bound, slot_front
 from vllm_relay.ops.fuse_in_place import warm_up_fuse_in_place
 from vllm_relay.stats import add_stats
+
+# What a planner counts (`stats`; the engine's `relay_worker_stats` sums a worker's planners').
+STATS = ("planned_steps", "graph_steps", "level_graph_steps", "one_split_steps", "unsplit_graph_steps",
+         "joint_steps", "prefix_requests", "shared_tokens", "level_groups", "saved_kv_tokens",
+         "saved_kv_bytes",
+         *(f"tokens_under_{k}_levels" for k in range(1, MAX_LEVELS + 1)), "max_level_rows")
 
 
 @dataclass
@@ -80,9 +85,11 @@ class RelayPlanner:
         # K and V of one token in every layer this planner serves: what a page read not again saves.
         self.kv_bytes_per_token = 2 * self.hkv * head_size * torch.empty((), dtype=model.dtype).element_size() \
             * num_layers
-        self.pages = relay_step.slot_pages_for(cfg, self.page_size)
-        self.num_slots, self.max_pages = self.pages.pages.shape
-        self._pages_version = -1
+        self.num_slots, self.max_pages = relay_step.slot_shape(cfg, self.page_size)
+        self._synced = (None, -1)  # the slot pages (and their version) last copied to the device
+        # The step vLLM's V1 runner (the CPU's) prepared, handed over by the runner hook until the
+        # step ends (hooks/runner.py); on Model Runner V2 the model state hands it to `build`.
+        self.current: relay_step.RelayStep | None = None
         self.shared_path = cfg.shared_path
         self.chunk_levels = chunk_levels
         self.auto_levels = cfg.auto_levels
@@ -141,7 +148,6 @@ class RelayPlanner:
         self.stats = dict.fromkeys(STATS, 0)
         self._last = None  # (row facts, tree) of the last decode step, while reusable
         self._staged: Staged | None = None  # the last plan's staged part, while reusable
-        register(self)
 
     def graph_capacity(self, num_tokens: int) -> tuple[int, int]:
         """(level rows, levels) a full graph of `num_tokens` decode tokens holds: each token in at
@@ -258,13 +264,14 @@ class RelayPlanner:
         else:
             with_level = step is not None and step.tree is not None and (not graph or bool(step.graph_levels))
         tree = step.tree if with_level and step is not None else None
-        self._sync_slot_pages()
+        if step is not None and step.pages is not None:
+            self._sync_slot_pages(step.pages)
         self._make_tables(cm)
         # A decode step over the last plan's rows and tree (most decode steps) has the same tables but
         # the context lengths: the staged plan stands (`Staged`).
         key = None
         if step is not None and not capture and T == B and cm.max_query_len == 1:
-            key = (step.req_slot, tree, B, graph, self.pages.version)
+            key = (step.req_slot, tree, B, graph, self._synced)
         staged = self._staged
         if staged is None or key is None or not same_key(staged.key, key):
             joint = (self.joint and with_level and T == B and cm.max_query_len <= 1  # a token per request
@@ -389,7 +396,7 @@ class RelayPlanner:
                 s[f"tokens_under_{k}_levels"] = int(np.count_nonzero(levels == k))
         return s
 
-    def _sync_slot_pages(self) -> None:
-        if self.pages.version != self._pages_version:
-            self._pages_version = self.pages.version
-            self.slot_pages.copy_(torch.from_numpy(self.pages.pages))
+    def _sync_slot_pages(self, pages: relay_step.SlotPages) -> None:
+        if self._synced[0] is not pages or self._synced[1] != pages.version:
+            self._synced = (pages, pages.version)
+            self.slot_pages.copy_(torch.from_numpy(pages.pages))

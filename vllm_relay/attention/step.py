@@ -4,12 +4,15 @@ The model runner knows which requests are relay or fill requests (their `RelayTa
 attention metadata builders only see `CommonAttentionMetadata`. On Model Runner V2 (GPUs) the relay
 model state (`attention/model_state.py`) records the step's per-request facts in a `RelayStep` and
 hands it to the builders with the metadata it asks for. On vLLM's V1 runner (the CPU's) the runner
-hook (vllm_relay.hooks.runner) records them here (`prepare`), right after the runner has prepared
-its inputs, and clears them when the step ends, so dummy and profiling runs never see a stale step.
+hook (vllm_relay.hooks.runner) records them (`prepare`), right after the runner has prepared its
+inputs, and hands the step to the relay planners of the runner's own metadata builders until the
+step ends, so dummy and profiling runs never see a stale step.
 
 A fill request is an ordinary request computing a system prompt into pages of the paged KV cache;
-the scheduler keeps those pages (engine/core.py pins them when the fill finishes). The hook
-records each fill's pages here, per slot, so relay requests of that slot can read them.
+the scheduler keeps those pages (engine/core.py pins them when the fill finishes). Each step
+records the fills' pages, per slot, in the `SlotPages` of whoever prepares the steps (the model
+state, or the V1 runner), and the step carries them to the planners, so relay requests of a slot
+read them.
 """
 
 from __future__ import annotations
@@ -44,6 +47,14 @@ class RelayStep:
     levels_planned: bool = False
     graph_levels: bool | None = None
     graph_unsplit: bool = False
+    # Each slot's system pages, as the step's preparer last saw their fills (None: no slot read).
+    pages: SlotPages | None = None
+
+
+def slot_shape(cfg, page_size: int) -> tuple[int, int]:
+    """(slots, pages per slot) of a worker's slot pages: `cfg.max_prompts` slots of up to
+    `cfg.max_prompt_tokens // page_size` whole pages."""
+    return cfg.max_prompts, max(1, cfg.max_prompt_tokens // page_size)
 
 
 class SlotPages:
@@ -53,25 +64,15 @@ class SlotPages:
         self.pages = np.zeros((num_slots, max_pages), dtype=np.int32)
         self.version = 0
 
+    @classmethod
+    def for_config(cls, cfg, page_size: int) -> SlotPages:
+        return cls(*slot_shape(cfg, page_size))
+
     def record(self, slot: int, block_ids) -> None:
         n = min(len(block_ids), self.pages.shape[1])
         if not np.array_equal(self.pages[slot, :n], block_ids[:n]):
             self.pages[slot, :n] = block_ids[:n]
             self.version += 1
-
-
-_current: RelayStep | None = None  # the step being run by vLLM's V1 runner (the CPU's), None between steps
-_slot_pages: SlotPages | None = None
-
-
-def slot_pages_for(cfg, page_size: int) -> SlotPages:
-    """This worker's slot-page table (one per process: the runner hook and the builders share it):
-    `cfg.max_prompts` slots of up to `cfg.max_prompt_tokens // page_size` whole pages."""
-    global _slot_pages
-    shape = (cfg.max_prompts, max(1, cfg.max_prompt_tokens // page_size))
-    if _slot_pages is None or _slot_pages.pages.shape != shape:
-        _slot_pages = SlotPages(*shape)
-    return _slot_pages
 
 
 def covering(step: RelayStep | None, num_reqs: int, num_tokens: int) -> RelayStep | None:
@@ -86,16 +87,6 @@ def covering(step: RelayStep | None, num_reqs: int, num_tokens: int) -> RelaySte
         raise RuntimeError(f"vllm-relay: attention metadata for {num_reqs} requests / {num_tokens} tokens, "
                            f"but the step prepared {step.num_reqs} / {step.num_tokens}")
     return step
-
-
-def current(num_reqs: int, num_tokens: int) -> RelayStep | None:
-    """The step vLLM's V1 runner prepared, if the metadata being built covers it (`covering`)."""
-    return covering(_current, num_reqs, num_tokens)
-
-
-def clear() -> None:
-    global _current
-    _current = None
 
 
 def _tag(state):
@@ -158,15 +149,14 @@ def _shift_buffer(runner):
 
 
 def prepare(runner, num_scheduled_tokens: np.ndarray, pages: SlotPages, page_size: int,
-            auto_levels: bool = True) -> None:
-    """Record the step's relay facts, shift relay requests' positions, note fills' pages.
+            auto_levels: bool = True) -> RelayStep | None:
+    """The step's relay facts (None: none), relay requests' positions shifted, fills' pages noted.
 
     Called right after `GPUModelRunner._prepare_inputs`, which has already used the unshifted
     positions for the token gather and the slot mapping (the paged cache holds a relay request's
     own tokens from position 0); the shifted positions are what the model's RoPE sees. With
     `auto_levels`, every step is recorded with the host block table, relay requests or not.
     """
-    global _current
     batch = runner.input_batch
     num_reqs = batch.num_reqs
     rows = _batch_rows(runner, num_reqs, page_size)
@@ -178,11 +168,10 @@ def prepare(runner, num_scheduled_tokens: np.ndarray, pages: SlotPages, page_siz
         tables = (batch.block_table.block_tables[0].block_table.np,
                   (batch.num_computed_tokens_cpu[:num_reqs] + counts).astype(np.int32))
     elif not rows.fills and not (rows.req_slot >= 0).any():
-        _current = None
-        return
+        return None
     total = int(counts.sum())
     if rows.req_shift.any():
         shift = _shift_buffer(runner)
         shift.np[:total] = np.repeat(rows.req_shift, counts)
         runner.positions[:total] += shift.copy_to_gpu(total)
-    _current = RelayStep(num_reqs, total, rows.req_slot, rows.req_shift, counts, *(tables or (None, None)))
+    return RelayStep(num_reqs, total, rows.req_slot, rows.req_shift, counts, *(tables or (None, None)), pages=pages)

@@ -18,8 +18,8 @@ captured unsplit (`relay_unsplit`). Captured split (FlashAttention-3's split cou
 capture), the call launches FA3's combine over all its sequences every step, also on the steps the
 planner runs unsplit (`ops.force_one_split`): 80 us a layer, against 19 for vLLM's own graphs
 (Llama-2-7B shape, P=8192, H200, 2026-11-28: benchmarks/results/archive/). The unsplit twin runs the
-same tiles without it, and is chosen only for those steps (`attention.workers.step_runs_unsplit`,
-the planner's own rule), so no step loses a split it would have had (+0.9% throughput at P=8192 and
+same tiles without it, and is chosen only for those steps (the planner's own rule,
+`runs_unsplit`), so no step loses a split it would have had (+0.9% throughput at P=8192 and
 +1.5% at P=2048 against the split twin alone, H200, 2026-11-28).
 
 vLLM sizes the KV cache after estimating its graphs' memory from the first few FULL graphs of its
@@ -113,7 +113,7 @@ class RelayCudaGraphManager(ModelCudaGraphManager, _CaptureWithLevels):
             return desc
         if _has_twin(desc) and step.tree is not None:
             twin = levels_twin(desc, True)
-            if twin not in self.graphs or not _runs_unsplit(step, desc.num_tokens):
+            if twin not in self.graphs or not _runs_unsplit(self.relay_state.planner, step, desc.num_tokens):
                 twin = levels_twin(desc)
             if twin in self.graphs:
                 desc = twin
@@ -123,12 +123,12 @@ class RelayCudaGraphManager(ModelCudaGraphManager, _CaptureWithLevels):
         return desc
 
 
-def _runs_unsplit(step, num_tokens: int) -> bool:
-    """Whether the step's joint call runs unsplit in a graph of `num_tokens` (the planner's rule;
-    every step with levels under VLLM_RELAY_UNSPLIT_GRAPHS=2)."""
-    from vllm_relay.attention.workers import step_runs_unsplit
-
-    return envs.VLLM_RELAY_UNSPLIT_GRAPHS == 2 or step_runs_unsplit(step, num_tokens)
+def _runs_unsplit(planner, step, num_tokens: int) -> bool:
+    """Whether the step's joint call runs unsplit in a graph of `num_tokens` (the planner's rule, asked
+    before vLLM picks the graph; every step with levels under VLLM_RELAY_UNSPLIT_GRAPHS=2)."""
+    if envs.VLLM_RELAY_UNSPLIT_GRAPHS == 2:
+        return True
+    return planner is not None and step.tree is not None and planner.runs_unsplit(step.tree, num_tokens)
 
 
 def relay_graphs(manager, model_state) -> None:

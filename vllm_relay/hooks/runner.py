@@ -8,20 +8,22 @@ from vllm_relay.protocol import relay_enabled
 def _prepare_inputs(self, scheduler_output, num_scheduled_tokens):
     result = original(_GPUModelRunner, "_prepare_inputs")(self, scheduler_output, num_scheduled_tokens)
     if relay_enabled(self.vllm_config):
-        from vllm_relay.attention import step
-        from vllm_relay.config import RelayConfig
+        from vllm_relay.attention import step, workers
 
-        pages = getattr(self, "_relay_pages", None)
-        if pages is None:
+        relay = getattr(self, "_relay", None)
+        if relay is None:  # this runner's slot pages and choice, made once
+            from vllm_relay.config import RelayConfig
+
             cfg = RelayConfig.from_vllm(self.vllm_config.additional_config)
-            pages = step.slot_pages_for(cfg, self.cache_config.block_size)
-            swap(self, "_relay_pages", pages)
-            swap(self, "_relay_auto_levels", cfg.auto_levels and cfg.shared_path != "never")
-        step.prepare(self, num_scheduled_tokens, pages, self.cache_config.block_size, self._relay_auto_levels)
-        if step._current is not None:
-            from vllm_relay.attention.workers import find_step_levels
-
-            find_step_levels(step._current)
+            relay = (step.SlotPages.for_config(cfg, self.cache_config.block_size),
+                     cfg.auto_levels and cfg.shared_path != "never")
+            swap(self, "_relay", relay)
+        current = step.prepare(self, num_scheduled_tokens, relay[0], self.cache_config.block_size, relay[1])
+        found = workers.planners(self.attn_groups)
+        for planner in found:  # the step, for the builders (until it ends: `_execute_model`)
+            planner.current = current
+        if current is not None and found:
+            found[0].levels_for(current)
     return result
 
 
@@ -30,16 +32,18 @@ def _relay_worker_stats(self) -> dict:
     core's `collective_rpc("relay_worker_stats")`."""
     from vllm_relay.attention.workers import worker_stats
 
-    return worker_stats()
+    return worker_stats(self)
 
 
 def _execute_model(self, *args, **kwargs):
     try:
         return original(_GPUModelRunner, "execute_model")(self, *args, **kwargs)
     finally:
-        from vllm_relay.attention import step
+        if relay_enabled(self.vllm_config):
+            from vllm_relay.attention import workers
 
-        step.clear()
+            for planner in workers.planners(self.attn_groups):
+                planner.current = None
 
 
 _GPUModelRunner = None
