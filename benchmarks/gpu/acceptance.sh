@@ -16,6 +16,10 @@
 #             priming): vLLM's code against relay's, CPU only (about 1-2 min)
 #   l3 l2     the P=2048 throughput jobs: Llama-3-8B shape default / relay / no prompt (about 7 min), Llama-2-7B
 #             shape relay / no prompt (about 5 min); run each three times, in three calls, for a median of jobs
+#   latency   decode steps of B requests behind a 2048-token system prompt (B = 1, 8, 64, 256), Llama-3-8B shape:
+#             vLLM's default and relay on their engines, after 200 requests of the throughput workload (about 6 min)
+#   serve     chat through the OpenAI server (two system prompts, 20% without), Poisson 1, 4 and 8 requests/s for
+#             20 s each, TTFT and TPOT: vLLM's default server and relay's, Llama-3-8B shape (about 7 min)
 #   plain     traffic sharing nothing: the relay backend with nothing registered against vLLM's default, warm
 #             engines side by side on one GPU (0.45 of it each), the median of 5 interleaved rounds of 1000
 #             requests without a system prompt (bench_interleaved.py; two engine starts of about 1-2 min each,
@@ -56,6 +60,12 @@ run() {  # one step into $out/STEP.txt; its exit status
     l2) m=$(python3 -m vllm_relay.testing build llama-2-7b-shape | tail -1 | cut -f2)
         $bt --model "$m" --max-model-len 5120 --configs relay,noprefix \
             --out "$out/single_llama2_p2048_$stamp.json" ;;
+    latency) m=$(python3 -m vllm_relay.testing build llama-3-8b-shape | tail -1 | cut -f2)
+        $bt --model "$m" --max-model-len 4096 --num-prompts 200 --configs default,relay --latency \
+            --latency-batches 1,8,64,256 --out "$out/latency_llama3_p2048_$stamp.json" ;;
+    serve) m=$(python3 -m vllm_relay.testing build llama-3-8b-shape | tail -1 | cut -f2)
+        python3 benchmarks/bench_serving.py --model "$m" --rates 1,4,8 --duration 20 --configs default,relay \
+            --out "$out/serving_llama3_$stamp.json" ;;
     plain) m=$(python3 -m vllm_relay.testing build llama-3-8b-shape | tail -1 | cut -f2)
         # --prefix-len 0: the requests share nothing but BOS, so noprefix-relay's stripping of the system
         # prompt leaves them as sampled and both engines get the same requests (the output's "Requests:"
@@ -70,7 +80,7 @@ run() {  # one step into $out/STEP.txt; its exit status
 if [ $side = 1 ]; then
   export RELAY_TEST_GPU_SHARE=${RELAY_TEST_GPU_SHARE:-0.08}
   for step in "$@"; do
-    case $step in host|l3|l2|plain) echo "$step needs the machine alone: not with --side-by-side" >&2; exit 2 ;; esac
+    case $step in host|l3|l2|latency|serve|plain) echo "$step needs the machine alone: not with --side-by-side" >&2; exit 2 ;; esac
   done
   pids=()
   for step in "$@"; do run "$step" & pids+=($!); done
