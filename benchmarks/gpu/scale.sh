@@ -6,13 +6,6 @@
 #                     test's rules: graphs and eager relay, TRITON_ATTN as yardstick)          h200-x2; ~4 each
 #   exact-dp2-mha exact-dp2-gqa   the same at DP=2 (two engine cores behind an AsyncLLM)   h200-x2; ~4 each
 #   exact-tp4         the same at TP=4, GQA model (its 2 KV heads replicated)                 h200-x4; ~5
-#   tp2-13b-default   throughput, Llama-2-13B shape, TP=2, P=2048, vLLM's default             h200-x2; ~4
-#   tp2-13b-relay     the same with relay                                                     h200-x2; ~4
-#   tp4-70b-default   throughput, Llama-2-70B shape, TP=4, P=2048, vLLM's default             h200-x4; ~6
-#   tp4-70b-relay     the same with relay                                                     h200-x4; ~5
-#   tp4-70b           the three configurations in one engine run each, twice per engine: no system prompt (the
-#                     ceiling), vLLM's default and relay, 400 requests, ratios printed          h100-x4; ~8
-#   ratio             relay / default for whichever pairs above have run (reads $OUT)        any;      <1
 #   streams           `vllm serve --attention-backend relay` (Llama-2-7B shape, a 2k-token chat system
 #                     prompt) and 1024 concurrent streams, each checked; relay's counters     h200;     ~5
 set -uo pipefail
@@ -20,7 +13,6 @@ export PYTHONPATH=/tmp/site VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # the hosts' rule
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 model() { python3 -m vllm_relay.testing build "$1" | tail -1 | cut -f2; }
-bt="python3 benchmarks/bench_throughput.py --prefix-len 2048 --input-len 128 --output-len 256 --max-model-len 4096"
 gpu_tests() {  # $1: the pytest -k expression, $2: the log name
   timeout 520 python3 -m pytest -m gpu -q -s -p no:cacheprovider tests/e2e/test_gpu_relay.py -k "$1" 2>&1 \
     | tee "$out/$2.txt" | grep -E "relay vs FA|relay stats|passed|failed|skipped|Error" | tail -20
@@ -30,28 +22,6 @@ for step in "$@"; do
     exact-tp2-mha|exact-tp2-gqa|exact-dp2-mha|exact-dp2-gqa)
       par=${step#exact-}; gpu_tests "${par%-*} and ${par#*-}" "exact_${par%-*}_${par#*-}" ;;
     exact-tp4) gpu_tests "tp4 and gqa" exact_tp4_gqa ;;
-    tp2-13b-default|tp2-13b-relay)
-      timeout 520 $bt --model "$(model llama-2-13b-shape)" --tensor-parallel-size 2 --num-prompts 400 \
-        --configs "${step##*-}" --out "$out/${step//-/_}.json" 2>&1 | tee "$out/${step//-/_}.txt" | tail -3 ;;
-    tp4-70b-default|tp4-70b-relay)
-      timeout 520 $bt --model "$(model llama-2-70b-shape)" --tensor-parallel-size 4 --num-prompts 200 \
-        --configs "${step##*-}" --out "$out/${step//-/_}.json" 2>&1 | tee "$out/${step//-/_}.txt" | tail -3 ;;
-    tp4-70b)
-      timeout 560 $bt --model "$(model llama-2-70b-shape)" --tensor-parallel-size 4 --num-prompts 400 --repeat 2 \
-        --configs noprefix,default,relay --out "$out/tp4_70b.json" 2>&1 | tee "$out/tp4_70b.txt" | tail -4 ;;
-    ratio)
-      python3 - "$out" <<'EOF'
-import json, sys
-from pathlib import Path
-out = Path(sys.argv[1])
-for shape in ("tp2_13b", "tp4_70b"):
-    files = {c: out / f"{shape}_{c}.json" for c in ("default", "relay")}
-    if all(f.exists() for f in files.values()):
-        rps = {c: json.loads(f.read_text())[c]["single"]["requests_per_s"] for c, f in files.items()}
-        print(f"{shape}: default {rps['default']:.2f} req/s, relay {rps['relay']:.2f} req/s, "
-              f"relay / default = {rps['relay'] / rps['default']:.2f}x")
-EOF
-      ;;
     streams)
       m=$(model llama-2-7b-shape); port=8766; log="$out/streams_server.log"
       python3 -c "from vllm_relay.testing.tokenizer import SYSTEM_MESSAGE as m; print(' '.join([m] * 28), end='')" \
