@@ -12,6 +12,7 @@
 #   seeded    seeded samples against vLLM's, requests all at once and one per step (about 4 min)
 #   features  soft-capping, sinks and an FP8 KV cache against FLASH_ATTN with each on (four engines each,
 #             about 5-6 min each with cold caches); features-softcap, features-sinks, features-fp8: one each
+#   ngram     n-gram speculative decoding against FLASH_ATTN with the same drafter (four engines, about 5 min)
 #   host      the host-side timings of tools/ (prompt hashing, prefix-cache lookup of n samples, detokenizer
 #             priming): vLLM's code against relay's, CPU only (about 1-2 min)
 #   l3 l2     the P=2048 throughput jobs: Llama-3-8B shape default / relay / no prompt (about 7 min), Llama-2-7B
@@ -51,6 +52,7 @@ run() {  # one step into $out/STEP.txt; its exit status
     seeded) $t tests/e2e/test_seeded.py ;;
     features) $t $e2e -k features ;;
     features-*) $t $e2e -k "features and ${step#features-}" ;;
+    ngram) $t $e2e -k ngram ;;
     host) python3 tools/bench_prompt_hashes.py --out "$out/prompt_hashes.json" &&
           python3 tools/bench_cache_hits.py --rounds 5 --out "$out/cache_hits.json" &&
           python3 tools/bench_detokenizer.py --out "$out/detokenizer.json" ;;
