@@ -29,7 +29,8 @@
 # Steps run one after another, each well under a call's 600 s. With --side-by-side the test steps (not
 # host and the throughput jobs, which need the machine alone) run at once, each engine on a share of the
 # GPU with a fixed KV cache (RELAY_TEST_GPU_SHARE, tests/e2e/engine_runner.py): vLLM's memory profiling
-# expects the GPU to itself and fails when other processes free memory meanwhile.
+# expects the GPU to itself and fails when other processes free memory meanwhile. Each step gets its own vLLM
+# cache folder (/tmp/vllm-cache/STEP).
 set -uo pipefail
 export PYTHONPATH=/tmp/site VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
 out=${OUT:-/tmp/out}; mkdir -p "$out"
@@ -85,7 +86,9 @@ if [ $side = 1 ]; then
     case $step in host|l3|l2|latency|serve|plain) echo "$step needs the machine alone: not with --side-by-side" >&2; exit 2 ;; esac
   done
   pids=()
-  for step in "$@"; do run "$step" & pids+=($!); done
+  for step in "$@"; do  # each its own vLLM cache: no two processes compile into one folder
+    VLLM_CACHE_ROOT=/tmp/vllm-cache/$step run "$step" & pids+=($!)
+  done
   i=0
   for step in "$@"; do
     wait "${pids[$i]}"; echo "$step: exit $?"; tail -n 2 "$out/$step.txt"; i=$((i + 1))
