@@ -132,29 +132,35 @@ FEATURES = {"softcap": ("tiny-gemma2-softcap", {}), "sinks": ("tiny-granite-sink
 SINKS_REFUSED = pytest.mark.xfail(strict=True, reason="relay's CUDA backend refuses attention sinks")
 
 
-@pytest.mark.parametrize("feature", [pytest.param(f, marks=SINKS_REFUSED) if f == "sinks" else f for f in FEATURES])
-def test_features_on_cuda_against_flash(feature, tmp_path):
-    """Soft-capping, sinks and an FP8 KV cache: relay within the rule above against FLASH_ATTN with
-    the feature on, with full CUDA graphs and eagerly."""
-    name, extra = FEATURES[feature]
+def run_with_feature(label: str, name: str, extra: dict, seed: int, max_tokens: int, tmp_path) -> dict:
+    """The four engines with a feature on (`extra`, in every engine) over registered prompts: relay
+    within the rule against FLASH_ATTN, and relay's graphs against relay eager. Returns the runs."""
     model = get_model(name)
     vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
-    systems, prompts, num_relay = workload(vocab, seed=3)
+    systems, prompts, num_relay = workload(vocab, seed=seed)
     base = {"model": model, "dtype": "bfloat16", "max_model_len": 512, "max_num_batched_tokens": 64, **extra}
     relay_config = {"relay": {"system_prompts": systems, "max_prompts": 2, "max_prompt_tokens": 256,
                               "shared_path": "always"}}
-    runs, _ = run_four({"prompts": prompts, "max_tokens": 16}, base, relay_config, tmp_path)
+    runs, _ = run_four({"prompts": prompts, "max_tokens": max_tokens}, base, relay_config, tmp_path)
     relay, eager, flash, triton = runs["relay"], runs["eager"], runs["flash"], runs["triton"]
     assert relay["relay_stats"]["relay_requests"] == num_relay, relay["relay_stats"]
     relay_same, relay_err = divergence(relay["outputs"], flash["outputs"])
     ref_same, ref_err = divergence(triton["outputs"], flash["outputs"])
     replay_same, replay_err = divergence(relay["outputs"], eager["outputs"])
-    print(f"{feature}: relay vs FA: {relay_same:.0%} identical, max diff {relay_err:.3g}; TRITON vs FA: "
+    print(f"{label}: relay vs FA: {relay_same:.0%} identical, max diff {relay_err:.3g}; TRITON vs FA: "
           f"{ref_same:.0%}, {ref_err:.3g}; relay graphs vs eager: {replay_same:.0%}, {replay_err:.3g}")
     bound = logprob_bound(ref_err)
     assert relay_err <= bound and replay_err <= bound, (relay_err, replay_err, ref_err)
     assert tie_margin(relay["outputs"], flash["outputs"]) <= tie_bound(ref_err)
-    stats = relay["worker_stats"]
+    return runs
+
+
+@pytest.mark.parametrize("feature", [pytest.param(f, marks=SINKS_REFUSED) if f == "sinks" else f for f in FEATURES])
+def test_features_on_cuda_against_flash(feature, tmp_path):
+    """Soft-capping, sinks and an FP8 KV cache: relay within the rule above against FLASH_ATTN with
+    the feature on, with full CUDA graphs and eagerly."""
+    name, extra = FEATURES[feature]
+    stats = run_with_feature(feature, name, extra, 3, 16, tmp_path)["relay"]["worker_stats"]
     assert stats["level_graph_steps"] > 0 and stats["shared_tokens"] > 0, stats
 
 
@@ -164,27 +170,11 @@ def test_ngram_speculative_decoding_on_cuda_against_flash(tmp_path):
     request read the levels as prompt chunks do; relay within the rule against FLASH_ATTN with the same
     drafter, graphs and eager, and drafts accepted under relay as without it. (Uniform verification
     batches replay vLLM's own graphs: the level twins are captured for one-token decodes only.)"""
-    model = get_model("tiny-llama-loops")
-    vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
-    systems, prompts, num_relay = workload(vocab, seed=7)
     spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
-    base = {"model": model, "dtype": "bfloat16", "max_model_len": 512, "max_num_batched_tokens": 64,
-            "speculative_config": spec}
-    relay_config = {"relay": {"system_prompts": systems, "max_prompts": 2, "max_prompt_tokens": 256,
-                              "shared_path": "always"}}
-    runs, _ = run_four({"prompts": prompts, "max_tokens": 48}, base, relay_config, tmp_path)
-    relay, eager, flash, triton = runs["relay"], runs["eager"], runs["flash"], runs["triton"]
-    assert relay["relay_stats"]["relay_requests"] == num_relay, relay["relay_stats"]
-    relay_same, relay_err = divergence(relay["outputs"], flash["outputs"])
-    ref_same, ref_err = divergence(triton["outputs"], flash["outputs"])
-    replay_same, replay_err = divergence(relay["outputs"], eager["outputs"])
-    print(f"ngram: relay vs FA: {relay_same:.0%} identical, max diff {relay_err:.3g}; TRITON vs FA: "
-          f"{ref_same:.0%}, {ref_err:.3g}; relay graphs vs eager: {replay_same:.0%}, {replay_err:.3g}; drafts "
-          f"{relay['draft_tokens']} accepted {relay['accepted_tokens']} (FA: {flash['draft_tokens']}, "
-          f"{flash['accepted_tokens']})")
-    bound = logprob_bound(ref_err)
-    assert relay_err <= bound and replay_err <= bound, (relay_err, replay_err, ref_err)
-    assert tie_margin(relay["outputs"], flash["outputs"]) <= tie_bound(ref_err)
+    runs = run_with_feature("ngram", "tiny-llama-loops", {"speculative_config": spec}, 7, 48, tmp_path)
+    relay, flash = runs["relay"], runs["flash"]
+    print(f"ngram drafts {relay['draft_tokens']}, accepted {relay['accepted_tokens']} (FLASH_ATTN: "
+          f"{flash['draft_tokens']}, {flash['accepted_tokens']})")
     assert relay["worker_stats"]["shared_tokens"] > 0, relay["worker_stats"]
     assert relay["draft_tokens"] > 200 and relay["accepted_tokens"] > relay["draft_tokens"] // 3, relay
 
