@@ -71,6 +71,8 @@ def has_fp8_kv() -> bool:
 @pytest.mark.parametrize("name, shared_path, kv_cache_dtype", [
     ("tiny-llama-mha", "always", "auto"), ("tiny-llama-gqa", "always", "auto"), ("tiny-llama-gqa", "never", "auto"),
     ("tiny-gemma2-softcap", "always", "auto"), ("tiny-granite-sinks", "always", "auto"),
+    pytest.param("tiny-gemma2-window", "always", "auto", marks=pytest.mark.xfail(
+        strict=True, reason="relay refuses sliding windows (window and full layers: two KV-cache groups)")),
     pytest.param("tiny-llama-gqa", "always", "fp8", marks=pytest.mark.skipif(
         not has_fp8_kv(), reason="vLLM's CPU FP8 KV cache needs x86 with AVX-512 or AMX")),
 ])

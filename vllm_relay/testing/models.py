@@ -11,6 +11,8 @@ benchmarks load is built by this module:
 - ``tiny-gemma2-softcap`` / ``tiny-granite-sinks``: the same scale (GQA, 4 layers)
   in the architectures of two attention features relay computes: Gemma 2's
   logit soft-capping (every layer global) and Granite's attention sinks.
+- ``tiny-gemma2-window``: Gemma 2 with a 64-token sliding window in every other
+  layer (two KV-cache groups in vLLM), which relay does not serve yet.
 - ``tiny-llama-loops``: the GQA model with Llama's default initializer, whose
   greedy continuations loop, for n-gram speculative decoding.
 - ``llama-2-7b-shape`` / ``llama-3-8b-shape`` / ``llama-2-13b-shape`` /
@@ -73,6 +75,11 @@ TINY_MODELS = {
     "tiny-gemma2-softcap": dict(_TINY, num_key_value_heads=2, attn_logit_softcapping=5.0,
                                 final_logit_softcapping=30.0, query_pre_attn_scalar=64,
                                 layer_types=["full_attention"] * 4, sliding_window=None, tie_word_embeddings=True),
+    # Gemma 2 with a 64-token window in every other layer (Gemma 3 and gpt-oss mix them too): vLLM keeps
+    # the window layers' KV in a KV-cache group of their own, whose blocks behind the window it frees.
+    "tiny-gemma2-window": dict(_TINY, num_key_value_heads=2, attn_logit_softcapping=None,
+                               final_logit_softcapping=None, query_pre_attn_scalar=64, sliding_window=64,
+                               layer_types=["sliding_attention", "full_attention"] * 2, tie_word_embeddings=True),
     # Granite with a sink per head (`attention_sinks`; their weights, 2 to 6, are added to the
     # checkpoint: transformers' Granite has none), its attention scale 1 / sqrt(head_dim).
     "tiny-granite-sinks": dict(_TINY, num_key_value_heads=2, attention_sinks=True, attention_multiplier=0.125),
@@ -80,7 +87,8 @@ TINY_MODELS = {
     # speculative decoding drafts and the model accepts (the 0.1 models' continuations keep varying).
     "tiny-llama-loops": dict(_TINY, num_key_value_heads=2, initializer_range=0.02),
 }
-ARCHITECTURES = {"tiny-gemma2-softcap": "Gemma2ForCausalLM", "tiny-granite-sinks": "GraniteForCausalLM"}
+ARCHITECTURES = {"tiny-gemma2-softcap": "Gemma2ForCausalLM", "tiny-gemma2-window": "Gemma2ForCausalLM",
+                 "tiny-granite-sinks": "GraniteForCausalLM"}
 
 # What every shape has in common (Llama-2's vocab and RoPE; Llama-3 overrides them). The context
 # length is 16384 for all: room for 8k-token system prompts plus output (Llama-3-8B has 8192).
