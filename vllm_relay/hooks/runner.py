@@ -18,7 +18,8 @@ def _prepare_inputs(self, scheduler_output, num_scheduled_tokens):
             relay = (step.SlotPages.for_config(cfg, self.cache_config.block_size),
                      cfg.auto_levels and cfg.shared_path != "never")
             swap(self, "_relay", relay)
-        current = step.prepare(self, num_scheduled_tokens, relay[0], self.cache_config.block_size, relay[1])
+        pages, auto_levels = relay
+        current = step.prepare(self, num_scheduled_tokens, pages, self.cache_config.block_size, auto_levels)
         found = workers.planners(self.attn_groups)
         for planner in found:  # the step, for the builders (until it ends: `_execute_model`)
             planner.current = current
