@@ -221,7 +221,7 @@ def test_fp8_kv_cache_is_accepted(kv_cache_dtype):
 
 
 def test_ngram_speculative_decoding_is_accepted_where_the_backend_serves_it():
-    """The CPU backend serves n-gram drafts (`check_engine(ngram=True)`); the CUDA one refuses them."""
+    """`check_engine(ngram=True)` accepts n-gram drafts (both backends serve them); without it they are refused."""
     from vllm.config import set_current_vllm_config
 
     from vllm_relay.attention.common import check_engine

@@ -129,9 +129,6 @@ FEATURES = {"softcap": ("tiny-gemma2-softcap", {}), "sinks": ("tiny-granite-sink
             "fp8": ("tiny-llama-gqa", {"kv_cache_dtype": "fp8"})}
 
 
-SINKS_REFUSED = pytest.mark.xfail(strict=True, reason="relay's CUDA backend refuses attention sinks")
-
-
 def run_with_feature(label: str, name: str, extra: dict, seed: int, max_tokens: int, tmp_path) -> dict:
     """The four engines with a feature on (`extra`, in every engine) over registered prompts: relay
     within the rule against FLASH_ATTN, and relay's graphs against relay eager. Returns the runs."""
@@ -155,7 +152,7 @@ def run_with_feature(label: str, name: str, extra: dict, seed: int, max_tokens: 
     return runs
 
 
-@pytest.mark.parametrize("feature", [pytest.param(f, marks=SINKS_REFUSED) if f == "sinks" else f for f in FEATURES])
+@pytest.mark.parametrize("feature", list(FEATURES))
 def test_features_on_cuda_against_flash(feature, tmp_path):
     """Soft-capping, sinks and an FP8 KV cache: relay within the rule above against FLASH_ATTN with
     the feature on, with full CUDA graphs and eagerly."""
@@ -164,7 +161,6 @@ def test_features_on_cuda_against_flash(feature, tmp_path):
     assert stats["level_graph_steps"] > 0 and stats["shared_tokens"] > 0, stats
 
 
-@pytest.mark.xfail(strict=True, reason="relay's CUDA backend refuses speculative decoding")
 def test_ngram_speculative_decoding_on_cuda_against_flash(tmp_path):
     """n-gram drafts (no drafter model) on Model Runner V2: verification steps of several tokens per
     request read the levels as prompt chunks do; relay within the rule against FLASH_ATTN with the same

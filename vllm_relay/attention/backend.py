@@ -60,10 +60,6 @@ class RelayAttentionBackend(FlashAttentionBackend):
         return False
 
     @classmethod
-    def supports_sink(cls) -> bool:
-        return False
-
-    @classmethod
     def supports_mm_prefix(cls) -> bool:
         return False
 
@@ -211,8 +207,8 @@ class RelayAttentionImpl(FlashAttentionImpl):
         check_layer("CUDA", alibi_slopes=alibi_slopes, sliding_window=sliding_window,
                     logits_soft_cap=logits_soft_cap, attn_type=attn_type, sinks=sinks,
                     kv_sharing_target_layer_name=kv_sharing_target_layer_name,
-                    computes=frozenset({"softcap"}))  # sinks: verified in the kernel, not yet end to end
-        check_engine()
+                    computes=frozenset({"softcap", "sinks"}))
+        check_engine(ngram=True)
         check_runner()
         super().__init__(num_heads, head_size, scale, num_kv_heads, alibi_slopes, sliding_window,
                          kv_cache_dtype, logits_soft_cap, attn_type, kv_sharing_target_layer_name,
