@@ -31,6 +31,7 @@ from vllm.v1.kv_cache_interface import is_quantized_kv_cache
 from vllm_relay.attention import step as relay_step
 from vllm_relay.attention.common import (
     any_sinks,
+    any_window,
     check_engine,
     check_layer,
     layer_impls,
@@ -57,7 +58,7 @@ class RelayAttentionBackend(FlashAttentionBackend):
 
     @classmethod
     def supports_sliding_window(cls) -> bool:
-        return False
+        return True  # window layers read no level (`RelayPlanner.levels`)
 
     @classmethod
     def supports_mm_prefix(cls) -> bool:
@@ -84,7 +85,7 @@ class RelayMetadataBuilder(FlashAttentionMetadataBuilder):
         # FP8 queries where the layers quantize them (FlashAttention's choice, per its version).
         quantized_q = self.fp8 and any(getattr(impl, "supports_quant_query_input", False) for impl in impls)
         self.planner = RelayPlanner(vllm_config, kv_cache_spec, device, num_layers=len(layer_names),
-                                    joint=not any_sinks(impls),
+                                    joint=not any_sinks(impls), levels=not any_window(impls),
                                     query_dtype=current_platform.fp8_dtype() if quantized_q else None)
         self.capturing = (False, False)  # (with the levels, unsplit)
         if self.use_full_cuda_graph and self.aot_schedule:
@@ -207,7 +208,7 @@ class RelayAttentionImpl(FlashAttentionImpl):
         check_layer("CUDA", alibi_slopes=alibi_slopes, sliding_window=sliding_window,
                     logits_soft_cap=logits_soft_cap, attn_type=attn_type, sinks=sinks,
                     kv_sharing_target_layer_name=kv_sharing_target_layer_name,
-                    computes=frozenset({"softcap", "sinks"}))
+                    computes=frozenset({"softcap", "sinks", "window"}))
         check_engine(ngram=True)
         check_runner()
         super().__init__(num_heads, head_size, scale, num_kv_heads, alibi_slopes, sliding_window,

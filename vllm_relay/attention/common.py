@@ -29,16 +29,22 @@ def any_sinks(impls) -> bool:
     return any(getattr(impl, "sinks", None) is not None for impl in impls)
 
 
+def any_window(impls) -> bool:
+    """Whether any of these attention implementations has a sliding window (vLLM's FlashAttention
+    keeps `(-1, -1)` for none, its CPU backend -1): such layers read no level (`RelayPlanner.levels`)."""
+    return any(getattr(impl, "sliding_window", None) not in (None, -1, (-1, -1)) for impl in impls)
+
+
 def check_layer(backend: str, *, alibi_slopes, sliding_window, logits_soft_cap, attn_type, sinks=None,
                 kv_sharing_target_layer_name=None, computes: frozenset = frozenset()) -> None:
     """Reject, at start-up with a clear message, layer features relay does not compute exactly;
-    `computes` names those the backend does ("softcap", "sinks")."""
+    `computes` names those the backend does ("softcap", "sinks", "window")."""
     from vllm.v1.attention.backend import AttentionType
 
     unsupported = []
     if alibi_slopes is not None:
         unsupported.append("ALiBi")
-    if sliding_window is not None:
+    if sliding_window is not None and "window" not in computes:
         unsupported.append(f"sliding window ({sliding_window})")
     if logits_soft_cap and "softcap" not in computes:
         unsupported.append(f"logits soft-capping ({logits_soft_cap})")

@@ -31,6 +31,7 @@ from vllm_relay.attention import step as relay_step
 from vllm_relay.attention.common import (
     FP8_KV,
     any_sinks,
+    any_window,
     check_engine,
     check_layer,
     layer_impls,
@@ -94,7 +95,7 @@ class RelayCPUBackend(CPUAttentionBackend):
 
     @classmethod
     def supports_sliding_window(cls) -> bool:
-        return False  # relay's levels and prefix path read every shared page
+        return True  # window layers read no level (`RelayPlanner.levels`)
 
     @classmethod
     def supports_non_causal(cls) -> bool:
@@ -115,8 +116,9 @@ class RelayCPUMetadataBuilder(CPUAttentionMetadataBuilder):
         from vllm_relay.hooks.runner import apply_worker
 
         apply_worker()
+        impls = layer_impls(vllm_config, layer_names)
         self.planner = RelayPlanner(vllm_config, kv_cache_spec, device, num_layers=len(layer_names),
-                                    joint=not any_sinks(layer_impls(vllm_config, layer_names)))
+                                    joint=not any_sinks(impls), levels=not any_window(impls))
         log_active(f"cpu (vLLM's CPU attention kernel, isa {self.isa}; the shared levels in torch)")
 
     def build(self, common_prefix_len, common_attn_metadata, fast_build: bool = False):
@@ -137,7 +139,7 @@ class RelayCPUImpl(CPUAttentionBackendImpl):
         check_layer("CPU", alibi_slopes=alibi_slopes, sliding_window=sliding_window,
                     logits_soft_cap=logits_soft_cap, attn_type=attn_type, sinks=sinks,
                     kv_sharing_target_layer_name=kv_sharing_target_layer_name,
-                    computes=frozenset({"softcap", "sinks"}))
+                    computes=frozenset({"softcap", "sinks", "window"}))
         check_engine(ngram=True)
         super().__init__(num_heads, head_size, scale, num_kv_heads, alibi_slopes, sliding_window,
                          kv_cache_dtype, logits_soft_cap, attn_type, kv_sharing_target_layer_name, sinks)
@@ -158,11 +160,14 @@ class RelayCPUImpl(CPUAttentionBackendImpl):
             ops.cpu_attention_with_kv_cache(
                 query=query[:n], key_cache=key_cache, value_cache=value_cache, output=output[:n],
                 query_start_loc=attn_metadata.query_start_loc, seq_lens=attn_metadata.seq_lens, scale=self.scale,
-                causal=True, alibi_slopes=None, sliding_window=-1, block_table=attn_metadata.block_table,
+                causal=True, alibi_slopes=None, sliding_window=self.sliding_window,
+                block_table=attn_metadata.block_table,
                 softcap=self.logits_soft_cap, scheduler_metadata=attn_metadata.scheduler_metadata, s_aux=self.sinks,
                 k_scale=layer._k_scale_float, v_scale=layer._v_scale_float,
                 kv_cache_dtype=self.kv_cache_dtype)
             return output
+        if self.sliding_window != -1:
+            raise RuntimeError("vllm-relay: a sliding-window layer was planned levels")  # its planner plans none
         if not torch_views_match(layer.isa, query.dtype, block_size, self.head_size, self.kv_cache_dtype):
             raise RuntimeError(f"vllm-relay: the shared levels cannot read vLLM's CPU KV cache with ISA "
                                f"{layer.isa!r} and cache dtype {self.kv_cache_dtype!r} (an unknown block "

@@ -7,8 +7,8 @@ plus:
 
 * each request's `RelayTag` (`add_request`), by the runner's request index: its system slot and
   shift, or the slot a fill request computes;
-* a host copy of the runner's block table (MRV2 keeps its table on the GPU only), kept from the
-  scheduler output, for the fills' pages and for the levels found from the tables;
+* a host copy of the runner's block tables, one per KV-cache group (MRV2 keeps its tables on the GPU
+  only), kept from the scheduler output, for the fills' pages and for the levels found from the tables;
 * the step: `plan` (called by the runner hook right after vLLM gathers the batch, before it picks
   the CUDA graph) records the step's facts in a `RelayStep` and has the planner find its levels, so
   the graph with the levels is picked only for a step that has some (hooks/graphs.py);
@@ -46,11 +46,12 @@ class RelayStepMetadata(ModelSpecificAttnMetadata):
 
 
 class HostBlockTable:
-    """A host copy of MRV2's block table of the KV-cache group relay serves (group 0), rows by the
-    runner's request index, written as vLLM writes its own: a new request's blocks from column 0, a
-    running request's new blocks after its last."""
+    """A host copy of MRV2's block table of KV-cache group `group`, rows by the runner's request index,
+    written as vLLM writes its own: a new request's blocks from column 0, a running request's new
+    blocks after its last."""
 
-    def __init__(self, max_num_reqs: int, max_blocks: int) -> None:
+    def __init__(self, max_num_reqs: int, max_blocks: int, group: int = 0) -> None:
+        self.group = group
         self.table = np.zeros((max_num_reqs, max_blocks), dtype=np.int32)
         self.count = np.zeros(max_num_reqs, dtype=np.int32)
 
@@ -63,11 +64,11 @@ class HostBlockTable:
     def update(self, scheduler_output, index_of) -> None:
         """The blocks `scheduler_output` gives its requests (`index_of`: request id -> row)."""
         for new in scheduler_output.scheduled_new_reqs:
-            self.write(index_of[new.req_id], new.block_ids[0], overwrite=True)
+            self.write(index_of[new.req_id], new.block_ids[self.group], overwrite=True)
         cached = scheduler_output.scheduled_cached_reqs
         for req_id, new_block_ids in zip(cached.req_ids, cached.new_block_ids):
             if new_block_ids is not None:
-                self.write(index_of[req_id], new_block_ids[0], overwrite=False)
+                self.write(index_of[req_id], new_block_ids[self.group], overwrite=False)
 
 
 class RelayModelState(DefaultModelState):
@@ -77,16 +78,17 @@ class RelayModelState(DefaultModelState):
             raise ValueError("vllm-relay does not support M-RoPE models (relay shifts 1-D positions)")
         cfg = RelayConfig.from_vllm(vllm_config.additional_config)
         self.page_size = vllm_config.cache_config.block_size
-        self.pages = relay_step.SlotPages.for_config(cfg, self.page_size)  # the worker's, for every step
+        self.cfg = cfg
+        self.pages: relay_step.SlotPages | None = None  # the worker's, for every step (per KV-cache group)
         self.auto_levels = cfg.auto_levels and cfg.shared_path != "never"
         n = self.max_num_reqs
         self.req_slot = np.full(n, -1, dtype=np.int32)  # by request index: its system slot, -1 none
         self.req_shift = np.zeros(n, dtype=np.int32)  # its system tokens
         self.fill_pages = np.zeros(n, dtype=np.int32)  # a fill request's system pages (0: no fill)
         self.fill_slot = np.full(n, -1, dtype=np.int32)
-        self.blocks: HostBlockTable | None = None
+        self.blocks: list[HostBlockTable] = []  # per KV-cache group
         self.step: relay_step.RelayStep | None = None
-        self.planner = None  # the first relay planner of the runner's builders (attention/workers.py)
+        self.planner = None  # the relay planner that finds the levels (attention/workers.level_planner)
         self.capturing = (False, False)  # the full graph being captured: (with the levels, unsplit)
         self._rows = None  # (request indices, req_slot, req_shift) of the last step's batch
 
@@ -106,10 +108,14 @@ class RelayModelState(DefaultModelState):
 
     def initialize_kv_cache(self, kv_cache_config, block_tables) -> None:
         super().initialize_kv_cache(kv_cache_config, block_tables)
-        if len(kv_cache_config.kv_cache_groups) != 1:
-            raise ValueError("vllm-relay serves models with one KV-cache group "
-                             f"(this one has {len(kv_cache_config.kv_cache_groups)})")
-        self.blocks = HostBlockTable(self.max_num_reqs, block_tables.block_tables[0].gpu.shape[1])
+        groups = kv_cache_config.kv_cache_groups
+        sizes = {group.kv_cache_spec.block_size for group in groups}
+        if sizes != {self.page_size}:
+            raise ValueError(f"vllm-relay needs every KV-cache group's block size to be {self.page_size} "
+                             f"(this model's groups have {sorted(sizes)})")
+        self.pages = relay_step.SlotPages.for_config(self.cfg, self.page_size, len(groups))
+        self.blocks = [HostBlockTable(self.max_num_reqs, table.gpu.shape[1], g)
+                       for g, table in enumerate(block_tables.block_tables)]
 
     # ---- the step -----------------------------------------------------------------------------
 
@@ -117,10 +123,10 @@ class RelayModelState(DefaultModelState):
         """Record the step vLLM has just gathered (`batch`: MRV2's `BatchReqState`, None for a dummy
         run) and have the planner of the runner's `attn_groups` find its levels: called before vLLM
         picks the step's CUDA graph."""
-        found = workers.planners(attn_groups)
-        self.planner = found[0] if found else None
-        if self.blocks is not None and scheduler_output is not None:
-            self.blocks.update(scheduler_output, req_states.req_id_to_index)
+        self.planner = workers.level_planner(workers.planners(attn_groups))
+        if scheduler_output is not None:
+            for blocks in self.blocks:
+                blocks.update(scheduler_output, req_states.req_id_to_index)
         if batch is None:
             self.step = None
             return
@@ -133,15 +139,18 @@ class RelayModelState(DefaultModelState):
             rows = self._rows = (idx.copy(), req_slot, req_shift)
         for i in np.flatnonzero(self.fill_pages[idx]):  # a fill's pages grow as it runs
             r = idx[i]
-            n = min(int(self.fill_pages[r]), int(self.blocks.count[r]))
-            self.pages.record(int(self.fill_slot[r]), self.blocks.table[r, :n])
+            for blocks in self.blocks:
+                n = min(int(self.fill_pages[r]), int(blocks.count[r]))
+                self.pages.record(blocks.group, int(self.fill_slot[r]), blocks.table[r, :n])
         counts = batch.num_scheduled_tokens[:num_reqs].astype(np.int32)
         table = seq_lens = None
-        if self.auto_levels:  # the rows' blocks so far, in batch order
-            table = self.blocks.table[idx, : max(1, int(self.blocks.count[idx].max(initial=0)))]
+        level_group = -1 if self.planner is None else self.planner.kv_group
+        if self.auto_levels and level_group >= 0:  # the rows' blocks so far, in batch order
+            blocks = self.blocks[level_group]
+            table = blocks.table[idx, : max(1, int(blocks.count[idx].max(initial=0)))]
             seq_lens = (req_states.num_computed_tokens_np[idx] + counts).astype(np.int32)
         self.step = relay_step.RelayStep(num_reqs, int(batch.num_tokens), rows[1], rows[2], counts, table,
-                                         seq_lens, pages=self.pages)
+                                         seq_lens, pages=self.pages, level_group=level_group)
         if self.planner is not None:
             self.planner.levels_for(self.step)
 

@@ -66,7 +66,7 @@ class RelayPlanner:
 
     def __init__(self, vllm_config, kv_cache_spec, device, num_layers: int = 1, *, joint: bool = True,
                  joint_rows: int | None = None, graph_levels: int = GRAPH_LEVELS, one_split: bool = True,
-                 chunk_levels: bool = False, query_dtype: torch.dtype | None = None) -> None:
+                 chunk_levels: bool = False, query_dtype: torch.dtype | None = None, levels: bool = True) -> None:
         """The keywords are the measured rules' choices (`rules.py`), which every engine runs; tests
         set them to check the other forms, which compute the same attention:
         `joint` a decode step's levels and context in one call (else two), `joint_rows` the query rows of
@@ -74,7 +74,10 @@ class RelayPlanner:
         full graph holds besides the system prompts' (0: as many as its tokens can form), `one_split`
         a graph's levels unsplit when their rows fill the GPU (`rules.graph_one_split`; else FA3's
         split every step), `chunk_levels` a prompt chunk that fills its own query tiles reads levels too.
-        `query_dtype`: the queries' dtype when the backend quantizes them (FP8), else the model's."""
+        `query_dtype`: the queries' dtype when the backend quantizes them (FP8), else the model's.
+        `levels`: whether the layers may read levels at all (not where any has a sliding window: a level
+        is read whole by every token under it; those layers read their slot's pages in front of their
+        own, and the attention's window skips what lies outside it)."""
         cfg = RelayConfig.from_vllm(vllm_config.additional_config)
         model, sched, comp = vllm_config.model_config, vllm_config.scheduler_config, vllm_config.compilation_config
         hq = model.get_num_attention_heads(vllm_config.parallel_config)
@@ -91,6 +94,8 @@ class RelayPlanner:
         # step ends (hooks/runner.py); on Model Runner V2 the model state hands it to `build`.
         self.current: relay_step.RelayStep | None = None
         self.shared_path = cfg.shared_path
+        self.levels = levels
+        self.kv_group = 0  # the KV-cache group of its layers (set by `attention.workers.planners`)
         self.chunk_levels = chunk_levels
         self.auto_levels = cfg.auto_levels
         mode = getattr(comp, "cudagraph_mode", None)
@@ -174,7 +179,7 @@ class RelayPlanner:
     def rule(self, max_groups: int | None = None) -> LevelRule | None:
         """When a shared run becomes a level (None: no levels at all), at most `max_groups` levels
         (default: as many as the plan's tables hold)."""
-        if self.shared_path == "never":
+        if self.shared_path == "never" or not self.levels:
             return None
         max_groups = self.max_groups if max_groups is None else max_groups
         if self.shared_path == "always":
@@ -254,16 +259,19 @@ class RelayPlanner:
         if step is None and not graph:
             return None
         B, T = cm.num_reqs, cm.num_actual_tokens
-        if step is not None and not step.levels_planned:
-            self.levels_for(step)
-        if not graph and step.tree is None and not (step.req_slot >= 0).any():
+        tree = None
+        if step is not None and self.levels and step.level_group == self.kv_group:  # the tree is of our table
+            if not step.levels_planned:
+                self.levels_for(step)
+            tree = step.tree
+        if not graph and tree is None and not (step.req_slot >= 0).any():
             return None  # nothing shared, nothing registered: vLLM's own tables, no work
         # Levels run eagerly when found; in a full graph, when vLLM replays the graph with them.
         if capture:
             with_level = self.rule() is not None and levels
         else:
-            with_level = step is not None and step.tree is not None and (not graph or bool(step.graph_levels))
-        tree = step.tree if with_level and step is not None else None
+            with_level = tree is not None and (not graph or bool(step.graph_levels))
+        tree = tree if with_level else None
         if step is not None and step.pages is not None:
             self._sync_slot_pages(step.pages)
         self._make_tables(cm)
@@ -399,4 +407,4 @@ class RelayPlanner:
     def _sync_slot_pages(self, pages: relay_step.SlotPages) -> None:
         if self._synced[0] is not pages or self._synced[1] != pages.version:
             self._synced = (pages, pages.version)
-            self.slot_pages.copy_(torch.from_numpy(pages.pages))
+            self.slot_pages.copy_(torch.from_numpy(pages.pages[self.kv_group]))

@@ -9,10 +9,12 @@ inputs, and hands the step to the relay planners of the runner's own metadata bu
 step ends, so dummy and profiling runs never see a stale step.
 
 A fill request is an ordinary request computing a system prompt into pages of the paged KV cache;
-the scheduler keeps those pages (engine/core.py pins them when the fill finishes). Each step
-records the fills' pages, per slot, in the `SlotPages` of whoever prepares the steps (the model
-state, or the V1 runner), and the step carries them to the planners, so relay requests of a slot
-read them.
+the scheduler keeps those pages (engine/pages.py keeps them when the fill finishes). Each step
+records the fills' pages, per KV-cache group and slot, in the `SlotPages` of whoever prepares the
+steps (the model state, or the V1 runner), and the step carries them to the planners, so relay
+requests of a slot read them. A model whose sliding-window and full-attention layers vLLM keeps in
+two KV-cache groups has pages of both kinds; levels are found in one group's tables (`level_group`:
+the first group whose planner may run levels), and the other groups' layers read no level.
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ class RelayStep:
     graph_unsplit: bool = False
     # Each slot's system pages, as the step's preparer last saw their fills (None: no slot read).
     pages: SlotPages | None = None
+    # The KV-cache group whose block table `block_table` is and `tree` indexes (-1: none).
+    level_group: int = 0
 
 
 def slot_shape(cfg, page_size: int) -> tuple[int, int]:
@@ -58,20 +62,21 @@ def slot_shape(cfg, page_size: int) -> tuple[int, int]:
 
 
 class SlotPages:
-    """The pages of each slot's system prompt, as the worker last saw its fill (host side)."""
+    """The pages of each slot's system prompt in each KV-cache group, as the worker last saw its fill
+    (host side)."""
 
-    def __init__(self, num_slots: int, max_pages: int) -> None:
-        self.pages = np.zeros((num_slots, max_pages), dtype=np.int32)
+    def __init__(self, num_slots: int, max_pages: int, num_groups: int = 1) -> None:
+        self.pages = np.zeros((num_groups, num_slots, max_pages), dtype=np.int32)
         self.version = 0
 
     @classmethod
-    def for_config(cls, cfg, page_size: int) -> SlotPages:
-        return cls(*slot_shape(cfg, page_size))
+    def for_config(cls, cfg, page_size: int, num_groups: int = 1) -> SlotPages:
+        return cls(*slot_shape(cfg, page_size), num_groups)
 
-    def record(self, slot: int, block_ids) -> None:
-        n = min(len(block_ids), self.pages.shape[1])
-        if not np.array_equal(self.pages[slot, :n], block_ids[:n]):
-            self.pages[slot, :n] = block_ids[:n]
+    def record(self, group: int, slot: int, block_ids) -> None:
+        n = min(len(block_ids), self.pages.shape[2])
+        if not np.array_equal(self.pages[group, slot, :n], block_ids[:n]):
+            self.pages[group, slot, :n] = block_ids[:n]
             self.version += 1
 
 
@@ -149,23 +154,25 @@ def _shift_buffer(runner):
 
 
 def prepare(runner, num_scheduled_tokens: np.ndarray, pages: SlotPages, page_size: int,
-            auto_levels: bool = True) -> RelayStep | None:
+            level_group: int = 0, auto_levels: bool = True) -> RelayStep | None:
     """The step's relay facts (None: none), relay requests' positions shifted, fills' pages noted.
 
     Called right after `GPUModelRunner._prepare_inputs`, which has already used the unshifted
     positions for the token gather and the slot mapping (the paged cache holds a relay request's
     own tokens from position 0); the shifted positions are what the model's RoPE sees. With
-    `auto_levels`, every step is recorded with the host block table, relay requests or not.
+    `auto_levels`, every step is recorded with the host block table of `level_group` (the KV-cache
+    group whose planner finds the levels; -1: none), relay requests or not.
     """
     batch = runner.input_batch
     num_reqs = batch.num_reqs
     rows = _batch_rows(runner, num_reqs, page_size)
     for i, slot, n in rows.fills:  # a fill's blocks grow as it runs: read them every step
-        pages.record(slot, runner.requests[rows.ids[i]].block_ids[0][:n])
+        for group, block_ids in enumerate(runner.requests[rows.ids[i]].block_ids):
+            pages.record(group, slot, block_ids[:n])
     counts = num_scheduled_tokens[:num_reqs].astype(np.int32)
     tables = None
-    if auto_levels:  # vLLM's host block table of the one KV-cache group relay serves
-        tables = (batch.block_table.block_tables[0].block_table.np,
+    if auto_levels and level_group >= 0:  # vLLM's host block table of that group
+        tables = (batch.block_table.block_tables[level_group].block_table.np,
                   (batch.num_computed_tokens_cpu[:num_reqs] + counts).astype(np.int32))
     elif not rows.fills and not (rows.req_slot >= 0).any():
         return None
@@ -174,4 +181,5 @@ def prepare(runner, num_scheduled_tokens: np.ndarray, pages: SlotPages, page_siz
         shift = _shift_buffer(runner)
         shift.np[:total] = np.repeat(rows.req_shift, counts)
         runner.positions[:total] += shift.copy_to_gpu(total)
-    return RelayStep(num_reqs, total, rows.req_slot, rows.req_shift, counts, *(tables or (None, None)), pages=pages)
+    return RelayStep(num_reqs, total, rows.req_slot, rows.req_shift, counts, *(tables or (None, None)), pages=pages,
+                     level_group=level_group)

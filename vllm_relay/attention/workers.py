@@ -1,7 +1,7 @@
 """A worker's relay planners, found where vLLM keeps them: on the relay metadata builders of the
-model runner's attention groups (`attn_groups`, the V1 runner's and Model Runner V2's alike). Relay
-serves one KV-cache group, so the first planner answers the step's questions; every planner's stats
-are summed (the engine's `relay_worker_stats`)."""
+model runner's attention groups (`attn_groups`, the V1 runner's and Model Runner V2's alike). The
+step's levels are found by one planner (`level_planner`: the first that may run levels) in its
+KV-cache group's tables; every planner's stats are summed (the engine's `relay_worker_stats`)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,23 @@ from vllm_relay.stats import sum_stats
 
 def planners(attn_groups) -> list[RelayPlanner]:
     """The planners of the relay metadata builders among a runner's `attn_groups` (per KV-cache
-    group, its attention groups, each with its builders), in order."""
-    return [builder.planner for groups in attn_groups for group in groups for builder in group.metadata_builders
-            if isinstance(getattr(builder, "planner", None), RelayPlanner)]
+    group, its attention groups, each with its builders), in order, each told its group's index
+    (`kv_group`: the slot pages it reads are that group's)."""
+    found = []
+    for index, groups in enumerate(attn_groups):
+        for group in groups:
+            for builder in group.metadata_builders:
+                planner = getattr(builder, "planner", None)
+                if isinstance(planner, RelayPlanner):
+                    planner.kv_group = index
+                    found.append(planner)
+    return found
+
+
+def level_planner(found: list[RelayPlanner]) -> RelayPlanner | None:
+    """The planner that finds each step's levels: the first whose layers may read levels (None: no
+    layer may, every layer has a sliding window)."""
+    return next((planner for planner in found if planner.levels), None)
 
 
 def worker_stats(worker) -> dict:

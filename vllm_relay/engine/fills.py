@@ -127,7 +127,10 @@ class Fills:
         self._start(prompt, startup=False)
 
     def _start(self, prompt: SystemPrompt, startup: bool) -> None:
-        """Add the request that computes `prompt` at positions 0..S-1 (the workers capture its KV).
+        """Add the request that computes `prompt`'s whole blocks at positions 0..S-1 (S its relay
+        length: the workers capture their KV; relay requests compute the rest of the prompt). Then
+        the last blocks a sliding window reads back from the first token past them were in the window
+        of every chunk of the fill (the scheduler lets a window layer's earlier blocks go as it runs).
 
         It never reads the prefix cache (every token must be computed to be captured) and its
         salt keeps anything else from reading its blocks. It enters through the engine core's own
@@ -142,7 +145,8 @@ class Fills:
             extra_args=tag(None, RelayTag(prompt.slot, prompt.num_tokens, fill=True)),
         )
         request = EngineCoreRequest(
-            request_id=rid, prompt_token_ids=list(prompt.token_ids), mm_features=None,
+            request_id=rid, prompt_token_ids=list(prompt.token_ids[: self.pages.relay_len(prompt)]),
+            mm_features=None,
             sampling_params=params, pooling_params=None, arrival_time=time.time(),
             lora_request=None, cache_salt=fill_salt(prompt, self.secret), data_parallel_rank=None,
         )

@@ -27,9 +27,12 @@ class PromptPages:
 
     def keep(self, prompt: SystemPrompt, fill_request_id: str) -> int:
         """Keep the whole blocks of a fill that has just finished (before the scheduler frees
-        the request's blocks). Returns how many."""
+        the request's blocks), in every KV-cache group: of a sliding-window group, those the
+        scheduler has not already let go (the window before the prompt's end is all its layers
+        read). Returns how many."""
         kvm = self._scheduler.kv_cache_manager
-        blocks = list(kvm.get_blocks(fill_request_id).blocks[0][: self.relay_len(prompt) // self.block_size])
+        n = self.relay_len(prompt) // self.block_size
+        blocks = [b for group in kvm.get_blocks(fill_request_id).blocks for b in group[:n] if not b.is_null]
         kvm.block_pool.touch(blocks)
         old = self._kept.pop(prompt, None)
         if old is not None:  # a prompt is filled once; never leak if it happened twice

@@ -15,16 +15,19 @@ def _prepare_inputs(self, scheduler_output, num_scheduled_tokens):
             from vllm_relay.config import RelayConfig
 
             cfg = RelayConfig.from_vllm(self.vllm_config.additional_config)
-            relay = (step.SlotPages.for_config(cfg, self.cache_config.block_size),
+            groups = len(self.kv_cache_config.kv_cache_groups)
+            relay = (step.SlotPages.for_config(cfg, self.cache_config.block_size, groups),
                      cfg.auto_levels and cfg.shared_path != "never")
             swap(self, "_relay", relay)
         pages, auto_levels = relay
-        current = step.prepare(self, num_scheduled_tokens, pages, self.cache_config.block_size, auto_levels)
         found = workers.planners(self.attn_groups)
+        level = workers.level_planner(found)
+        current = step.prepare(self, num_scheduled_tokens, pages, self.cache_config.block_size,
+                               -1 if level is None else level.kv_group, auto_levels)
         for planner in found:  # the step, for the builders (until it ends: `_execute_model`)
             planner.current = current
-        if current is not None and found:
-            found[0].levels_for(current)
+        if current is not None and level is not None:
+            level.levels_for(current)
     return result
 
 
