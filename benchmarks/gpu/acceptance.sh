@@ -33,7 +33,7 @@
 # cache folder (/tmp/vllm-cache/STEP).
 set -uo pipefail
 export PYTHONPATH=/tmp/site VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
-out=${OUT:-/tmp/out}; mkdir -p "$out"
+out=${OUT:-/tmp/out}; mkdir -p "$out" /tmp/pytest-relay  # (pytest makes each step's --basetemp, not its parent)
 side=0
 if [ "${1:-}" = "--side-by-side" ]; then side=1; shift; fi
 bt="python3 benchmarks/bench_throughput.py --prefix-len 2048 --num-prompts 1000"
@@ -49,7 +49,7 @@ run() {  # one step into $out/STEP.txt; its exit status
     unsplit-mha|unsplit-gqa) $t $e2e -k "unsplit and ${step#unsplit-}" ;;
     levels) $t $e2e -k shared_levels ;;
     sleep) $t $e2e -k sleep ;;
-    sleep-1|sleep-2) $t $e2e -k "sleep and ${step#sleep-}" ;;
+    sleep-1|sleep-2) $t "$e2e::test_sleep_and_wake_up_refill_the_system_prompt[${step#sleep-}]" ;;
     seeded) $t tests/e2e/test_seeded.py ;;
     features) $t $e2e -k features ;;
     features-*) $t $e2e -k "features and ${step#features-}" ;;

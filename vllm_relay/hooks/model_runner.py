@@ -40,7 +40,8 @@ def _gather_batch_req_state(self, scheduler_output, dummy_run):
     batch, uniform = original(_Runner, "gather_batch_req_state")(self, scheduler_output, dummy_run)
     plan = getattr(self.model_state, "plan", None)
     if plan is not None:  # a relay model state
-        plan(None if dummy_run else scheduler_output, batch, self.req_states, self.attn_groups)
+        groups = getattr(self, "attn_groups", ())  # made with the KV cache: none in the profiling run before
+        plan(None if dummy_run else scheduler_output, batch, self.req_states, groups)
     return batch, uniform
 
 
