@@ -262,10 +262,11 @@ def test_model_features_are_refused(feature, value):
             check_layer("cpu", **layer)
 
 
-@pytest.mark.parametrize("feature, value, name", [("logits_soft_cap", 30.0, "softcap"), ("sinks", object(), "sinks")])
+@pytest.mark.parametrize("feature, value, name", [("logits_soft_cap", 30.0, "softcap"), ("sinks", object(), "sinks"),
+                                                 ("sliding_window", 64, "window")])
 def test_model_features_a_backend_computes_are_accepted(feature, value, name):
-    """The CPU backend computes soft-capping and sinks (`computes`); the same layer without them
-    named is refused."""
+    """Both backends compute soft-capping, sinks and sliding windows (`computes`); the same layer
+    without the feature named is refused."""
     from vllm.v1.attention.backend import AttentionType
 
     from vllm_relay.attention.common import check_layer
@@ -274,7 +275,7 @@ def test_model_features_a_backend_computes_are_accepted(feature, value, name):
              "attn_type": AttentionType.DECODER, feature: value}
     check_layer("cpu", computes=frozenset({name}), **layer)
     with pytest.raises(NotImplementedError):
-        check_layer("cpu", computes=frozenset({"softcap", "sinks"} - {name}), **layer)
+        check_layer("cpu", computes=frozenset({"softcap", "sinks", "window"} - {name}), **layer)
 
 
 def test_a_client_relay_tag_is_dropped_with_a_warning(core, monkeypatch):

@@ -21,8 +21,9 @@ WIDTH = 5
 GROUPS = [[]]  # the runner's attention groups (what the model state finds its planner in)
 
 
-@pytest.fixture
-def state(monkeypatch):
+def make_state(monkeypatch, num_groups=1, level_group=0):
+    """A relay model state over `num_groups` KV-cache groups; the runner's planners: one per group,
+    the levels found by `level_group`'s (the others' layers have sliding windows)."""
     from vllm.v1.worker.gpu.model_states.default import DefaultModelState
 
     from vllm_relay.attention import model_state
@@ -33,15 +34,22 @@ def state(monkeypatch):
 
     monkeypatch.setattr(DefaultModelState, "__init__", base_init)
     levels = []  # the steps the runner's relay planner was asked to find levels in
+    planners = [NS(levels_for=levels.append, levels=g == level_group, kv_group=g) for g in range(num_groups)]
     monkeypatch.setattr(model_state.workers, "planners",
-                        lambda attn_groups: [NS(levels_for=levels.append)] if attn_groups is GROUPS else [])
+                        lambda attn_groups: planners if attn_groups is GROUPS else [])
     config = NS(additional_config={"relay": {"max_prompts": 3, "max_prompt_tokens": 4 * PAGE}},
                 cache_config=NS(block_size=PAGE))
     s = model_state.RelayModelState(config, None, None, torch.device("cpu"))
-    kv = NS(kv_cache_groups=[object()])
-    s.initialize_kv_cache(kv, NS(block_tables=[NS(gpu=torch.zeros(MAX_REQS, WIDTH, dtype=torch.int32))]))
+    kv = NS(kv_cache_groups=[NS(kv_cache_spec=NS(block_size=PAGE))] * num_groups)
+    tables = [NS(gpu=torch.zeros(MAX_REQS, WIDTH, dtype=torch.int32)) for _ in range(num_groups)]
+    s.initialize_kv_cache(kv, NS(block_tables=tables))
     s.levels_asked = levels
     return s
+
+
+@pytest.fixture
+def state(monkeypatch):
+    return make_state(monkeypatch)
 
 
 def new_req(req_id, blocks, t=None):
@@ -74,7 +82,7 @@ def test_the_step_holds_each_rows_tag_blocks_and_lengths_in_batch_order(state):
     assert step.req_slot.tolist() == [2, -1, -1] and step.req_shift.tolist() == [2 * PAGE, 0, 0]
     assert step.q_lens.tolist() == [1, 1, 70] and step.seq_lens.tolist() == [6, 41, 70]
     assert step.block_table[:, :3].tolist() == [[3, 0, 0], [7, 8, 0], [10, 11, 12]]
-    assert state.pages.pages[1, :2].tolist() == [10, 11]  # the fill's system pages (2 of its 3 blocks)
+    assert state.pages.pages[0, 1, :2].tolist() == [10, 11]  # the fill's system pages (2 of its 3 blocks)
     assert state.levels_asked == [step]  # the levels are found before vLLM picks the graph
     assert step.pages is state.pages  # the model state's slot pages go to the planner with the step
 
@@ -101,6 +109,23 @@ def test_a_batch_of_the_same_rows_keeps_its_arrays_and_a_reused_index_does_not(s
                                                                   num_computed_tokens_np=np.zeros(MAX_REQS, np.int32)),
                GROUPS)
     assert state.step.req_slot is not first and state.step.req_slot.tolist() == [-1]
+
+
+def test_two_kv_cache_groups_each_fill_pages_and_the_levels_from_one_groups_table(monkeypatch):
+    """A model with sliding-window layers (group 0 here) and full-attention ones (group 1): a fill's
+    pages are recorded in both groups, and the step's table is the level group's."""
+    state = make_state(monkeypatch, num_groups=2, level_group=1)
+    index = {"plain": 0, "fill": 1}
+    reqs = [new_req("plain", [7, 8]), new_req("fill", [10, 11, 12], RelayTag(1, 2 * PAGE, fill=True))]
+    reqs[0].block_ids, reqs[1].block_ids = ([7, 8], [27, 28]), ([10, 11, 12], [30, 31, 32])
+    for r in reqs:
+        state.add_request(index[r.req_id], r)
+    req_states = NS(req_id_to_index=index, num_computed_tokens_np=np.zeros(MAX_REQS, np.int32))
+    state.plan(output(new=reqs), batch([0, 1], [40, 70]), req_states, GROUPS)
+    step = state.step
+    assert step.level_group == 1 and state.levels_asked == [step]
+    assert step.block_table[:, :3].tolist() == [[27, 28, 0], [30, 31, 32]]
+    assert state.pages.pages[:, 1, :2].tolist() == [[10, 11], [30, 31]]
 
 
 def test_a_dummy_run_has_no_step(state):

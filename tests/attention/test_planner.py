@@ -90,7 +90,7 @@ class World:
     def record_fills(self):
         """The slot pages the step's preparer (model state or runner hook) records from the fills."""
         for slot, n in enumerate(SLOT_PAGES):
-            self.pages.record(slot, self.slot_table[slot, :n].tolist())
+            self.pages.record(0, slot, self.slot_table[slot, :n].tolist())
 
     def cm(self, pad_reqs=0, pad_tokens=0):
         """vLLM's metadata for the batch, padded as a full CUDA graph pads it (padding requests have
@@ -380,6 +380,28 @@ def test_auto_levels_off_reads_only_registered_prompts_as_levels():
     cm = world.cm()
     run_and_check(world, planner.plan(cm, world.step()), cm)
     assert planner.stats["level_groups"] == 1 and planner.stats["shared_tokens"] == 2  # slot 0 alone
+
+
+def test_layers_that_read_no_level_read_their_groups_slot_pages_in_front():
+    """A planner of sliding-window layers (`levels=False`, in a KV-cache group of their own) takes
+    no level of the step's tree (found in another group's table): every relay row reads its slot's
+    pages in that planner's group (`kv_group`) in front of its own, exactly."""
+    batch = [(0, 50, 1, -1, 0), (0, 60, 1, 0, 2), (-1, 70, 1, -1, 0), (-1, 80, 3, 2, 4), (1, 9, 9, -1, 0)]
+    world = World(batch, torch.float32, "cpu", 6)
+    world.pages = relay_step.SlotPages.for_config(RelayConfig(max_prompts=3, max_prompt_tokens=128), BLOCK,
+                                                  num_groups=2)
+    for slot, n in enumerate(SLOT_PAGES):  # group 0's pages stay 0: not this planner's
+        world.pages.record(1, slot, world.slot_table[slot, :n].tolist())
+    step = world.step()
+    make_planner(shared_path="always").levels_for(step)  # the level group's planner (group 0)
+    assert step.tree is not None and step.level_group == 0
+    planner = RelayPlanner(vllm_config(shared_path="always"), SimpleNamespace(block_size=BLOCK), "cpu", levels=False)
+    planner.kv_group = 1
+    cm = world.cm()
+    plan = planner.plan(cm, step)
+    assert not plan.run_level
+    run_and_check(world, plan, cm)
+    assert planner.stats["level_groups"] == 0 and planner.stats["prefix_requests"] == 3
 
 
 def test_eager_steps_with_little_sharing_plan_no_levels():

@@ -49,7 +49,7 @@ def test_prepare_records_slots_shifts_positions_and_fill_pages():
     assert step.q_lens.tolist() == [1, 2, 3, 1] and step.num_tokens == 7
     assert r.positions[:7].tolist() == [32, 0, 0, 0, 0, 0, 48]
     assert step.seq_lens.tolist() == [21, 22, 23, 21]
-    assert pages.pages[1, :2].tolist() == [7, 8]  # the fill's whole system pages
+    assert pages.pages[0, 1, :2].tolist() == [7, 8]  # the fill's whole system pages
     with pytest.raises(ValueError):
         step.req_slot[0] = 5  # shared by the steps that reuse it: read-only
 
@@ -63,7 +63,7 @@ def test_batch_facts_follow_the_rows_request_ids():
     assert again.req_slot is first.req_slot  # the same ids in the same rows: nothing re-read
     states["f"].block_ids[0][:] = [7, 8, 9]  # the fill's blocks grow: recorded on every step
     facts(r, [1, 1, 1], pages)
-    assert pages.pages[1, :3].tolist() == [7, 8, 9]
+    assert pages.pages[0, 1, :3].tolist() == [7, 8, 9]
 
     r.input_batch.req_ids[:2] = ["b", "a"]  # rows swapped
     swapped = facts(r, [1, 1, 1], pages)
@@ -77,3 +77,18 @@ def test_batch_facts_follow_the_rows_request_ids():
     r.input_batch.num_reqs = 2  # the last request finished
     fewer = facts(r, [1, 1], pages)
     assert fewer.req_slot.tolist() == [-1, 2] and fewer.num_reqs == 2
+
+
+def test_two_kv_cache_groups_record_a_fills_pages_in_each_and_the_level_groups_table():
+    """Sliding-window and full-attention layers in two KV-cache groups: a fill's pages are recorded
+    in both, and the step carries the host block table of the group whose planner finds the levels."""
+    pages = relay_step.SlotPages(num_slots=3, max_pages=4, num_groups=2)
+    states = {"a": state(0, 32), "f": state(1, 32, fill=True)}
+    states["f"].block_ids = ([7, 8, 9], [17, 18, 19])
+    r = runner(states, ["a", "f"])
+    full = np.arange(16, dtype=np.int32).reshape(2, 8) + 100
+    r.input_batch.block_table.block_tables.append(SimpleNamespace(block_table=SimpleNamespace(np=full)))
+    step = relay_step.prepare(r, np.asarray([1, 3]), pages, PAGE, level_group=1)
+    assert step.level_group == 1 and step.block_table is full
+    assert pages.pages[:, 1, :2].tolist() == [[7, 8], [17, 18]]
+    assert relay_step.prepare(r, np.asarray([1, 3]), pages, PAGE, level_group=-1).block_table is None

@@ -1,5 +1,6 @@
 """A worker's planners as the hooks find them: on the relay metadata builders of the runner's
-attention groups, in order; every one's stats summed (a maximum for `max_level_rows`)."""
+attention groups, in order, each told its KV-cache group; the one that finds the levels; every one's stats
+summed (a maximum for `max_level_rows`)."""
 
 from types import SimpleNamespace
 
@@ -37,3 +38,14 @@ def test_worker_stats_sum_every_planner_and_count_zero_without_one():
     assert (stats["planned_steps"], stats["unsplit_graph_steps"], stats["max_level_rows"]) == (7, 3, 70)
     empty = workers.worker_stats(SimpleNamespace(model_runner=SimpleNamespace(attn_groups=[])))
     assert set(empty) == set(STATS) and not any(empty.values())
+
+
+def test_each_planner_learns_its_kv_cache_group_and_the_first_that_may_run_levels_finds_them():
+    """Two KV-cache groups (a model's sliding-window layers, then its full-attention ones): each planner is
+    told its group's index, and the levels are found by the first planner whose layers may read them."""
+    window, full = planner({}), planner({})
+    window.levels, full.levels = False, True
+    found = workers.planners([*groups([SimpleNamespace(planner=window)]), *groups([SimpleNamespace(planner=full)])])
+    assert found == [window, full] and (window.kv_group, full.kv_group) == (0, 1)
+    assert workers.level_planner(found) is full
+    assert workers.level_planner([window]) is None

@@ -126,7 +126,8 @@ def test_relay_matches_flash_attention_on_cuda(name, parallel, tmp_path):
 # Attention features the relay split carries exactly (docs/architecture.md): each with its model, the
 # same feature on in every engine (FLASH_ATTN's and TRITON_ATTN's too).
 FEATURES = {"softcap": ("tiny-gemma2-softcap", {}), "sinks": ("tiny-granite-sinks", {}),
-            "fp8": ("tiny-llama-gqa", {"kv_cache_dtype": "fp8"})}
+            "fp8": ("tiny-llama-gqa", {"kv_cache_dtype": "fp8"}),
+            "window": ("tiny-gemma2-window", {})}  # sliding-window and full layers: two KV-cache groups
 
 
 def run_with_feature(label: str, name: str, extra: dict, seed: int, max_tokens: int, tmp_path) -> dict:
@@ -152,10 +153,15 @@ def run_with_feature(label: str, name: str, extra: dict, seed: int, max_tokens: 
     return runs
 
 
-@pytest.mark.parametrize("feature", list(FEATURES))
+WINDOW_REFUSED = pytest.mark.xfail(strict=True,
+                                   reason="relay's CUDA backend refuses sliding windows until run on a GPU")
+
+
+@pytest.mark.parametrize("feature", [pytest.param(f, marks=WINDOW_REFUSED) if f == "window" else f for f in FEATURES])
 def test_features_on_cuda_against_flash(feature, tmp_path):
-    """Soft-capping, sinks and an FP8 KV cache: relay within the rule above against FLASH_ATTN with
-    the feature on, with full CUDA graphs and eagerly."""
+    """Soft-capping, sinks, an FP8 KV cache and sliding windows (in every other layer: those read no
+    level): relay within the rule above against FLASH_ATTN with the feature on, with full CUDA graphs
+    and eagerly."""
     name, extra = FEATURES[feature]
     stats = run_with_feature(feature, name, extra, 3, 16, tmp_path)["relay"]["worker_stats"]
     assert stats["level_graph_steps"] > 0 and stats["shared_tokens"] > 0, stats

@@ -91,8 +91,10 @@ def test_cpu_platform_selects_relay_only_when_asked():
     assert CpuPlatform.get_attn_backend_cls(E.CUSTOM, cfg) == vllm_relay.RELAY_CPU_BACKEND
     assert CpuPlatform.get_attn_backend_cls(None, cfg) == E.CPU_ATTN.get_path()
     assert CpuPlatform.get_attn_backend_cls(E.FLASH_ATTN, cfg) == E.CPU_ATTN.get_path()
-    bad = cfg._replace(has_sliding_window=True)
-    with pytest.raises(ValueError, match="relay attention backend does not support.*sliding window"):
+    windowed = cfg._replace(has_sliding_window=True)  # window layers read no level: served
+    assert CpuPlatform.get_attn_backend_cls(E.CUSTOM, windowed) == vllm_relay.RELAY_CPU_BACKEND
+    bad = cfg._replace(use_non_causal=True)
+    with pytest.raises(ValueError, match="relay attention backend does not support.*non-causal"):
         CpuPlatform.get_attn_backend_cls(E.CUSTOM, bad)
 
 

@@ -58,7 +58,7 @@ class RelayAttentionBackend(FlashAttentionBackend):
 
     @classmethod
     def supports_sliding_window(cls) -> bool:
-        return True  # window layers read no level (`RelayPlanner.levels`)
+        return False  # served on the CPU (window layers read no level); not yet run on a GPU
 
     @classmethod
     def supports_mm_prefix(cls) -> bool:
@@ -208,7 +208,7 @@ class RelayAttentionImpl(FlashAttentionImpl):
         check_layer("CUDA", alibi_slopes=alibi_slopes, sliding_window=sliding_window,
                     logits_soft_cap=logits_soft_cap, attn_type=attn_type, sinks=sinks,
                     kv_sharing_target_layer_name=kv_sharing_target_layer_name,
-                    computes=frozenset({"softcap", "sinks", "window"}))
+                    computes=frozenset({"softcap", "sinks"}))
         check_engine(ngram=True)
         check_runner()
         super().__init__(num_heads, head_size, scale, num_kv_heads, alibi_slopes, sliding_window,

@@ -12,7 +12,7 @@ benchmarks load is built by this module:
   in the architectures of two attention features relay computes: Gemma 2's
   logit soft-capping (every layer global) and Granite's attention sinks.
 - ``tiny-gemma2-window``: Gemma 2 with a 64-token sliding window in every other
-  layer (two KV-cache groups in vLLM), which relay does not serve yet.
+  layer (two KV-cache groups in vLLM).
 - ``tiny-llama-loops``: the GQA model with Llama's default initializer, whose
   greedy continuations loop, for n-gram speculative decoding.
 - ``llama-2-7b-shape`` / ``llama-3-8b-shape`` / ``llama-2-13b-shape`` /
