@@ -75,9 +75,7 @@ class RelayPlanner:
         a graph's levels unsplit when their rows fill the GPU (`rules.graph_one_split`; else FA3's
         split every step), `chunk_levels` a prompt chunk that fills its own query tiles reads levels too.
         `query_dtype`: the queries' dtype when the backend quantizes them (FP8), else the model's.
-        `levels`: whether the layers may read levels at all (not where any has a sliding window: a level
-        is read whole by every token under it; those layers read their slot's pages in front of their
-        own, and the attention's window skips what lies outside it)."""
+        `levels`: whether the layers may read levels (not with a sliding window: docs/architecture.md)."""
         cfg = RelayConfig.from_vllm(vllm_config.additional_config)
         model, sched, comp = vllm_config.model_config, vllm_config.scheduler_config, vllm_config.compilation_config
         hq = model.get_num_attention_heads(vllm_config.parallel_config)
