@@ -187,7 +187,7 @@ def test_failed_fill_is_listed_with_its_reason_and_raised_to_waiters(core):
 # ---- engine and model features (worker start-up) -----------------------------------------------
 
 
-@pytest.mark.parametrize("feature", ["speculative", "mrope", "kv_cache_dtype"])
+@pytest.mark.parametrize("feature", ["speculative", "mrope", "xdrope", "kv_cache_dtype"])
 def test_engine_features_are_refused(feature, monkeypatch):
     from vllm.config import ModelConfig, set_current_vllm_config
 
@@ -199,12 +199,18 @@ def test_engine_features_are_refused(feature, monkeypatch):
     elif feature == "kv_cache_dtype":
         engine["kv_cache_dtype"] = "float16"  # neither the model's float32 nor FP8
     config = engine_args({}, **engine).create_engine_config()
-    if feature == "mrope":
+    if feature == "xdrope":
+        monkeypatch.setattr(ModelConfig, "uses_xdrope_dim", 1, raising=False)
+    if feature == "mrope":  # the CUDA backend's check (`mrope=False`); the CPU's accepts it
         monkeypatch.setattr(ModelConfig, "uses_mrope", property(lambda self: True))
-    expected = {"speculative": ENGINE_FEATURES, "mrope": "M-RoPE / XD-RoPE position encodings",
+    expected = {"speculative": ENGINE_FEATURES, "xdrope": "XD-RoPE position encodings",
+                "mrope": "M-RoPE position encodings (served on the CPU",
                 "kv_cache_dtype": "kv_cache_dtype='float16' other than the model's"}[feature]
     with set_current_vllm_config(config), pytest.raises(NotImplementedError, match=re.escape(expected)):
         check_engine()
+    if feature == "mrope":
+        with set_current_vllm_config(config):
+            check_engine(mrope=True)
 
 
 @pytest.mark.parametrize("kv_cache_dtype", ["fp8", "fp8_e4m3", "fp8_e5m2"])

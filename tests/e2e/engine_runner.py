@@ -13,11 +13,18 @@ from pathlib import Path
 RUNNER = Path(__file__).with_name("run_offline.py")
 
 
+NO_TORCHVISION = Path(__file__).parent / "no_torchvision"  # sitecustomize: vLLM's Qwen-VL, no torchvision
+
+
 def plugin_env(spec: dict) -> dict:
     """The environment of the engine `spec` describes: without the plugin unless it selects relay
-    (or the spec says `"plugin": true`: the plugin loaded, vLLM's own backend selected)."""
+    (or the spec says `"plugin": true`: the plugin loaded, vLLM's own backend selected); with
+    `"vl": true`, the shim that lets vLLM import its Qwen-VL models without torchvision."""
     loaded = spec["engine"].get("attention_backend") == "relay" or spec.get("plugin", False)
-    return dict(os.environ) if loaded else {**os.environ, "VLLM_PLUGINS": ""}  # "": no plugin loads
+    env = dict(os.environ) if loaded else {**os.environ, "VLLM_PLUGINS": ""}  # "": no plugin loads
+    if spec.get("vl"):
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(NO_TORCHVISION), env.get("PYTHONPATH")]))
+    return env
 
 
 def sized(spec: dict) -> dict:

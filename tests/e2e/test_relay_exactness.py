@@ -29,7 +29,7 @@ import pytest
 import torch
 
 from tests.e2e.engine_runner import assert_same_outputs, run_engine
-from vllm_relay.testing.models import get_model
+from vllm_relay.testing.models import VL_ENGINE, VL_MODELS, get_model
 
 pytestmark = pytest.mark.engine
 
@@ -53,13 +53,20 @@ def workload(vocab: int, seed: int):
 _references: dict = {}
 
 
-def reference_run(model, prompts, sampled, tmp_path, kv_cache_dtype="auto"):
+def model_engine(name: str) -> tuple[str, dict, dict]:
+    """A test model's folder, the engine arguments it needs, and the spec keys of its runs."""
+    vl = name in VL_MODELS  # text-only engines; vLLM imports the model without torchvision (engine_runner)
+    return get_model(name), (VL_ENGINE if vl else {}), ({"vl": True} if vl else {})
+
+
+def reference_run(model, prompts, sampled, tmp_path, kv_cache_dtype="auto", name=None):
     """vLLM's own CPU backend on the full prompts; one run per model and cache dtype for all relay variants."""
     if (model, kv_cache_dtype) not in _references:
-        engine = {"model": model, "max_model_len": 512, "kv_cache_dtype": kv_cache_dtype}
+        _, extra, spec = model_engine(name) if name else (model, {}, {})
+        engine = {"model": model, "max_model_len": 512, "kv_cache_dtype": kv_cache_dtype, **extra}
         _references[model, kv_cache_dtype], _ = run_engine(
-            {"engine": engine, "prompts": prompts, "max_tokens": 16, "sampled_prompts": sampled}, tmp_path,
-            "reference")
+            {"engine": engine, "prompts": prompts, "max_tokens": 16, "sampled_prompts": sampled, **spec},
+            tmp_path, "reference")
     return _references[model, kv_cache_dtype]
 
 
@@ -72,29 +79,29 @@ def has_fp8_kv() -> bool:
     ("tiny-llama-mha", "always", "auto"), ("tiny-llama-gqa", "always", "auto"), ("tiny-llama-gqa", "never", "auto"),
     ("tiny-gemma2-softcap", "always", "auto"), ("tiny-granite-sinks", "always", "auto"),
     ("tiny-gemma2-window", "always", "auto"), ("tiny-gemma2-window", "never", "auto"),
+    ("tiny-qwen2.5-vl", "always", "auto"), ("tiny-qwen2.5-vl", "never", "auto"),
     pytest.param("tiny-llama-gqa", "always", "fp8", marks=pytest.mark.skipif(
         not has_fp8_kv(), reason="vLLM's CPU FP8 KV cache needs x86 with AVX-512 or AMX")),
 ])
 def test_relay_is_exact_on_mixed_batches_with_chunking_and_preemption(name, shared_path, kv_cache_dtype,
                                                                       tmp_path):
-    model = get_model(name)
-    vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
-    systems, prompts, num_relay = workload(vocab, seed=7)
+    model, extra, vl = model_engine(name)
+    systems, prompts, num_relay = workload(3072, seed=7)  # the tokenizer's words, not Qwen-VL's vision ids
     relay_engine = {
         "model": model, "attention_backend": "relay",
         "additional_config": {"relay": {"system_prompts": systems, "max_prompts": 2,
                                         "max_prompt_tokens": 256, "shared_path": shared_path}},
         "max_num_batched_tokens": 64, "max_num_seqs": 16, "max_model_len": 512,
         "num_gpu_blocks_override": 24,  # 768 tokens of paged KV for ~1700 tokens of requests
-        "kv_cache_dtype": kv_cache_dtype,
+        "kv_cache_dtype": kv_cache_dtype, **extra,
     }
     # A relay request (n=2, seeded, stop string) and an ordinary one, both within one chunk: vLLM's CPU
     # runner cannot rewind a seeded request's generator after a partial prefill (any backend), and the
     # small KV cache evicts what the prefix cache held of the greedy batch's longer prompts.
     sampled = [prompts[1], prompts[12]]
     relay, _ = run_engine({"engine": relay_engine, "prompts": prompts, "max_tokens": 16,
-                           "sampled_prompts": sampled}, tmp_path, "relay")
-    reference = reference_run(model, prompts, sampled, tmp_path, kv_cache_dtype)
+                           "sampled_prompts": sampled, **vl}, tmp_path, "relay")
+    reference = reference_run(model, prompts, sampled, tmp_path, kv_cache_dtype, name)
 
     tol = 1e-4
     if kv_cache_dtype != "auto":  # 5% of what FP8 itself moves the first token's logprobs (docstring)

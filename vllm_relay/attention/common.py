@@ -61,11 +61,11 @@ def check_layer(backend: str, *, alibi_slopes, sliding_window, logits_soft_cap, 
         )
 
 
-def check_engine(ngram: bool = False) -> None:
+def check_engine(ngram: bool = False, mrope: bool = False) -> None:
     """Reject, at start-up, engine features relay does not compute exactly (model build time). The
     KV cache is the model's dtype or FP8 (which FP8 formats, the backend's `supports_kv_cache_dtype`
     says). `ngram`: the backend serves n-gram speculative decoding (drafts from the token ids, no
-    drafter model)."""
+    drafter model); `mrope`: M-RoPE models (their text positions shifted in every section)."""
     from vllm.config import get_current_vllm_config
 
     vllm_config = get_current_vllm_config()
@@ -75,8 +75,10 @@ def check_engine(ngram: bool = False) -> None:
     if spec is not None and not (ngram and spec.method == "ngram"):
         unsupported.append("speculative decoding (its drafters do not shift system-prompt positions)"
                            + ("; n-gram drafts are served" if ngram else ""))
-    if model_config.uses_mrope or getattr(model_config, "uses_xdrope_dim", 0):
-        unsupported.append("M-RoPE / XD-RoPE position encodings (only plain positions are shifted)")
+    if model_config.uses_mrope and not mrope:
+        unsupported.append("M-RoPE position encodings (served on the CPU; not yet run on a GPU)")
+    if getattr(model_config, "uses_xdrope_dim", 0):
+        unsupported.append("XD-RoPE position encodings (plain and M-RoPE positions are shifted)")
     cache_dtype = vllm_config.cache_config.cache_dtype
     if cache_dtype not in ("auto", str(model_config.dtype).removeprefix("torch."), *FP8_KV):
         unsupported.append(f"kv_cache_dtype={cache_dtype!r} other than the model's {model_config.dtype} "

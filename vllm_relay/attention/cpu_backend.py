@@ -140,7 +140,7 @@ class RelayCPUImpl(CPUAttentionBackendImpl):
                     logits_soft_cap=logits_soft_cap, attn_type=attn_type, sinks=sinks,
                     kv_sharing_target_layer_name=kv_sharing_target_layer_name,
                     computes=frozenset({"softcap", "sinks", "window"}))
-        check_engine(ngram=True)
+        check_engine(ngram=True, mrope=True)
         super().__init__(num_heads, head_size, scale, num_kv_heads, alibi_slopes, sliding_window,
                          kv_cache_dtype, logits_soft_cap, attn_type, kv_sharing_target_layer_name, sinks)
 

@@ -74,8 +74,6 @@ class HostBlockTable:
 class RelayModelState(DefaultModelState):
     def __init__(self, vllm_config, model, encoder_cache, device) -> None:
         super().__init__(vllm_config, model, encoder_cache, device)
-        if self.rope_state is not None:  # (relay's attention layers refuse such models first)
-            raise ValueError("vllm-relay does not support M-RoPE models (relay shifts 1-D positions)")
         cfg = RelayConfig.from_vllm(vllm_config.additional_config)
         self.page_size = vllm_config.cache_config.block_size
         self.cfg = cfg
@@ -91,6 +89,7 @@ class RelayModelState(DefaultModelState):
         self.planner = None  # the relay planner that finds the levels (attention/workers.level_planner)
         self.capturing = (False, False)  # the full graph being captured: (with the levels, unsplit)
         self._rows = None  # (request indices, req_slot, req_shift) of the last step's batch
+        self._shift = None  # this step's per-token shift on the device, for M-RoPE's positions
 
     # ---- requests -----------------------------------------------------------------------------
 
@@ -156,10 +155,21 @@ class RelayModelState(DefaultModelState):
 
     def preprocess_state(self, input_batch, block_tables, kv_cache_config, num_computed_tokens) -> None:
         super().preprocess_state(input_batch, block_tables, kv_cache_config, num_computed_tokens)
-        step = self.step
+        step, self._shift = self.step, None
         if step is not None and step.req_shift.any():  # vLLM has used the own positions for the slots
             shift = np.repeat(step.req_shift.astype(np.int64), step.q_lens)
-            input_batch.positions[: shift.shape[0]] += async_tensor_h2d(shift, device=self.device)
+            shift = async_tensor_h2d(shift, device=self.device)
+            input_batch.positions[: shift.shape[0]] += shift
+            self._shift = shift
+
+    def prepare_inputs(self, input_batch, req_states) -> dict:
+        """vLLM's model inputs; an M-RoPE model's positions (made here, after `preprocess_state`) shifted
+        in every section: a routed request is text, whose positions are (p, p, p)."""
+        inputs = super().prepare_inputs(input_batch, req_states)
+        shift, self._shift = self._shift, None
+        if shift is not None and self.rope_state is not None:
+            self.rope_state.positions[:, : shift.shape[0]] += shift
+        return inputs
 
     def prepare_attn(self, input_batch, cudagraph_mode, block_tables, slot_mappings, attn_groups,
                      kv_cache_config, for_capture: bool = False, ubatch_idx: int = 0,

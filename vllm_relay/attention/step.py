@@ -180,6 +180,9 @@ def prepare(runner, num_scheduled_tokens: np.ndarray, pages: SlotPages, page_siz
     if rows.req_shift.any():
         shift = _shift_buffer(runner)
         shift.np[:total] = np.repeat(rows.req_shift, counts)
-        runner.positions[:total] += shift.copy_to_gpu(total)
-    return RelayStep(num_reqs, total, rows.req_slot, rows.req_shift, counts, *(tables or (None, None)), pages=pages,
-                     level_group=level_group)
+        moved = shift.copy_to_gpu(total)
+        runner.positions[:total] += moved
+        if getattr(runner, "uses_mrope", False):  # a routed request is text: (p, p, p) in M-RoPE's sections
+            runner.mrope_positions.gpu[:, :total] += moved
+    return RelayStep(num_reqs, total, rows.req_slot, rows.req_shift, counts, *(tables or (None, None)),
+                     pages=pages, level_group=level_group)

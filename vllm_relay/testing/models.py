@@ -15,6 +15,10 @@ benchmarks load is built by this module:
   layer (two KV-cache groups in vLLM).
 - ``tiny-llama-loops``: the GQA model with Llama's default initializer, whose
   greedy continuations loop, for n-gram speculative decoding.
+- ``tiny-qwen2.5-vl``: Qwen2.5-VL (M-RoPE positions in three sections) with a
+  two-block vision tower, for text-only prompts (engines with
+  ``limit_mm_per_prompt`` 0 per modality: ``VL_ENGINE``); the tokenizer gains
+  Qwen's four vision tokens (ids 3072-3075).
 - ``llama-2-7b-shape`` / ``llama-3-8b-shape`` / ``llama-2-13b-shape`` /
   ``llama-2-70b-shape``: config.json only, for ``--load-format dummy`` on a
   GPU, so benchmarks run at real shapes (MHA 32/32, GQA 32/8, MHA 40/40 for
@@ -114,7 +118,22 @@ SHAPE_MODELS = {
                               num_attention_heads=64, num_key_value_heads=8),
 }
 
-MODEL_NAMES = [*TINY_MODELS, *SHAPE_MODELS]
+# Qwen2.5-VL: the text model of the tiny ones (head size 32: M-RoPE sections of 4, 6 and 6 rotary pairs)
+# and a vision tower of two blocks, for text-only prompts.
+VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+VL_MODELS = {
+    "tiny-qwen2.5-vl": (
+        dict(hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=4096, rms_norm_eps=1e-5, initializer_range=0.1,
+             rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 6, 6]}),
+        dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=14, spatial_merge_size=2,
+             temporal_patch_size=2, window_size=112, fullatt_block_indexes=[1], out_hidden_size=128,
+             initializer_range=0.1),
+    ),
+}
+VL_ENGINE = {"limit_mm_per_prompt": {"image": 0, "video": 0}}  # text only: no image processor is made
+
+MODEL_NAMES = [*TINY_MODELS, *VL_MODELS, *SHAPE_MODELS]
 
 
 def _llama_config(tok_path: Path, arch: str = "LlamaForCausalLM", **kwargs):
@@ -165,6 +184,36 @@ def build_tiny_model(name: str, path: str | Path, seed: int = SEED) -> Path:
     return path
 
 
+def build_vl_model(name: str, path: str | Path, seed: int = SEED) -> Path:
+    """Write tokenizer (with Qwen's vision tokens), config and random weights: a tiny Qwen2.5-VL."""
+    import torch
+    from tokenizers import AddedToken, Tokenizer
+    from transformers import AutoTokenizer, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    text, vision = VL_MODELS[name]
+    path = build_tokenizer(path, seed=seed, model_max_length=text["max_position_embeddings"])
+    tk = Tokenizer.from_file(str(path / "tokenizer.json"))
+    tk.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in VISION_TOKENS])
+    tk.save(str(path / "tokenizer.json"))
+    for file in ("tokenizer_config.json", "special_tokens_map.json"):
+        cfg = json.loads((path / file).read_text())
+        cfg["additional_special_tokens"] = CHAT_TOKENS + VISION_TOKENS
+        (path / file).write_text(json.dumps(cfg, indent=2))
+    tok = AutoTokenizer.from_pretrained(path)
+    ids = dict(zip(("vision_start", "vision_end", "image", "video"),
+                   map(tok.convert_tokens_to_ids, VISION_TOKENS)))
+    special = dict(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                   pad_token_id=tok.pad_token_id)
+    config = Qwen2_5_VLConfig(architectures=["Qwen2_5_VLForConditionalGeneration"],
+                              text_config=dict(text, vocab_size=len(tok), **special), vision_config=vision,
+                              **{f"{k}_token_id": v for k, v in ids.items()}, tie_word_embeddings=False,
+                              dtype="float32", **special)
+    torch.manual_seed(seed)
+    Qwen2_5_VLForConditionalGeneration(config).save_pretrained(path, safe_serialization=True)
+    _write_generation_config(config.text_config, path)
+    return path
+
+
 def _add_sinks(path: Path, config, gen) -> None:
     """Each layer's sinks (one logit per query head, 2 to 6) into the checkpoint, as vLLM names them."""
     import torch
@@ -191,6 +240,8 @@ def build_shape_config(name: str, path: str | Path, seed: int = SEED) -> Path:
 def build(name: str, path: str | Path) -> Path:
     if name in TINY_MODELS:
         return build_tiny_model(name, path)
+    if name in VL_MODELS:
+        return build_vl_model(name, path)
     if name in SHAPE_MODELS:
         return build_shape_config(name, path)
     raise KeyError(f"unknown test model {name!r}; known: {', '.join(MODEL_NAMES)}")
