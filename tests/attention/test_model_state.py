@@ -166,6 +166,25 @@ def test_relay_positions_are_shifted_after_vllm_used_them_and_before_the_forward
     assert torch.equal(positions, own)
 
 
+def test_m_rope_positions_are_shifted_in_every_section_once_a_step(state, monkeypatch):
+    """An M-RoPE model's positions, which vLLM makes after `preprocess_state` (`prepare_inputs`), get
+    each token's shift in every section, once a step."""
+    from vllm.v1.worker.gpu.model_states.default import DefaultModelState
+
+    monkeypatch.setattr(DefaultModelState, "prepare_inputs",
+                        lambda self, input_batch, req_states: {"positions": self.rope_state.positions[:, :6]})
+    state.add_request(0, new_req("a", [1], RelayTag(slot=0, system_len=3 * PAGE)))
+    state.add_request(1, new_req("b", [2]))
+    state.add_request(2, new_req("c", [3], RelayTag(slot=1, system_len=PAGE)))
+    req_states = NS(req_id_to_index={"a": 0, "b": 1, "c": 2}, num_computed_tokens_np=np.zeros(MAX_REQS, np.int32))
+    state.plan(output(), batch([2, 1, 0], [2, 3, 1]), req_states, GROUPS)
+    state.rope_state = NS(positions=torch.tensor([[5, 6, 0, 1, 2, 9, 0]] * 3))  # text: (p, p, p)
+    state.preprocess_state(NS(positions=torch.zeros(8, dtype=torch.int64)), None, None, None)
+    shifted = [[5 + PAGE, 6 + PAGE, 0, 1, 2, 9 + 3 * PAGE]] * 3
+    assert state.prepare_inputs(None, None)["positions"].tolist() == shifted
+    assert state.prepare_inputs(None, None)["positions"].tolist() == shifted  # not shifted twice
+
+
 def test_the_builders_get_the_step_and_a_capture_its_kind(state, monkeypatch):
     from vllm.v1.worker.gpu.model_states.default import DefaultModelState
 

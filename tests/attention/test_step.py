@@ -92,3 +92,13 @@ def test_two_kv_cache_groups_record_a_fills_pages_in_each_and_the_level_groups_t
     assert step.level_group == 1 and step.block_table is full
     assert pages.pages[:, 1, :2].tolist() == [[7, 8], [17, 18]]
     assert relay_step.prepare(r, np.asarray([1, 3]), pages, PAGE, level_group=-1).block_table is None
+
+
+def test_m_rope_positions_get_the_same_shift_in_every_section():
+    """An M-RoPE model on the V1 runner: the model reads `mrope_positions`, each section shifted as the
+    plain positions (a routed request is text: (p, p, p))."""
+    pages = relay_step.SlotPages(num_slots=3, max_pages=4)
+    r = runner({"a": state(0, 32), "b": state()}, ["a", "b"])
+    r.uses_mrope, r.mrope_positions = True, SimpleNamespace(gpu=torch.tensor([[4, 5, 0, 1, 0]] * 3))
+    facts(r, [2, 2], pages)
+    assert r.mrope_positions.gpu.tolist() == [[36, 37, 0, 1, 0]] * 3
