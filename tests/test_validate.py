@@ -187,7 +187,7 @@ def test_failed_fill_is_listed_with_its_reason_and_raised_to_waiters(core):
 # ---- engine and model features (worker start-up) -----------------------------------------------
 
 
-@pytest.mark.parametrize("feature", ["speculative", "mrope", "xdrope", "kv_cache_dtype"])
+@pytest.mark.parametrize("feature", ["speculative", "xdrope", "kv_cache_dtype"])
 def test_engine_features_are_refused(feature, monkeypatch):
     from vllm.config import ModelConfig, set_current_vllm_config
 
@@ -199,18 +199,27 @@ def test_engine_features_are_refused(feature, monkeypatch):
     elif feature == "kv_cache_dtype":
         engine["kv_cache_dtype"] = "float16"  # neither the model's float32 nor FP8
     config = engine_args({}, **engine).create_engine_config()
+    if feature == "speculative":  # a drafter model (EAGLE's) needs its weights to configure: named after
+        config.speculative_config.method = "eagle3"
     if feature == "xdrope":
         monkeypatch.setattr(ModelConfig, "uses_xdrope_dim", 1, raising=False)
-    if feature == "mrope":  # the CUDA backend's check (`mrope=False`); the CPU's accepts it
-        monkeypatch.setattr(ModelConfig, "uses_mrope", property(lambda self: True))
     expected = {"speculative": ENGINE_FEATURES, "xdrope": "XD-RoPE position encodings",
-                "mrope": "M-RoPE position encodings (served on the CPU",
                 "kv_cache_dtype": "kv_cache_dtype='float16' other than the model's"}[feature]
     with set_current_vllm_config(config), pytest.raises(NotImplementedError, match=re.escape(expected)):
         check_engine()
-    if feature == "mrope":
-        with set_current_vllm_config(config):
-            check_engine(mrope=True)
+
+
+def test_mrope_is_accepted(monkeypatch):
+    """Both backends shift M-RoPE positions (in every section)."""
+    from vllm.config import ModelConfig, set_current_vllm_config
+
+    from vllm_relay.attention.common import check_engine
+
+    config = engine_args({}).create_engine_config()
+    monkeypatch.setattr(ModelConfig, "uses_mrope", property(lambda self: True))
+    assert config.model_config.uses_mrope
+    with set_current_vllm_config(config):
+        check_engine()
 
 
 @pytest.mark.parametrize("kv_cache_dtype", ["fp8", "fp8_e4m3", "fp8_e5m2"])
@@ -226,8 +235,8 @@ def test_fp8_kv_cache_is_accepted(kv_cache_dtype):
         check_engine()
 
 
-def test_ngram_speculative_decoding_is_accepted_where_the_backend_serves_it():
-    """`check_engine(ngram=True)` accepts n-gram drafts (both backends serve them); without it they are refused."""
+def test_ngram_speculative_decoding_is_accepted():
+    """Both backends serve n-gram drafts (from the token ids, no drafter model)."""
     from vllm.config import set_current_vllm_config
 
     from vllm_relay.attention.common import check_engine
@@ -235,9 +244,7 @@ def test_ngram_speculative_decoding_is_accepted_where_the_backend_serves_it():
     spec = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3}
     config = engine_args({}, speculative_config=spec).create_engine_config()
     with set_current_vllm_config(config):
-        check_engine(ngram=True)
-        with pytest.raises(NotImplementedError, match=re.escape(ENGINE_FEATURES)):
-            check_engine()
+        check_engine()
 
 
 def test_sleep_mode_is_accepted():
@@ -252,36 +259,20 @@ def test_sleep_mode_is_accepted():
         check_engine()
 
 
-@pytest.mark.parametrize("feature, value", [("alibi_slopes", [1.0]), ("sliding_window", 64),
-                                            ("logits_soft_cap", 30.0), ("sinks", object())])
+@pytest.mark.parametrize("feature, value", [("alibi_slopes", [1.0]), ("attn_type", "encoder_only"),
+                                            ("kv_sharing_target_layer_name", "model.layers.0.self_attn.attn")])
 def test_model_features_are_refused(feature, value):
     from vllm.v1.attention.backend import AttentionType
 
     from vllm_relay.attention.common import check_layer
 
-    layer = {"alibi_slopes": None, "sliding_window": None, "logits_soft_cap": None,
-             "attn_type": AttentionType.DECODER, feature: value}
+    layer = {"alibi_slopes": None, "attn_type": AttentionType.DECODER, feature: value}
     with pytest.raises(NotImplementedError, match=r"The relay attention backend \(cpu\) does not support: "):
         check_layer("cpu", **layer)
     if feature == "alibi_slopes":
         with pytest.raises(NotImplementedError, match=re.escape(MODEL_FEATURES)):
             check_layer("cpu", **layer)
-
-
-@pytest.mark.parametrize("feature, value, name", [("logits_soft_cap", 30.0, "softcap"), ("sinks", object(), "sinks"),
-                                                 ("sliding_window", 64, "window")])
-def test_model_features_a_backend_computes_are_accepted(feature, value, name):
-    """Both backends compute soft-capping, sinks and sliding windows (`computes`); the same layer
-    without the feature named is refused."""
-    from vllm.v1.attention.backend import AttentionType
-
-    from vllm_relay.attention.common import check_layer
-
-    layer = {"alibi_slopes": None, "sliding_window": None, "logits_soft_cap": None,
-             "attn_type": AttentionType.DECODER, feature: value}
-    check_layer("cpu", computes=frozenset({name}), **layer)
-    with pytest.raises(NotImplementedError):
-        check_layer("cpu", computes=frozenset({"softcap", "sinks", "window"} - {name}), **layer)
+    check_layer("cpu", alibi_slopes=None, attn_type=AttentionType.DECODER)  # the same layer without it
 
 
 def test_a_client_relay_tag_is_dropped_with_a_warning(core, monkeypatch):

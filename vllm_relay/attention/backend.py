@@ -58,7 +58,7 @@ class RelayAttentionBackend(FlashAttentionBackend):
 
     @classmethod
     def supports_sliding_window(cls) -> bool:
-        return False  # served on the CPU (window layers read no level); not yet run on a GPU
+        return True  # window layers read no level (`RelayPlanner.levels`): FlashAttention's own call
 
     @classmethod
     def supports_mm_prefix(cls) -> bool:
@@ -205,11 +205,9 @@ class RelayAttentionImpl(FlashAttentionImpl):
     def __init__(self, num_heads, head_size, scale, num_kv_heads, alibi_slopes, sliding_window,
                  kv_cache_dtype, logits_soft_cap=None, attn_type=AttentionType.DECODER,
                  kv_sharing_target_layer_name=None, sinks=None) -> None:
-        check_layer("CUDA", alibi_slopes=alibi_slopes, sliding_window=sliding_window,
-                    logits_soft_cap=logits_soft_cap, attn_type=attn_type, sinks=sinks,
-                    kv_sharing_target_layer_name=kv_sharing_target_layer_name,
-                    computes=frozenset({"softcap", "sinks"}))
-        check_engine(ngram=True)
+        check_layer("CUDA", alibi_slopes=alibi_slopes, attn_type=attn_type,
+                    kv_sharing_target_layer_name=kv_sharing_target_layer_name)
+        check_engine()
         check_runner()
         super().__init__(num_heads, head_size, scale, num_kv_heads, alibi_slopes, sliding_window,
                          kv_cache_dtype, logits_soft_cap, attn_type, kv_sharing_target_layer_name,

@@ -35,23 +35,16 @@ def any_window(impls) -> bool:
     return any(getattr(impl, "sliding_window", None) not in (None, -1, (-1, -1)) for impl in impls)
 
 
-def check_layer(backend: str, *, alibi_slopes, sliding_window, logits_soft_cap, attn_type, sinks=None,
-                kv_sharing_target_layer_name=None, computes: frozenset = frozenset()) -> None:
-    """Reject, at start-up with a clear message, layer features relay does not compute exactly;
-    `computes` names those the backend does ("softcap", "sinks", "window")."""
+def check_layer(backend: str, *, alibi_slopes, attn_type, kv_sharing_target_layer_name=None) -> None:
+    """Reject, at start-up with a clear message, layer features relay does not compute exactly.
+    (Soft-capping, sinks and sliding windows both backends compute.)"""
     from vllm.v1.attention.backend import AttentionType
 
     unsupported = []
     if alibi_slopes is not None:
         unsupported.append("ALiBi")
-    if sliding_window is not None and "window" not in computes:
-        unsupported.append(f"sliding window ({sliding_window})")
-    if logits_soft_cap and "softcap" not in computes:
-        unsupported.append(f"logits soft-capping ({logits_soft_cap})")
     if attn_type != AttentionType.DECODER:
         unsupported.append(f"attention type {attn_type!r} (decoder self-attention only)")
-    if sinks is not None and "sinks" not in computes:
-        unsupported.append("attention sinks")
     if kv_sharing_target_layer_name is not None:
         unsupported.append("cross-layer KV sharing")
     if unsupported:
@@ -61,22 +54,20 @@ def check_layer(backend: str, *, alibi_slopes, sliding_window, logits_soft_cap, 
         )
 
 
-def check_engine(ngram: bool = False, mrope: bool = False) -> None:
+def check_engine() -> None:
     """Reject, at start-up, engine features relay does not compute exactly (model build time). The
     KV cache is the model's dtype or FP8 (which FP8 formats, the backend's `supports_kv_cache_dtype`
-    says). `ngram`: the backend serves n-gram speculative decoding (drafts from the token ids, no
-    drafter model); `mrope`: M-RoPE models (their text positions shifted in every section)."""
+    says); speculative decoding with n-gram drafts (from the token ids, no drafter model); plain and
+    M-RoPE positions (the latter shifted in every section)."""
     from vllm.config import get_current_vllm_config
 
     vllm_config = get_current_vllm_config()
     model_config = vllm_config.model_config
     unsupported = []
     spec = vllm_config.speculative_config
-    if spec is not None and not (ngram and spec.method == "ngram"):
-        unsupported.append("speculative decoding (its drafters do not shift system-prompt positions)"
-                           + ("; n-gram drafts are served" if ngram else ""))
-    if model_config.uses_mrope and not mrope:
-        unsupported.append("M-RoPE position encodings (served on the CPU; not yet run on a GPU)")
+    if spec is not None and spec.method != "ngram":
+        unsupported.append("speculative decoding (its drafters do not shift system-prompt positions); "
+                           "n-gram drafts are served")
     if getattr(model_config, "uses_xdrope_dim", 0):
         unsupported.append("XD-RoPE position encodings (plain and M-RoPE positions are shifted)")
     cache_dtype = vllm_config.cache_config.cache_dtype

@@ -136,11 +136,9 @@ class RelayCPUImpl(CPUAttentionBackendImpl):
     def __init__(self, num_heads, head_size, scale, num_kv_heads, alibi_slopes, sliding_window,
                  kv_cache_dtype, logits_soft_cap=None, attn_type=AttentionType.DECODER,
                  kv_sharing_target_layer_name=None, sinks=None) -> None:
-        check_layer("CPU", alibi_slopes=alibi_slopes, sliding_window=sliding_window,
-                    logits_soft_cap=logits_soft_cap, attn_type=attn_type, sinks=sinks,
-                    kv_sharing_target_layer_name=kv_sharing_target_layer_name,
-                    computes=frozenset({"softcap", "sinks", "window"}))
-        check_engine(ngram=True, mrope=True)
+        check_layer("CPU", alibi_slopes=alibi_slopes, attn_type=attn_type,
+                    kv_sharing_target_layer_name=kv_sharing_target_layer_name)
+        check_engine()
         super().__init__(num_heads, head_size, scale, num_kv_heads, alibi_slopes, sliding_window,
                          kv_cache_dtype, logits_soft_cap, attn_type, kv_sharing_target_layer_name, sinks)
 
