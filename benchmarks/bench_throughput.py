@@ -16,6 +16,9 @@ for B in 1..256. Each configuration runs in its own process (a fresh engine, its
   noprefix-relay  the same, with --attention-backend relay and nothing registered: what relay costs
             traffic it cannot help
   bench     `vllm bench throughput` itself, for the default configuration (cross-check of this driver)
+  sglang    SGLang's offline `Engine` on the same token ids (RadixAttention on, its default attention
+            backend and CUDA graphs, dummy weights), in the environment of `--sglang-env` (the
+            `env.sh` of benchmarks/gpu/sglang/install.sh), sampling as the others do
 
 `--repeat K` runs each workload K times on the same engine, the prefix cache reset before each
 repeat (the same prompts again would hit it; relay then fills its prompts again), the first run
@@ -93,8 +96,53 @@ def allocator_stats(_worker=None) -> dict:
     return {k: stats.get(k, 0) for k in ALLOCATOR_KEYS}
 
 
+def sglang_worker(args):
+    """The `sglang` configuration in this process (SGLang's environment); prints one JSON line.
+    The workloads are the same token ids (built with vLLM's `RandomDataset`, importable there: SGLang's
+    bundle runs over vLLM's site), sampled as `sampling_params` does; the radix cache is flushed
+    before each repeat."""
+    import sglang
+
+    names = args.workloads.split(",")
+    kw = dict(model_path=args.model, load_format="dummy", context_length=args.max_model_len,
+              random_seed=args.seed, tp_size=args.tensor_parallel_size, log_level="info",
+              sampling_backend="pytorch")  # (vLLM samples without FlashInfer here too: VLLM_USE_FLASHINFER_SAMPLER=0)
+    if args.gpu_memory_utilization:
+        kw["mem_fraction_static"] = args.gpu_memory_utilization
+    if args.max_num_seqs:
+        kw["max_running_requests"] = args.max_num_seqs
+    if args.sglang_args:
+        kw.update(json.loads(args.sglang_args))
+    engine = sglang.Engine(**kw)
+    result = {"config": args.worker, "engine_args": kw}
+    for name in names:
+        systems, prompts, out_lens = workload(args, name)
+        params = [{"max_new_tokens": n, "temperature": 1.0, "top_p": 1.0, "ignore_eos": True} for n in out_lens]
+        runs = []
+        for i in range(args.repeat):
+            if i and not engine.flush_cache().success:
+                raise RuntimeError("flush_cache() failed before a repeat run")
+            t0 = time.perf_counter()
+            outs = engine.generate(input_ids=prompts, sampling_params=params)
+            runs.append(time.perf_counter() - t0)
+        r = {"requests": len(prompts), "elapsed_s": runs[0], "requests_per_s": len(prompts) / runs[0],
+             "system_lens": [len(x) for x in systems], "prompt_tokens": sum(map(len, prompts)),
+             "output_tokens": sum(o["meta_info"]["completion_tokens"] for o in outs),
+             "cached_tokens": sum(o["meta_info"].get("cached_tokens", 0) for o in outs),
+             "runs_requests_per_s": [len(prompts) / x for x in runs]}
+        if r["output_tokens"] != sum(out_lens):
+            raise RuntimeError(f"SGLang generated {r['output_tokens']} tokens, not the {sum(out_lens)} asked for")
+        result[name] = r
+        print(f"  {args.worker} {name}: {', '.join(f'{x:.2f}' for x in r['runs_requests_per_s'])} requests/s; "
+              f"{r['cached_tokens']} of {r['prompt_tokens']} prompt tokens from the radix cache", flush=True)
+    engine.shutdown()
+    print("RESULT " + json.dumps(result), flush=True)
+
+
 def worker(args):
     """One configuration in this process; prints one JSON line."""
+    if args.worker == "sglang":
+        return sglang_worker(args)
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -176,6 +224,8 @@ def run_config(args, config):
                "--random-output-len", str(args.output_len), "--random-prefix-len", str(args.prefix_len),
                "--num-prompts", str(args.num_prompts), "--max-model-len", str(args.max_model_len),
                "--seed", str(args.seed), "--tensor-parallel-size", str(args.tensor_parallel_size)]
+    elif config == "sglang":  # in SGLang's environment (its PYTHONPATH in front of vLLM's site)
+        cmd = ["bash", "-c", f'. "{args.sglang_env}" && exec "$@"', "sglang", *worker_command(__file__, config)]
     else:
         cmd = worker_command(__file__, config)
     env = dict(os.environ, VLLM_ALLOW_INSECURE_SERIALIZATION="1")  # collective_rpc(allocator_stats)
@@ -186,8 +236,8 @@ def run_config(args, config):
     if result is not None:
         # The KV cache each engine got: a pinned system prompt and larger graphs leave fewer
         # tokens, and at 1000 requests both engines preempt and recompute.
-        kv = re.findall(r"GPU KV cache size: ([\d,]+) tokens", log)
-        result["kv_cache_tokens"] = [int(x.replace(",", "")) for x in kv]
+        kv = re.findall(r"GPU KV cache size: ([\d,]+) tokens|max_total_num_tokens=(\d+)", log)
+        result["kv_cache_tokens"] = [int((a or b).replace(",", "")) for a, b in kv]
         if args.iteration_details:
             result["iterations"] = iteration_summary(log)
         return result
@@ -259,6 +309,9 @@ def main():
     p.add_argument("--profile", help="DELAY,STEPS: vLLM's torch profiler over STEPS engine steps of the first "
                    "run, after DELAY steps; its kernel table lands in <out>.<config>.profile/profiler_out_0.txt "
                    "(that run's time includes the profiler's cost)")
+    p.add_argument("--sglang-env", default="/tmp/site-sglang/env.sh", help="the sglang configuration's "
+                   "environment (written by benchmarks/gpu/sglang/install.sh)")
+    p.add_argument("--sglang-args", help="more sglang.Engine arguments, as JSON (e.g. '{\"attention_backend\": \"fa3\"}')")
     p.add_argument("--out")
     p.add_argument("--worker")
     args = p.parse_args()
@@ -284,6 +337,8 @@ def main():
             got = {c: r[name]["requests_per_s"] for c, r in results.items() if name in r}
             if "relay" in got and "default" in got:
                 print(f"  relay / default = {got['relay'] / got['default']:.3f}x")
+            if "relay" in got and "sglang" in got:
+                print(f"  relay / SGLang = {got['relay'] / got['sglang']:.3f}x")
             if "relay" in got and "noprefix" in got:
                 print(f"  relay / no system prompt = {got['relay'] / got['noprefix']:.3f}")
             if "noprefix-relay" in got and "noprefix" in got:

@@ -26,6 +26,9 @@
 #             requests without a system prompt (bench_interleaved.py; two engine starts of about 1-2 min each,
 #             then 5 x 2 rounds of about 15-25 s: about 5-8 min), alone in its call:
 #             OUT=/tmp/out bash benchmarks/gpu/acceptance.sh plain   (plain.txt, plain_interleaved_HHMMSS.json)
+#   sglang    SGLang 0.5.23 (benchmarks/gpu/sglang/install.sh done: /tmp/site-sglang/env.sh) against relay, the l3
+#             workload: Llama-3-8B shape, P=2048, 1000 requests, SGLang's offline Engine with its radix cache
+#             on the same token ids (about 6-8 min)
 # Steps run one after another, each well under a call's 600 s. With --side-by-side the test steps (not
 # host and the throughput jobs, which need the machine alone) run at once, each engine on a share of the
 # GPU with a fixed KV cache (RELAY_TEST_GPU_SHARE, tests/e2e/engine_runner.py): vLLM's memory profiling
@@ -76,6 +79,9 @@ run() {  # one step into $out/STEP.txt; its exit status
         python3 benchmarks/bench_interleaved.py --model "$m" --configs default,noprefix-relay --rounds 5 \
             --gpu-memory-utilization 0.45 --num-prompts 1000 --max-model-len 4096 --prefix-len 0 \
             --out "$out/plain_interleaved_$stamp.json" ;;
+    sglang) m=$(python3 -m vllm_relay.testing build llama-3-8b-shape | tail -1 | cut -f2)
+        $bt --model "$m" --max-model-len 4096 --configs sglang,relay \
+            --out "$out/sglang_llama3_p2048_$stamp.json" ;;
     *) echo "unknown step $step" >&2; return 2 ;;
   esac > "$out/$step.txt" 2>&1
 }
@@ -83,7 +89,7 @@ run() {  # one step into $out/STEP.txt; its exit status
 if [ $side = 1 ]; then
   export RELAY_TEST_GPU_SHARE=${RELAY_TEST_GPU_SHARE:-0.08}
   for step in "$@"; do
-    case $step in host|l3|l2|latency|serve|plain) echo "$step needs the machine alone: not with --side-by-side" >&2; exit 2 ;; esac
+    case $step in host|l3|l2|latency|serve|plain|sglang) echo "$step needs the machine alone: not with --side-by-side" >&2; exit 2 ;; esac
   done
   pids=()
   for step in "$@"; do  # each its own vLLM cache: no two processes compile into one folder

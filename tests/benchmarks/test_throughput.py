@@ -14,3 +14,88 @@ def test_preemptions_sum_vllms_counter_over_engines():
                SimpleNamespace(name="vllm:num_preemptions", value=4)]
     assert bt.preemptions(SimpleNamespace(get_metrics=lambda: metrics)) == 7
     assert bt.preemptions(SimpleNamespace(get_metrics=lambda: [])) == 0
+
+
+class FakeSGLang:
+    """Stands in for SGLang's offline `Engine`: records its arguments, flushes and calls, and
+    generates each request's `max_new_tokens` (or one fewer, `short`)."""
+
+    def __init__(self, short=False):
+        self.short, self.calls, self.flushes, self.kwargs = short, [], 0, None
+
+    def Engine(self, **kwargs):
+        self.kwargs = kwargs
+        return self
+
+    def generate(self, input_ids, sampling_params):
+        self.calls.append((input_ids, sampling_params))
+        return [{"meta_info": {"completion_tokens": p["max_new_tokens"] - self.short, "cached_tokens": 7}}
+                for p in sampling_params]
+
+    def flush_cache(self):
+        self.flushes += 1
+        return SimpleNamespace(success=True)
+
+    def shutdown(self):
+        pass
+
+
+def sglang_args(tmp_path, **over):
+    (tmp_path / "config.json").write_text('{"vocab_size": 1000}')
+    args = dict(model=str(tmp_path), workloads="multi", multi_system_lens="40,80", num_prompts=5, seed=3,
+                max_model_len=512, tensor_parallel_size=1, gpu_memory_utilization=None, max_num_seqs=None,
+                sglang_args='{"attention_backend": "fa3"}', repeat=2, worker="sglang")
+    return SimpleNamespace(**{**args, **over})
+
+
+def test_the_sglang_worker_sends_the_workloads_token_ids_and_sampling(tmp_path, monkeypatch, capsys):
+    import json
+    import sys
+
+    from common import workload
+
+    fake = FakeSGLang()
+    monkeypatch.setitem(sys.modules, "sglang", fake)
+    args = sglang_args(tmp_path)
+    bt.worker(args)
+    _, prompts, out_lens = workload(args, "multi")
+    assert len(fake.calls) == 2 and fake.flushes == 1  # the radix cache flushed before the repeat
+    for ids, params in fake.calls:
+        assert ids == prompts
+        assert params == [{"max_new_tokens": n, "temperature": 1.0, "top_p": 1.0, "ignore_eos": True}
+                          for n in out_lens]
+    assert fake.kwargs["load_format"] == "dummy" and fake.kwargs["attention_backend"] == "fa3"
+    assert fake.kwargs["context_length"] == 512 and fake.kwargs["random_seed"] == 3
+    line = [x for x in capsys.readouterr().out.splitlines() if x.startswith("RESULT ")][0]
+    r = json.loads(line[7:])["multi"]
+    assert r["requests"] == 5 and r["output_tokens"] == sum(out_lens) and r["cached_tokens"] == 35
+    assert len(r["runs_requests_per_s"]) == 2
+
+
+def test_the_sglang_worker_refuses_a_run_short_of_its_tokens(tmp_path, monkeypatch):
+    import sys
+
+    import pytest
+
+    monkeypatch.setitem(sys.modules, "sglang", FakeSGLang(short=True))
+    with pytest.raises(RuntimeError, match="SGLang generated"):
+        bt.worker(sglang_args(tmp_path, repeat=1))
+
+
+def test_the_sglang_config_runs_in_sglangs_environment(tmp_path, monkeypatch):
+    import sys
+
+    env = tmp_path / "env.sh"
+    env.write_text("export SEEN_BY_WORKER=1\n")
+    got = {}
+
+    def run_logged(cmd, args, config, env=None):
+        got["cmd"] = cmd
+        return 'RESULT {"config": "sglang"}\nmax_total_num_tokens=1234\n', 0
+
+    monkeypatch.setattr(bt, "run_logged", run_logged)
+    monkeypatch.setattr(sys, "argv", ["bench_throughput.py", "--model", "m", "--configs", "sglang"])
+    args = SimpleNamespace(sglang_env=str(env), triton_cache=None, iteration_details=False)
+    result = bt.run_config(args, "sglang")
+    assert got["cmd"][:2] == ["bash", "-c"] and str(env) in got["cmd"][2]
+    assert got["cmd"][-2:] == ["--worker", "sglang"] and result["kv_cache_tokens"] == [1234]
