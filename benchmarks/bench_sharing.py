@@ -14,6 +14,8 @@ Configs (`--configs`, each in its own process: a fresh engine runs every point o
   relay          --attention-backend relay, nothing registered (tree: its system prompt registered)
   relay-sysonly  relay with auto_levels off (tree: the registered system prompt is the only level)
   ceiling        the same completions with the shared part cut from every prompt (BOS only)
+  sglang         SGLang's offline Engine (radix cache on) on the same ids, n samples as its `n`, in the
+                 environment of `--sglang-env` (benchmarks/gpu/sglang/install.sh)
 With `--repeat R` each point runs R times, each with fresh ids (the same for every config), and its row
 holds every run and their median time.
 The bound of a point: the ceiling's time plus, per decode step, one read of every shared level's KV
@@ -33,7 +35,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import model_config, profiler_config, result_line, run_logged, worker_command  # noqa: E402
+from common import (add_sglang_args, model_config, profiler_config, result_line, run_logged,  # noqa: E402
+                    sglang_command, sglang_engine, sglang_sampling, worker_command)
 
 
 def measure_card() -> dict:
@@ -108,39 +111,68 @@ def engine_kwargs(args, config, system):
     return kw
 
 
-def worker(args):
-    """One configuration in this process; prints one RESULT line."""
+def vllm_generate(args, system):
+    """vLLM's engine for this config: (generate(prompts, n, max_tokens) -> (completions, tokens), the LLM)."""
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
+    llm = LLM(**engine_kwargs(args, args.worker, system))
+
+    def generate(prompts, n, max_tokens):
+        params = SamplingParams(n=n, temperature=1.0, max_tokens=max_tokens, ignore_eos=True)
+        outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        return sum(len(o.outputs) for o in outs), sum(len(c.token_ids) for o in outs for c in o.outputs)
+
+    return generate, llm
+
+
+def sglang_generate(args):
+    """SGLang's engine (`common.sglang_engine`): generate(prompts, n, max_tokens) -> (completions, tokens)."""
+    engine, _ = sglang_engine(args, max_running_requests=args.max_num_seqs)
+
+    def generate(prompts, n, max_tokens):
+        outs = engine.generate(input_ids=prompts, sampling_params=sglang_sampling(max_tokens, n))
+        return len(outs), sum(o["meta_info"]["completion_tokens"] for o in outs)
+
+    return generate
+
+
+def worker(args):
+    """One configuration in this process; prints one RESULT line."""
     sh = shape(args.model)
     system = [1] + [random.Random(7).randrange(100, sh["vocab"]) for _ in range(args.tree_system - 1)]
-    llm = LLM(**engine_kwargs(args, args.worker, system))
-    llm.generate([TokensPrompt(prompt_token_ids=[1, 2, 3])], SamplingParams(max_tokens=8), use_tqdm=False)
+    llm = None
+    if args.worker == "sglang":
+        generate = sglang_generate(args)
+    else:
+        generate, llm = vllm_generate(args, system)
+    generate([[1, 2, 3]], 1, 8)  # warm-up
     rows = []
     for i, point in enumerate(points(args)):
         latency = point["workload"] == "latency"
         steps = args.latency_steps if latency else args.output_len
 
         def run(prompts, n, max_tokens):
-            params = SamplingParams(n=n, temperature=1.0, max_tokens=max_tokens, ignore_eos=True)
             t0 = time.perf_counter()
-            outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
-            return time.perf_counter() - t0, outs
+            completions, tokens = generate(prompts, n, max_tokens)
+            if completions != len(prompts) * n or tokens != completions * max_tokens:
+                raise RuntimeError(f"{args.worker}: {completions} completions, {tokens} tokens, not "
+                                   f"{len(prompts) * n} x {max_tokens}")
+            return time.perf_counter() - t0, completions, tokens
 
         runs = []
         for r in range(args.repeat):
             rng = random.Random(1000 + i + 100003 * r)  # the same ids for every config, fresh ones each run
             prompts, n, _ = requests(point, args.worker, rng, sh["vocab"], system)
-            if args.profile and i == 0 and r == 0:  # (the profiler slows the steps it records: this run too)
+            profiling = args.profile and llm is not None and i == 0 and r == 0
+            if profiling:  # (the profiler slows the steps it records: this run too)
                 llm.start_profile()
-            elapsed, outs = run(prompts, n, 1 + steps if latency else steps)
-            if args.profile and i == 0 and r == 0:
+            elapsed, completions, tokens = run(prompts, n, 1 + steps if latency else steps)
+            if profiling:
                 llm.stop_profile()
-            got = {"elapsed_s": elapsed, "completions": sum(len(o.outputs) for o in outs),
-                   "tokens": sum(len(c.token_ids) for o in outs for c in o.outputs)}
+            got = {"elapsed_s": elapsed, "completions": completions, "tokens": tokens}
             if latency:  # minus the same prefill and first token, of another context of the same length
-                first, _ = run(requests(point, args.worker, rng, sh["vocab"], system)[0], n, 1)
+                first, _, _ = run(requests(point, args.worker, rng, sh["vocab"], system)[0], n, 1)
                 got["ms_per_step"] = (elapsed - first) / steps * 1e3
             runs.append(got)
         row = summarize(point, runs)
@@ -170,7 +202,8 @@ def summarize(point: dict, runs: list[dict]) -> dict:
 
 
 def run_config(args, config) -> dict:
-    log, rc = run_logged(worker_command(__file__, config), args, config)
+    cmd = sglang_command(__file__, args) if config == "sglang" else worker_command(__file__, config)
+    log, rc = run_logged(cmd, args, config)
     result = result_line(log)
     if result is not None:
         return result
@@ -209,14 +242,14 @@ def markdown(results, card, sh, args) -> str:
     configs = [c for c in results if c != "card"]
     lines = [f"{card['device']}: copy {card['copy_bytes_per_s'] / 1e12:.2f} TB/s, bf16 matmul "
              f"{card['bf16_flop_per_s'] / 1e12:.0f} TFLOP/s. Output tokens/s (latency: ms per decode step).", "",
-             "| point | " + " | ".join(configs) + " | bound | relay / bound | relay / default "
-             "| relay / bound at most |", "|---|" + "---|" * (len(configs) + 4)]
+             "| point | " + " | ".join(configs) + " | bound | relay / bound | relay / default | relay / SGLang "
+             "| relay / bound at most |", "|---|" + "---|" * (len(configs) + 5)]
     for i, point in enumerate(points(args)):
         get = {c: results[c]["rows"][i] for c in configs}
         label = ", ".join(f"{k}={v}" for k, v in point.items())
         if point["workload"] == "latency":
             cells = [f"{get[c]['ms_per_step']:.2f}" for c in configs]
-            lines.append(f"| {label} | " + " | ".join(cells) + " | | | | |")
+            lines.append(f"| {label} | " + " | ".join(cells) + " | | | | | |")
             continue
         cells = [f"{get[c]['tokens_per_s']:.0f}" for c in configs]
         ratio = lambda a, b: f"{get[a]['tokens_per_s'] / get[b]['tokens_per_s']:.2f}" if a in get and b in get else ""  # noqa: E731
@@ -228,7 +261,7 @@ def markdown(results, card, sh, args) -> str:
             floor = prefill_floor_s(point, card, sh)
             most = "" if floor is None else f"{b_s / (b_s + floor):.2f}"
         lines.append(f"| {label} | " + " | ".join(cells) + f" | {bound} | {ratio('relay', 'default')} | "
-                     f"{most} |")
+                     f"{ratio('relay', 'sglang')} | {most} |")
     foot = ("\nRelay / bound at most: the bound over the bound plus the least time one prefill of the shared prompt "
             "takes (its FLOPs at the matmul rate above), which the bound leaves out and no engine can skip.\n")
     return "\n".join(lines) + "\n" + (foot if any(w == "samples" for w in args.workloads.split(",")) else "")
@@ -322,6 +355,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", help="DELAY,STEPS: vLLM's torch profiler over STEPS engine steps of the first "
                    "point, after DELAY (0,0: its whole first run); its kernel table lands in "
                    "<out>.<config>.profile/profiler_out_0.txt")
+    p.add_argument("--seed", type=int, default=0, help="SGLang's random seed (vLLM's engines take 0)")
+    add_sglang_args(p)
     p.add_argument("--out")
     p.add_argument("--worker")
     return p

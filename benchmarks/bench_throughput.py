@@ -39,8 +39,9 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (add_workload_args, engine_kwargs, model_config, result_line, run_logged,  # noqa: E402
-                    sampling_params, strip_system, worker_command, workload)
+from common import (add_sglang_args, add_workload_args, engine_kwargs, model_config, result_line,  # noqa: E402
+                    run_logged, sampling_params, sglang_command, sglang_engine, sglang_sampling, strip_system,
+                    worker_command, workload)
 
 
 def decode_latency(llm, system_ids, args):
@@ -101,23 +102,17 @@ def sglang_worker(args):
     The workloads are the same token ids (built with vLLM's `RandomDataset`, importable there: SGLang's
     bundle runs over vLLM's site), sampled as `sampling_params` does; the radix cache is flushed
     before each repeat."""
-    import sglang
-
     names = args.workloads.split(",")
-    kw = dict(model_path=args.model, load_format="dummy", context_length=args.max_model_len,
-              random_seed=args.seed, tp_size=args.tensor_parallel_size, log_level="info",
-              sampling_backend="pytorch")  # (vLLM samples without FlashInfer here too: VLLM_USE_FLASHINFER_SAMPLER=0)
+    kw = {}
     if args.gpu_memory_utilization:
         kw["mem_fraction_static"] = args.gpu_memory_utilization
     if args.max_num_seqs:
         kw["max_running_requests"] = args.max_num_seqs
-    if args.sglang_args:
-        kw.update(json.loads(args.sglang_args))
-    engine = sglang.Engine(**kw)
+    engine, kw = sglang_engine(args, **kw)
     result = {"config": args.worker, "engine_args": kw}
     for name in names:
         systems, prompts, out_lens = workload(args, name)
-        params = [{"max_new_tokens": n, "temperature": 1.0, "top_p": 1.0, "ignore_eos": True} for n in out_lens]
+        params = [sglang_sampling(n) for n in out_lens]
         runs = []
         for i in range(args.repeat):
             if i and not engine.flush_cache().success:
@@ -225,7 +220,7 @@ def run_config(args, config):
                "--num-prompts", str(args.num_prompts), "--max-model-len", str(args.max_model_len),
                "--seed", str(args.seed), "--tensor-parallel-size", str(args.tensor_parallel_size)]
     elif config == "sglang":  # in SGLang's environment (its PYTHONPATH in front of vLLM's site)
-        cmd = ["bash", "-c", f'. "{args.sglang_env}" && exec "$@"', "sglang", *worker_command(__file__, config)]
+        cmd = sglang_command(__file__, args)
     else:
         cmd = worker_command(__file__, config)
     env = dict(os.environ, VLLM_ALLOW_INSECURE_SERIALIZATION="1")  # collective_rpc(allocator_stats)
@@ -309,9 +304,7 @@ def main():
     p.add_argument("--profile", help="DELAY,STEPS: vLLM's torch profiler over STEPS engine steps of the first "
                    "run, after DELAY steps; its kernel table lands in <out>.<config>.profile/profiler_out_0.txt "
                    "(that run's time includes the profiler's cost)")
-    p.add_argument("--sglang-env", default="/tmp/site-sglang/env.sh", help="the sglang configuration's "
-                   "environment (written by benchmarks/gpu/sglang/install.sh)")
-    p.add_argument("--sglang-args", help="more sglang.Engine arguments, as JSON (e.g. '{\"attention_backend\": \"fa3\"}')")
+    add_sglang_args(p)
     p.add_argument("--out")
     p.add_argument("--worker")
     args = p.parse_args()

@@ -62,6 +62,36 @@ def worker_command(script: str, config: str) -> list[str]:
     return [sys.executable, script, *sys.argv[1:], "--worker", config]
 
 
+def add_sglang_args(p) -> None:
+    """Where the `sglang` configuration finds SGLang, and more of its engine arguments."""
+    p.add_argument("--sglang-env", default="/tmp/site-sglang/env.sh", help="the sglang configuration's "
+                   "environment (written by benchmarks/gpu/sglang/install.sh)")
+    p.add_argument("--sglang-args", help="more sglang.Engine arguments, as JSON (e.g. '{\"attention_backend\": \"fa3\"}')")
+
+
+def sglang_command(script: str, args) -> list[str]:
+    """The `sglang` configuration's worker, in SGLang's environment (its PYTHONPATH in front of vLLM's site)."""
+    return ["bash", "-c", f'. "{args.sglang_env}" && exec "$@"', "sglang", *worker_command(script, "sglang")]
+
+
+def sglang_engine(args, **kw):
+    """SGLang's offline `Engine` on the model with dummy weights, its radix cache on, its default attention
+    backend and CUDA graphs, PyTorch sampling (vLLM samples without FlashInfer on the GPU host too:
+    VLLM_USE_FLASHINFER_SAMPLER=0); `kw` and `--sglang-args` on top. Returns (engine, its arguments)."""
+    import sglang
+
+    kw = dict(model_path=args.model, load_format="dummy", context_length=args.max_model_len, random_seed=args.seed,
+              tp_size=getattr(args, "tensor_parallel_size", 1), log_level="info", sampling_backend="pytorch", **kw)
+    if getattr(args, "sglang_args", None):
+        kw.update(json.loads(args.sglang_args))
+    return sglang.Engine(**kw), kw
+
+
+def sglang_sampling(max_tokens: int, n: int = 1) -> dict:
+    """The throughput workloads' sampling (`sampling_params`), in SGLang's terms."""
+    return {"n": n, "max_new_tokens": max_tokens, "temperature": 1.0, "top_p": 1.0, "ignore_eos": True}
+
+
 def add_workload_args(p) -> None:
     """The model and the throughput workloads' sizes (what `workload` and `engine_kwargs` read)."""
     p.add_argument("--model", required=True)

@@ -91,17 +91,17 @@ def test_markdown_table_has_a_row_per_point_with_the_ratios():
         return {"rows": [{**p, "elapsed_s": 1000 / speed, "tokens_per_s": speed, "ms_per_step": 100 / speed}
                          for p in points]}
 
-    results = {"ceiling": rows(1000.0), "relay": rows(800.0), "default": rows(100.0)}
+    results = {"ceiling": rows(1000.0), "relay": rows(800.0), "default": rows(100.0), "sglang": rows(400.0)}
     md = bench.markdown(results, card, SHAPE, args)
     lines = [line for line in md.splitlines() if line.startswith("| workload=")]
     assert len(lines) == len(points)
-    # relay / default, and the most relay / bound can be (samples only)
-    assert lines[0].split(" | ")[-2] == "8.00" and lines[0].endswith(" |")
+    # relay / default, relay / SGLang, and the most relay / bound can be (samples only)
+    assert lines[0].split(" | ")[-3:-1] == ["8.00", "2.00"] and lines[0].endswith(" |")
     assert all(float(line.split(" | ")[-1].rstrip(" |")) < 1 for line in lines if "samples" in line)
-    assert lines[-1].endswith("| 1.00 | | | | |")  # latency rows: no bound, no ratios
+    assert lines[-1].endswith("| 0.25 | | | | | |")  # latency rows: no bound, no ratios
     assert "no engine can skip" in md
     assert all(line.count("|") == lines[0].count("|") for line in lines)
-    assert lines[-1].split(" | ")[1:4] == ["0.10", "0.12", "1.00"]  # latency: ms per step
+    assert lines[-1].split(" | ")[1:5] == ["0.10", "0.12", "1.00", "0.25"]  # latency: ms per step
 
 
 def test_plot_draws_a_panel_per_prompt_length_context_and_tree(tmp_path):
@@ -138,3 +138,39 @@ def test_a_profiled_run_keeps_the_kernel_table_beside_out_and_drops_the_traces(t
     (folder / "profiler_out_0.txt").write_text("table")
     common.drop_traces(args, "relay")
     assert [p.name for p in folder.iterdir()] == ["profiler_out_0.txt"]
+
+
+def test_the_sglang_config_sends_each_point_with_its_n_and_refuses_short_runs(tmp_path, monkeypatch, capsys):
+    """SGLang's engine gets a point's prompts with `n` in its sampling (its parallel sampling); a run that
+    returns fewer completions or tokens than asked is refused, not measured."""
+    import sys
+
+    import pytest
+
+    calls = []
+
+    class Engine:
+        def __init__(self, **kw):
+            self.kw = kw
+
+        def generate(self, input_ids, sampling_params):
+            calls.append((input_ids, sampling_params))
+            n, k = sampling_params["n"], sampling_params["max_new_tokens"]
+            return [{"meta_info": {"completion_tokens": k - short}} for _ in range(len(input_ids) * n)]
+
+    monkeypatch.setitem(sys.modules, "sglang", SimpleNamespace(Engine=Engine))
+    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 1000, "hidden_size": 64, "num_attention_heads": 4,
+                                                      "num_key_value_heads": 2, "num_hidden_layers": 2,
+                                                      "intermediate_size": 128}))
+    args = bench.parser().parse_args(["--model", str(tmp_path), "--workloads", "samples", "--prefix-lens", "64",
+                                      "--ns", "4", "--output-len", "8", "--max-num-seqs", "16", "--worker", "sglang"])
+    short = 0
+    bench.worker(args)
+    assert calls[0] == ([[1, 2, 3]], {"n": 1, "max_new_tokens": 8, "temperature": 1.0, "top_p": 1.0,
+                                      "ignore_eos": True})  # the warm-up
+    prompts, params = calls[1]
+    assert len(prompts) == 1 and len(prompts[0]) == 64 and params["n"] == 4 and params["max_new_tokens"] == 8
+    assert '"completions": 4' in capsys.readouterr().out
+    short = 1
+    with pytest.raises(RuntimeError, match="sglang: 4 completions, 28 tokens, not 4 x 8"):
+        bench.worker(args)

@@ -62,7 +62,7 @@ def test_the_sglang_worker_sends_the_workloads_token_ids_and_sampling(tmp_path, 
     assert len(fake.calls) == 2 and fake.flushes == 1  # the radix cache flushed before the repeat
     for ids, params in fake.calls:
         assert ids == prompts
-        assert params == [{"max_new_tokens": n, "temperature": 1.0, "top_p": 1.0, "ignore_eos": True}
+        assert params == [{"n": 1, "max_new_tokens": n, "temperature": 1.0, "top_p": 1.0, "ignore_eos": True}
                           for n in out_lens]
     assert fake.kwargs["load_format"] == "dummy" and fake.kwargs["attention_backend"] == "fa3"
     assert fake.kwargs["context_length"] == 512 and fake.kwargs["random_seed"] == 3
