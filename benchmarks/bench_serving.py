@@ -12,6 +12,10 @@ end-to-end latency, p50 and p99, and the achieved request throughput.
   relay        --attention-backend relay with the two system prompts registered
   relay-plain  --attention-backend relay with nothing registered (with --plain-fraction 1: traffic
                sharing nothing)
+  sglang       SGLang's OpenAI server (`python -m sglang.launch_server`: radix cache on, its default
+               attention backend and CUDA graphs, PyTorch sampling, dummy weights) in the environment of
+               `--sglang-env` (benchmarks/gpu/sglang/install.sh); `--sglang-server-args` adds to it. Its
+               server means are not read (vLLM's metrics only).
 
 Per rate also the server's own means of vLLM's request phases (`server_mean_ms`: TTFT from the front
 end's arrival, the queue in the engine core, prefill from scheduled to the first token, decode), from
@@ -57,7 +61,10 @@ def parse_args():
     p.add_argument("--output-len", type=int, default=200)
     p.add_argument("--max-model-len", type=int, default=4096)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--server-args", default="", help="extra server arguments")
+    p.add_argument("--server-args", default="", help="extra vLLM server arguments")
+    p.add_argument("--sglang-env", default="/tmp/site-sglang/env.sh", help="the sglang configuration's "
+                   "environment (written by benchmarks/gpu/sglang/install.sh)")
+    p.add_argument("--sglang-server-args", default="", help="extra SGLang server arguments")
     p.add_argument("--startup-timeout", type=float, default=900)
     p.add_argument("--rounds", type=int, default=1,
                    help="above 1: all servers up at once, every rate on each in turn, R times (A B, B A...)")
@@ -88,7 +95,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-CONFIGS = ("default", "relay", "relay-plain")
+CONFIGS = ("default", "relay", "relay-plain", "sglang")
 
 
 def check_config(config: str) -> None:
@@ -107,6 +114,13 @@ def gpu_share(args, n_servers: int) -> str | None:
 def server_command(args, config, systems, port, gpu: bool, share: str | None = None) -> list[str]:
     """The server's command line for one configuration (`share`: its --gpu-memory-utilization)."""
     check_config(config)
+    if config == "sglang":
+        cmd = ["bash", "-c", f'. "{args.sglang_env}" && exec "$@"', "sglang", sys.executable, "-m",
+               "sglang.launch_server", "--model-path", args.model, "--host", "127.0.0.1", "--port", str(port),
+               "--served-model-name", "m", "--context-length", str(args.max_model_len), "--random-seed",
+               str(args.seed), "--load-format", "dummy", "--sampling-backend", "pytorch",
+               *args.sglang_server_args.split()]
+        return cmd + (["--mem-fraction-static", share] if share is not None else [])
     entry = ["-m", "vllm.entrypoints.cli.main", "serve", args.model] if gpu else \
             ["-m", "vllm.entrypoints.openai.api_server", "--model", args.model]
     cmd = [sys.executable, *entry, "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "m",

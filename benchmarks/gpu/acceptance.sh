@@ -31,6 +31,7 @@
 #             on the same token ids (about 6-8 min)
 #   sglang-samples  n samples of one prompt (P = 4096 and 16000, n = 64 and 256, 128 tokens each), Llama-2-7B
 #             shape: the ceiling, relay and SGLang (bench_sharing.py; about 8-10 min)
+#   sglang-serve  chat through SGLang's OpenAI server and relay's, as `serve` (about 7 min)
 # Steps run one after another, each well under a call's 600 s. With --side-by-side the test steps (not
 # host and the throughput jobs, which need the machine alone) run at once, each engine on a share of the
 # GPU with a fixed KV cache (RELAY_TEST_GPU_SHARE, tests/e2e/engine_runner.py): vLLM's memory profiling
@@ -87,6 +88,9 @@ run() {  # one step into $out/STEP.txt; its exit status
     sglang-samples) m=$(python3 -m vllm_relay.testing build llama-2-7b-shape | tail -1 | cut -f2)
         python3 benchmarks/bench_sharing.py --model "$m" --workloads samples --prefix-lens 4096,16000 \
             --ns 64,256 --configs ceiling,relay,sglang --out "$out/sglang_samples_llama2_$stamp.json" ;;
+    sglang-serve) m=$(python3 -m vllm_relay.testing build llama-3-8b-shape | tail -1 | cut -f2)
+        python3 benchmarks/bench_serving.py --model "$m" --rates 1,4,8 --duration 20 --configs sglang,relay \
+            --out "$out/sglang_serving_llama3_$stamp.json" ;;
     *) echo "unknown step $step" >&2; return 2 ;;
   esac > "$out/$step.txt" 2>&1
 }
@@ -94,7 +98,7 @@ run() {  # one step into $out/STEP.txt; its exit status
 if [ $side = 1 ]; then
   export RELAY_TEST_GPU_SHARE=${RELAY_TEST_GPU_SHARE:-0.08}
   for step in "$@"; do
-    case $step in host|l3|l2|latency|serve|plain|sglang|sglang-samples) echo "$step needs the machine alone: not with --side-by-side" >&2; exit 2 ;; esac
+    case $step in host|l3|l2|latency|serve|plain|sglang|sglang-samples|sglang-serve) echo "$step needs the machine alone: not with --side-by-side" >&2; exit 2 ;; esac
   done
   pids=()
   for step in "$@"; do  # each its own vLLM cache: no two processes compile into one folder

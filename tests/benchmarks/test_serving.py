@@ -36,6 +36,27 @@ def test_relay_registers_the_system_prompts_and_relay_plain_registers_nothing():
     assert default[-2:] == ["--foo", "1"]
 
 
+def test_sglang_serves_the_same_model_in_its_environment_without_vllms_arguments(tmp_path):
+    """SGLang's server: its own launcher in the environment of --sglang-env, the model with dummy weights,
+    the same context length, seed and served name, its own extra arguments (not --server-args, vLLM's),
+    and the GPU share as SGLang's --mem-fraction-static."""
+    import subprocess
+
+    env = tmp_path / "env.sh"
+    env.write_text("export SGLANG_SEEN=yes\n")
+    a = args("--sglang-env", str(env), "--sglang-server-args", "--attention-backend fa3", "--seed", "5")
+    cmd = bench.server_command(a, "sglang", [[1, 2]], 8100, gpu=True, share="0.44")
+    launcher = cmd[cmd.index("sglang.launch_server") - 2:]
+    assert launcher[:3] == [sys.executable, "-m", "sglang.launch_server"] and value(cmd, "--model-path") == "/m"
+    assert value(cmd, "--load-format") == "dummy" and value(cmd, "--port") == "8100"
+    assert value(cmd, "--context-length") == "4096" and value(cmd, "--random-seed") == "5"
+    assert value(cmd, "--served-model-name") == "m" and value(cmd, "--attention-backend") == "fa3"
+    assert value(cmd, "--mem-fraction-static") == "0.44" and "--foo" not in cmd
+    # The wrapper sources the environment, then runs the launcher's arguments as given.
+    probe = cmd[:4] + ["bash", "-c", 'echo "$SGLANG_SEEN" "$@"', "x", "--port", "8100"]
+    assert subprocess.run(probe, capture_output=True, text=True).stdout.split() == ["yes", "--port", "8100"]
+
+
 def test_an_unknown_config_is_refused_by_name():
     with pytest.raises(ValueError, match="unknown config 'relay_plain'"):
         bench.server_command(args(), "relay_plain", [[1]], 0, gpu=False)
