@@ -45,7 +45,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import model_config  # noqa: E402
+from common import in_sglang_env, model_config  # noqa: E402
 
 
 def parse_args():
@@ -115,12 +115,12 @@ def server_command(args, config, systems, port, gpu: bool, share: str | None = N
     """The server's command line for one configuration (`share`: its --gpu-memory-utilization)."""
     check_config(config)
     if config == "sglang":
-        cmd = ["bash", "-c", f'. "{args.sglang_env}" && exec "$@"', "sglang", sys.executable, "-m",
-               "sglang.launch_server", "--model-path", args.model, "--host", "127.0.0.1", "--port", str(port),
-               "--served-model-name", "m", "--context-length", str(args.max_model_len), "--random-seed",
-               str(args.seed), "--load-format", "dummy", "--sampling-backend", "pytorch",
+        cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", args.model,
+               "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "m",
+               "--context-length", str(args.max_model_len), "--random-seed", str(args.seed),
+               "--load-format", "dummy", "--sampling-backend", "pytorch",
                *args.sglang_server_args.split()]
-        return cmd + (["--mem-fraction-static", share] if share is not None else [])
+        return in_sglang_env(args, cmd + (["--mem-fraction-static", share] if share is not None else []))
     entry = ["-m", "vllm.entrypoints.cli.main", "serve", args.model] if gpu else \
             ["-m", "vllm.entrypoints.openai.api_server", "--model", args.model]
     cmd = [sys.executable, *entry, "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "m",

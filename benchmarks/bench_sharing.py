@@ -242,8 +242,8 @@ def markdown(results, card, sh, args) -> str:
     configs = [c for c in results if c != "card"]
     lines = [f"{card['device']}: copy {card['copy_bytes_per_s'] / 1e12:.2f} TB/s, bf16 matmul "
              f"{card['bf16_flop_per_s'] / 1e12:.0f} TFLOP/s. Output tokens/s (latency: ms per decode step).", "",
-             "| point | " + " | ".join(configs) + " | bound | relay / bound | relay / default | relay / SGLang "
-             "| relay / bound at most |", "|---|" + "---|" * (len(configs) + 5)]
+             "| point | " + " | ".join(configs) + " | bound | relay / bound | relay / default "
+             "| relay / SGLang | relay / bound at most |", "|---|" + "---|" * (len(configs) + 5)]
     for i, point in enumerate(points(args)):
         get = {c: results[c]["rows"][i] for c in configs}
         label = ", ".join(f"{k}={v}" for k, v in point.items())

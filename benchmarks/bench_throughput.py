@@ -39,9 +39,9 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (add_sglang_args, add_workload_args, engine_kwargs, model_config, result_line,  # noqa: E402
-                    run_logged, sampling_params, sglang_command, sglang_engine, sglang_sampling, strip_system,
-                    worker_command, workload)
+from common import (add_sglang_args, add_workload_args, engine_kwargs, model_config,  # noqa: E402
+                    result_line, run_logged, sampling_params, sglang_command, sglang_engine, sglang_sampling,
+                    strip_system, worker_command, workload)
 
 
 def decode_latency(llm, system_ids, args):
@@ -126,10 +126,12 @@ def sglang_worker(args):
              "cached_tokens": sum(o["meta_info"].get("cached_tokens", 0) for o in outs),
              "runs_requests_per_s": [len(prompts) / x for x in runs]}
         if r["output_tokens"] != sum(out_lens):
-            raise RuntimeError(f"SGLang generated {r['output_tokens']} tokens, not the {sum(out_lens)} asked for")
+            raise RuntimeError(f"SGLang generated {r['output_tokens']} tokens, not the {sum(out_lens)} "
+                               "asked for")
         result[name] = r
-        print(f"  {args.worker} {name}: {', '.join(f'{x:.2f}' for x in r['runs_requests_per_s'])} requests/s; "
-              f"{r['cached_tokens']} of {r['prompt_tokens']} prompt tokens from the radix cache", flush=True)
+        rates = ", ".join(f"{x:.2f}" for x in r["runs_requests_per_s"])
+        print(f"  {args.worker} {name}: {rates} requests/s; {r['cached_tokens']} of {r['prompt_tokens']} "
+              "prompt tokens from the radix cache", flush=True)
     engine.shutdown()
     print("RESULT " + json.dumps(result), flush=True)
 

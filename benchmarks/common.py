@@ -66,12 +66,18 @@ def add_sglang_args(p) -> None:
     """Where the `sglang` configuration finds SGLang, and more of its engine arguments."""
     p.add_argument("--sglang-env", default="/tmp/site-sglang/env.sh", help="the sglang configuration's "
                    "environment (written by benchmarks/gpu/sglang/install.sh)")
-    p.add_argument("--sglang-args", help="more sglang.Engine arguments, as JSON (e.g. '{\"attention_backend\": \"fa3\"}')")
+    p.add_argument("--sglang-args", help="more sglang.Engine arguments, as JSON "
+                   "(e.g. '{\"attention_backend\": \"fa3\"}')")
+
+
+def in_sglang_env(args, cmd: list[str]) -> list[str]:
+    """`cmd` run in SGLang's environment (`--sglang-env`: its PYTHONPATH in front of vLLM's site)."""
+    return ["bash", "-c", f'. "{args.sglang_env}" && exec "$@"', "sglang", *cmd]
 
 
 def sglang_command(script: str, args) -> list[str]:
-    """The `sglang` configuration's worker, in SGLang's environment (its PYTHONPATH in front of vLLM's site)."""
-    return ["bash", "-c", f'. "{args.sglang_env}" && exec "$@"', "sglang", *worker_command(script, "sglang")]
+    """The `sglang` configuration's worker, in SGLang's environment."""
+    return in_sglang_env(args, worker_command(script, "sglang"))
 
 
 def sglang_engine(args, **kw):
@@ -80,8 +86,9 @@ def sglang_engine(args, **kw):
     VLLM_USE_FLASHINFER_SAMPLER=0); `kw` and `--sglang-args` on top. Returns (engine, its arguments)."""
     import sglang
 
-    kw = dict(model_path=args.model, load_format="dummy", context_length=args.max_model_len, random_seed=args.seed,
-              tp_size=getattr(args, "tensor_parallel_size", 1), log_level="info", sampling_backend="pytorch", **kw)
+    kw = dict(model_path=args.model, load_format="dummy", context_length=args.max_model_len,
+              random_seed=args.seed, tp_size=getattr(args, "tensor_parallel_size", 1), log_level="info",
+              sampling_backend="pytorch", **kw)
     if getattr(args, "sglang_args", None):
         kw.update(json.loads(args.sglang_args))
     return sglang.Engine(**kw), kw

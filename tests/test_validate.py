@@ -260,7 +260,7 @@ def test_sleep_mode_is_accepted():
 
 
 @pytest.mark.parametrize("feature, value", [("alibi_slopes", [1.0]), ("attn_type", "encoder_only"),
-                                            ("kv_sharing_target_layer_name", "model.layers.0.self_attn.attn")])
+                                            ("kv_sharing_target_layer_name", "model.layers.0.attn")])
 def test_model_features_are_refused(feature, value):
     from vllm.v1.attention.backend import AttentionType
 

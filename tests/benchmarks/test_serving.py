@@ -47,7 +47,8 @@ def test_sglang_serves_the_same_model_in_its_environment_without_vllms_arguments
     a = args("--sglang-env", str(env), "--sglang-server-args", "--attention-backend fa3", "--seed", "5")
     cmd = bench.server_command(a, "sglang", [[1, 2]], 8100, gpu=True, share="0.44")
     launcher = cmd[cmd.index("sglang.launch_server") - 2:]
-    assert launcher[:3] == [sys.executable, "-m", "sglang.launch_server"] and value(cmd, "--model-path") == "/m"
+    assert launcher[:3] == [sys.executable, "-m", "sglang.launch_server"]
+    assert value(cmd, "--model-path") == "/m"
     assert value(cmd, "--load-format") == "dummy" and value(cmd, "--port") == "8100"
     assert value(cmd, "--context-length") == "4096" and value(cmd, "--random-seed") == "5"
     assert value(cmd, "--served-model-name") == "m" and value(cmd, "--attention-backend") == "fa3"

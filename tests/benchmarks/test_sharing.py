@@ -159,11 +159,12 @@ def test_the_sglang_config_sends_each_point_with_its_n_and_refuses_short_runs(tm
             return [{"meta_info": {"completion_tokens": k - short}} for _ in range(len(input_ids) * n)]
 
     monkeypatch.setitem(sys.modules, "sglang", SimpleNamespace(Engine=Engine))
-    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 1000, "hidden_size": 64, "num_attention_heads": 4,
-                                                      "num_key_value_heads": 2, "num_hidden_layers": 2,
-                                                      "intermediate_size": 128}))
-    args = bench.parser().parse_args(["--model", str(tmp_path), "--workloads", "samples", "--prefix-lens", "64",
-                                      "--ns", "4", "--output-len", "8", "--max-num-seqs", "16", "--worker", "sglang"])
+    config = {"vocab_size": 1000, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "num_hidden_layers": 2, "intermediate_size": 128}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    args = bench.parser().parse_args(["--model", str(tmp_path), "--workloads", "samples",
+                                      "--prefix-lens", "64", "--ns", "4", "--output-len", "8",
+                                      "--max-num-seqs", "16", "--worker", "sglang"])
     short = 0
     bench.worker(args)
     assert calls[0] == ([[1, 2, 3]], {"n": 1, "max_new_tokens": 8, "temperature": 1.0, "top_p": 1.0,

@@ -161,8 +161,8 @@ def run_with_feature(label: str, name: str, extra: dict, seed: int, max_tokens: 
 @pytest.mark.parametrize("feature", list(FEATURES))
 def test_features_on_cuda_against_flash(feature, tmp_path):
     """Soft-capping, sinks, an FP8 KV cache, sliding windows (in every other layer: those read no
-    level) and M-RoPE (text prompts): relay within the rule above against FLASH_ATTN with the feature on, with full CUDA graphs
-    and eagerly."""
+    level) and M-RoPE (text prompts): relay within the rule above against FLASH_ATTN with the feature
+    on, with full CUDA graphs and eagerly."""
     name, extra = FEATURES[feature]
     stats = run_with_feature(feature, name, extra, 3, 16, tmp_path)["relay"]["worker_stats"]
     assert stats["level_graph_steps"] > 0 and stats["shared_tokens"] > 0, stats
