@@ -36,6 +36,7 @@ import json
 import os
 import re
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -110,8 +111,10 @@ def sglang_worker(args):
         kw["max_running_requests"] = args.max_num_seqs
     engine, kw = sglang_engine(args, **kw)
     result = {"config": args.worker, "engine_args": kw}
+    with open(args.requests_file) as f:
+        loads = json.load(f)
     for name in names:
-        systems, prompts, out_lens = workload(args, name)
+        systems, prompts, out_lens = loads[name]
         params = [sglang_sampling(n) for n in out_lens]
         runs = []
         for i in range(args.repeat):
@@ -221,14 +224,22 @@ def run_config(args, config):
                "--random-output-len", str(args.output_len), "--random-prefix-len", str(args.prefix_len),
                "--num-prompts", str(args.num_prompts), "--max-model-len", str(args.max_model_len),
                "--seed", str(args.seed), "--tensor-parallel-size", str(args.tensor_parallel_size)]
-    elif config == "sglang":  # in SGLang's environment (its PYTHONPATH in front of vLLM's site)
-        cmd = sglang_command(__file__, args)
+    elif config == "sglang":  # in SGLang's environment (its PYTHONPATH in front of vLLM's site), where vLLM's
+        # datasets do not import (SGLang's older openai): the same requests, built here, go in a file
+        fd, requests = tempfile.mkstemp(suffix=".json", prefix="sglang-requests-")
+        with os.fdopen(fd, "w") as f:
+            json.dump({name: workload(args, name) for name in args.workloads.split(",")}, f)
+        cmd = sglang_command(__file__, args) + ["--requests-file", requests]
     else:
         cmd = worker_command(__file__, config)
     env = dict(os.environ, VLLM_ALLOW_INSECURE_SERIALIZATION="1")  # collective_rpc(allocator_stats)
     if args.triton_cache:  # a fresh cache per configuration: every compilation is seen (and paid)
         env["TRITON_CACHE_DIR"] = os.path.join(args.triton_cache, config)
-    log, rc = run_logged(cmd, args, config, env)
+    try:
+        log, rc = run_logged(cmd, args, config, env)
+    finally:
+        if config == "sglang":
+            os.unlink(requests)
     result = result_line(log)
     if result is not None:
         # The KV cache each engine got: a pinned system prompt and larger graphs leave fewer
@@ -308,6 +319,7 @@ def main():
                    "(that run's time includes the profiler's cost)")
     add_sglang_args(p)
     p.add_argument("--out")
+    p.add_argument("--requests-file", help=argparse.SUPPRESS)  # the sglang worker's requests, made by the parent
     p.add_argument("--worker")
     args = p.parse_args()
     if args.worker:

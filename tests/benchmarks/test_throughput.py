@@ -41,11 +41,19 @@ class FakeSGLang:
 
 
 def sglang_args(tmp_path, **over):
+    """The worker's arguments, with the requests file the parent writes for it."""
+    import json
+
+    from common import workload
+
     (tmp_path / "config.json").write_text('{"vocab_size": 1000}')
     args = dict(model=str(tmp_path), workloads="multi", multi_system_lens="40,80", num_prompts=5, seed=3,
                 max_model_len=512, tensor_parallel_size=1, gpu_memory_utilization=None, max_num_seqs=None,
-                sglang_args='{"attention_backend": "fa3"}', repeat=2, worker="sglang")
-    return SimpleNamespace(**{**args, **over})
+                sglang_args='{"attention_backend": "fa3"}', repeat=2, worker="sglang",
+                requests_file=str(tmp_path / "requests.json"))
+    args = SimpleNamespace(**{**args, **over})
+    (tmp_path / "requests.json").write_text(json.dumps({"multi": workload(args, "multi")}))
+    return args
 
 
 def test_the_sglang_worker_sends_the_workloads_token_ids_and_sampling(tmp_path, monkeypatch, capsys):
@@ -85,17 +93,26 @@ def test_the_sglang_worker_refuses_a_run_short_of_its_tokens(tmp_path, monkeypat
 def test_the_sglang_config_runs_in_sglangs_environment(tmp_path, monkeypatch):
     import sys
 
+    import json
+    import os
+
+    from common import workload
+
     env = tmp_path / "env.sh"
     env.write_text("export SEEN_BY_WORKER=1\n")
     got = {}
 
     def run_logged(cmd, args, config, env=None):
         got["cmd"] = cmd
+        with open(cmd[-1]) as f:  # the requests the worker reads (vLLM does not import in its environment)
+            got["requests"] = json.load(f)
         return 'RESULT {"config": "sglang"}\nmax_total_num_tokens=1234\n', 0
 
     monkeypatch.setattr(bt, "run_logged", run_logged)
     monkeypatch.setattr(sys, "argv", ["bench_throughput.py", "--model", "m", "--configs", "sglang"])
-    args = SimpleNamespace(sglang_env=str(env), triton_cache=None, iteration_details=False)
+    args = sglang_args(tmp_path, sglang_env=str(env), triton_cache=None, iteration_details=False)
     result = bt.run_config(args, "sglang")
     assert got["cmd"][:2] == ["bash", "-c"] and str(env) in got["cmd"][2]
-    assert got["cmd"][-2:] == ["--worker", "sglang"] and result["kv_cache_tokens"] == [1234]
+    assert got["cmd"][-4:-1] == ["--worker", "sglang", "--requests-file"] and result["kv_cache_tokens"] == [1234]
+    assert got["requests"] == {"multi": [list(x) for x in workload(args, "multi")]}
+    assert not os.path.exists(got["cmd"][-1])  # removed after the run

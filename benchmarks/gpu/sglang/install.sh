@@ -1,5 +1,5 @@
 #!/bin/bash
-# Not yet run on the GPU host. Run on the GPU host once every sg_part_* made by
+# Run on the GPU host once every sg_part_* made by
 # benchmarks/gpu/sglang/stage.sh lies in /tmp/sglang-parts/ (or $1). Unpacks SGLang 0.5.23 into /tmp/site-sglang
 # ($SGLANG_SITE) and writes $SGLANG_SITE/env.sh; a second run is a no-op.
 # Overlay bundle (the default): install the vLLM 0.33 bundle first (install-0.33.sh -> /tmp/site);
@@ -45,6 +45,20 @@ EOF
 if [ -x "$site/nvidia/cu13/bin/nvcc" ]; then
   # WITH_NVCC bundle: FlashInfer's and SGLang's JIT builds use this nvcc (they look at CUDA_HOME first).
   echo "export CUDA_HOME=$site/nvidia/cu13" >> "$site/env.sh"
+fi
+# sglang/utils.py imports IPython.display (notebook helpers the engine never calls); the bundle leaves IPython
+# out, so a stub that refuses when used.
+if ! PYTHONPATH=$pp python3 -c 'import IPython' 2>/dev/null; then
+  mkdir -p "$site/IPython" && touch "$site/IPython/__init__.py"
+  cat > "$site/IPython/display.py" <<'EOF'
+def display(*a, **k):
+    raise RuntimeError("IPython is not installed")
+
+
+class HTML:
+    def __init__(self, *a, **k):
+        raise RuntimeError("IPython is not installed")
+EOF
 fi
 . "$site/env.sh"
 echo "nvcc for JIT kernels: $(command -v nvcc || echo none) $( (nvcc --version 2>/dev/null || true) | grep -o 'release [0-9.]*' || true) CUDA_HOME=${CUDA_HOME:-unset}"
