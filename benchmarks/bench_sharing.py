@@ -3,7 +3,8 @@ bound, on workloads whose requests share prefixes through vLLM's prefix cache (G
 
 Workloads (`--workloads`, each point with fresh random ids, so no point reuses another's cache):
   samples  Hydragen's sweep: one shared prompt of P tokens (`--prefix-lens`), n completions of it
-           (`--ns`), `--output-len` tokens each, as one request with SamplingParams(n=n).
+           (`--ns`), `--output-len` tokens each, as one request with SamplingParams(n=n); and the time to
+           the first token of n completions of another prompt of the same length (cold).
   latency  bifurcated attention's: ms per decode step of n samples of one C-token context
            (`--contexts` x `--latency-ns`): (time of 1 + steps tokens - time of 1 token) / steps,
            over two contexts of the same length (both cold: the same prefill).
@@ -171,14 +172,19 @@ def worker(args):
             if profiling:
                 llm.stop_profile()
             got = {"elapsed_s": elapsed, "completions": completions, "tokens": tokens}
-            if latency:  # minus the same prefill and first token, of another context of the same length
+            if latency or point["workload"] == "samples":
+                # The first token of the n completions of another prompt of the same length (cold: its
+                # prefill, once or n times, and one step); latency: minus it, ms per decode step.
                 first, _, _ = run(requests(point, args.worker, rng, sh["vocab"], system)[0], n, 1)
-                got["ms_per_step"] = (elapsed - first) / steps * 1e3
+                got["first_token_s"] = first
+                if latency:
+                    got["ms_per_step"] = (elapsed - first) / steps * 1e3
             runs.append(got)
         row = summarize(point, runs)
         rows.append(row)
         print(f"  {args.worker} {point}: {row['elapsed_s']:.2f} s, {row['tokens_per_s']:.0f} tok/s"
               + (f", {row['ms_per_step']:.2f} ms/step" if "ms_per_step" in row else "")
+              + (f", first token {row['first_token_s']:.3f} s" if "first_token_s" in row else "")
               + (f" (median of {len(runs)})" if len(runs) > 1 else ""), flush=True)
     result = {"config": args.worker, "rows": rows}
     if args.worker.startswith("relay"):
@@ -194,8 +200,9 @@ def summarize(point: dict, runs: list[dict]) -> dict:
     elapsed = statistics.median(r["elapsed_s"] for r in runs)
     row = {**point, "elapsed_s": elapsed, "completions": runs[0]["completions"],
            "tokens_per_s": runs[0]["tokens"] / elapsed}
-    if "ms_per_step" in runs[0]:
-        row["ms_per_step"] = statistics.median(r["ms_per_step"] for r in runs)
+    for key in ("ms_per_step", "first_token_s"):
+        if key in runs[0]:
+            row[key] = statistics.median(r[key] for r in runs)
     if len(runs) > 1:
         row["runs_tokens_per_s"] = [r["tokens"] / r["elapsed_s"] for r in runs]
     return row
@@ -243,7 +250,7 @@ def markdown(results, card, sh, args) -> str:
     lines = [f"{card['device']}: copy {card['copy_bytes_per_s'] / 1e12:.2f} TB/s, bf16 matmul "
              f"{card['bf16_flop_per_s'] / 1e12:.0f} TFLOP/s. Output tokens/s (latency: ms per decode step).", "",
              "| point | " + " | ".join(configs) + " | bound | relay / bound | relay / default "
-             "| relay / SGLang | relay / bound at most |", "|---|" + "---|" * (len(configs) + 5)]
+             "| relay / SGLang | relay / reachable |", "|---|" + "---|" * (len(configs) + 5)]
     for i, point in enumerate(points(args)):
         get = {c: results[c]["rows"][i] for c in configs}
         label = ", ".join(f"{k}={v}" for k, v in point.items())
@@ -259,12 +266,29 @@ def markdown(results, card, sh, args) -> str:
             b = get["ceiling"]["tokens_per_s"] * get["ceiling"]["elapsed_s"] / b_s
             bound = f"{b:.0f} | " + (f"{get['relay']['tokens_per_s'] / b:.2f}" if "relay" in get else "")
             floor = prefill_floor_s(point, card, sh)
-            most = "" if floor is None else f"{b_s / (b_s + floor):.2f}"
+            if floor is not None and "relay" in get:
+                most = f"{get['relay']['tokens_per_s'] * (b_s + floor) / (b * b_s):.2f}"
         lines.append(f"| {label} | " + " | ".join(cells) + f" | {bound} | {ratio('relay', 'default')} | "
                      f"{ratio('relay', 'sglang')} | {most} |")
-    foot = ("\nRelay / bound at most: the bound over the bound plus the least time one prefill of the shared prompt "
-            "takes (its FLOPs at the matmul rate above), which the bound leaves out and no engine can skip.\n")
-    return "\n".join(lines) + "\n" + (foot if any(w == "samples" for w in args.workloads.split(",")) else "")
+    if not any(w == "samples" for w in args.workloads.split(",")):
+        return "\n".join(lines) + "\n"
+    lines += ["", "Relay / reachable: against the bound plus the least time one prefill of the shared prompt takes "
+              "(its FLOPs at the matmul rate above), which the bound leaves out and no engine can skip.", "",
+              "First token of the n completions of a cold prompt (s):", "",
+              "| point | " + " | ".join(configs) + " | relay / relay at n=1 |", "|---|" + "---|" * (len(configs) + 1)]
+    pts = points(args)
+
+    def first(c, j):
+        return results[c]["rows"][j]["first_token_s"]
+
+    for i, point in enumerate(pts):
+        if point["workload"] != "samples" or "first_token_s" not in results[configs[0]]["rows"][i]:
+            continue
+        one = [j for j, q in enumerate(pts) if q["workload"] == "samples" and q["P"] == point["P"] and q["n"] == 1]
+        rel = f"{first('relay', i) / first('relay', one[0]):.2f}" if one and "relay" in results else ""
+        lines.append(f"| P={point['P']}, n={point['n']} | " + " | ".join(f"{first(c, i):.3f}" for c in configs)
+                     + f" | {rel} |")
+    return "\n".join(lines) + "\n"
 
 
 def plot(path: str, sh: dict | None = None) -> str:

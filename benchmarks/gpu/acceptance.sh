@@ -29,8 +29,9 @@
 #   sglang    SGLang 0.5.23 (benchmarks/gpu/sglang/install.sh done: /tmp/site-sglang/env.sh) against relay and
 #             vLLM's default, the l3 workload: Llama-3-8B shape, P=2048, 1000 requests, SGLang's offline Engine
 #             with its radix cache on the same token ids (about 7-9 min; SGLANG_CONFIGS=sglang,relay for less)
-#   sglang-samples  n samples of one prompt (P = $PS, default 16000; n = $NS, default 64,256; 128 tokens each),
-#             Llama-2-7B shape: the ceiling, relay and SGLang (bench_sharing.py; about 5 min per P)
+#   sglang-samples  n samples of one prompt (P = $PS, default 16000; n = $NS, default 1,64,256; 128 tokens each),
+#             Llama-2-7B shape: the ceiling, relay and SGLang, and each one's first token (bench_sharing.py;
+#             about 5 min per P)
 #   sglang-serve  chat through SGLang's OpenAI server and relay's, as `serve` (about 7 min)
 # Steps run one after another, each well under a call's 600 s. With --side-by-side the test steps (not
 # host and the throughput jobs, which need the machine alone) run at once, each engine on a share of the
@@ -87,7 +88,7 @@ run() {  # one step into $out/STEP.txt; its exit status
             --out "$out/sglang_llama3_p2048_$stamp.json" ;;
     sglang-samples) m=$(python3 -m vllm_relay.testing build llama-2-7b-shape | tail -1 | cut -f2)
         python3 benchmarks/bench_sharing.py --model "$m" --workloads samples --prefix-lens "${PS:-16000}" \
-            --ns "${NS:-64,256}" --configs ceiling,relay,sglang --out "$out/sglang_samples_llama2_$stamp.json" ;;
+            --ns "${NS:-1,64,256}" --configs ceiling,relay,sglang --out "$out/sglang_samples_llama2_$stamp.json" ;;
     sglang-serve) m=$(python3 -m vllm_relay.testing build llama-3-8b-shape | tail -1 | cut -f2)
         python3 benchmarks/bench_serving.py --model "$m" --rates 1,4,8 --duration 20 --configs sglang,relay \
             --out "$out/sglang_serving_llama3_$stamp.json" ;;

@@ -83,23 +83,36 @@ def test_prefill_floor_is_the_shared_prompts_flops_at_the_matmul_rate():
 
 
 def test_markdown_table_has_a_row_per_point_with_the_ratios():
-    args = SimpleNamespace(**{**vars(ARGS), "workloads": "samples,latency"})
+    args = SimpleNamespace(**{**vars(ARGS), "workloads": "samples,latency", "ns": "1,16,256"})
     points = bench.points(args)
     card = {"copy_bytes_per_s": 4e12, "bf16_flop_per_s": 8e14, "device": "card"}
 
     def rows(speed):
-        return {"rows": [{**p, "elapsed_s": 1000 / speed, "tokens_per_s": speed, "ms_per_step": 100 / speed}
-                         for p in points]}
+        return {"rows": [{**p, "elapsed_s": 1000 / speed, "tokens_per_s": speed, "ms_per_step": 100 / speed,
+                          "first_token_s": p.get("n", 1) / speed} for p in points]}
 
     results = {"ceiling": rows(1000.0), "relay": rows(800.0), "default": rows(100.0), "sglang": rows(400.0)}
     md = bench.markdown(results, card, SHAPE, args)
     lines = [line for line in md.splitlines() if line.startswith("| workload=")]
     assert len(lines) == len(points)
-    # relay / default, relay / SGLang, and the most relay / bound can be (samples only)
+    # relay / default, relay / SGLang, and relay against the bound plus one prefill (samples only)
     assert lines[0].split(" | ")[-3:-1] == ["8.00", "2.00"] and lines[0].endswith(" |")
-    assert all(float(line.split(" | ")[-1].rstrip(" |")) < 1 for line in lines if "samples" in line)
+    for i, line in enumerate(lines):
+        if "samples" in line:
+            b_s = bench.bound_s(points[i], 1.0, card, SHAPE, args)  # the ceiling: 1000 tokens in 1 s
+            reachable = 1000 / (b_s + bench.prefill_floor_s(points[i], card, SHAPE))
+            assert line.split(" | ")[-1].rstrip(" |") == f"{800 / reachable:.2f}"
+            assert float(line.split(" | ")[-4]) < float(line.split(" | ")[-1].rstrip(" |"))  # relay / bound
     assert lines[-1].endswith("| 0.25 | | | | | |")  # latency rows: no bound, no ratios
     assert "no engine can skip" in md
+    # the first token of n completions, each config, and relay's against its own n=1 at the same P
+    first = [line for line in md.splitlines() if line.startswith("| P=")]
+    samples = [p for p in points if p["workload"] == "samples"]
+    assert len(first) == len(samples)
+    for line, p in zip(first, samples):
+        ones = [q for q in samples if q["P"] == p["P"] and q["n"] == 1]
+        assert line.endswith(f"| {p['n']:.2f} |" if ones else "|  |")
+        assert line.split(" | ")[2] == f"{p['n'] / 800:.3f}"  # relay's column
     assert all(line.count("|") == lines[0].count("|") for line in lines)
     assert lines[-1].split(" | ")[1:5] == ["0.10", "0.12", "1.00", "0.25"]  # latency: ms per step
 

@@ -34,7 +34,8 @@
 #   neither exists for 0.7.2 on the indexes reachable here, so FlashInfer JIT-compiles on the host.
 #
 # Usage:  bash benchmarks/gpu/sglang/stage.sh [OUT_DIR]        (default .gpu-stage-sglang/)
-# Writes OUT_DIR/sg_part_00, sg_part_01, ... (each <= PIECE_MIB, default 58 MiB) to be copied to
+# Writes OUT_DIR/sg_part_00, sg_part_01, ... (each <= PIECE_MIB, default 45 MiB: a call carries the working
+# tree and one piece, 64 MiB in all) to be copied to
 # /tmp/sglang-parts/ on the host (NOT /tmp/gpu-parts: install-0.33.sh cats every part_* there), and
 # install-sglang.sh. Cache: $SGLANG_STAGE_CACHE (default ~/.cache/vllm-relay-gpu-stage-sglang). XZ_THREADS (default 2).
 set -euo pipefail
@@ -44,7 +45,7 @@ cache=${SGLANG_STAGE_CACHE:-$HOME/.cache/vllm-relay-gpu-stage-sglang}
 vllm_cache=${VLLM_RELAY_STAGE_CACHE:-$HOME/.cache/vllm-relay-gpu-stage-033}
 mode=${MODE:-overlay}
 xz_threads=${XZ_THREADS:-2}
-piece=$(( ${PIECE_MIB:-58} * 1024 * 1024 ))
+piece=$(( ${PIECE_MIB:-45} * 1024 * 1024 ))
 case $mode in overlay|standalone) ;; *) echo "MODE must be overlay or standalone" >&2; exit 2;; esac
 mkdir -p "$cache" "$out"
 # The machine's pip constraints file caps torch; it must not filter these pinned downloads.
