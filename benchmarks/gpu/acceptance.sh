@@ -32,7 +32,8 @@
 #   sglang-samples  n samples of one prompt (P = $PS, default 16000; n = $NS, default 1,64,256; 128 tokens each),
 #             Llama-2-7B shape: the ceiling, relay and SGLang, and each one's first token (bench_sharing.py;
 #             about 5 min per P)
-#   sglang-serve  chat through SGLang's OpenAI server and relay's, as `serve` (about 7 min)
+#   sglang-serve  chat through SGLang's OpenAI server, relay's and vLLM's default, as `serve` (about 9 min;
+#             SGLANG_CONFIGS=sglang,relay: about 6)
 # Steps run one after another, each well under a call's 600 s. With --side-by-side the test steps (not
 # host and the throughput jobs, which need the machine alone) run at once, each engine on a share of the
 # GPU with a fixed KV cache (RELAY_TEST_GPU_SHARE, tests/e2e/engine_runner.py): vLLM's memory profiling
@@ -90,7 +91,7 @@ run() {  # one step into $out/STEP.txt; its exit status
         python3 benchmarks/bench_sharing.py --model "$m" --workloads samples --prefix-lens "${PS:-16000}" \
             --ns "${NS:-1,64,256}" --configs ceiling,relay,sglang --out "$out/sglang_samples_llama2_$stamp.json" ;;
     sglang-serve) m=$(python3 -m vllm_relay.testing build llama-3-8b-shape | tail -1 | cut -f2)
-        python3 benchmarks/bench_serving.py --model "$m" --rates 1,4,8 --duration 20 --configs sglang,relay \
+        python3 benchmarks/bench_serving.py --model "$m" --rates 1,4,8 --duration 20 --configs "${SGLANG_CONFIGS:-sglang,relay,default}" \
             --out "$out/sglang_serving_llama3_$stamp.json" ;;
     *) echo "unknown step $step" >&2; return 2 ;;
   esac > "$out/$step.txt" 2>&1

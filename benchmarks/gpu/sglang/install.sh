@@ -93,5 +93,15 @@ for d in ours:
             bad.add(f"version   {R.name}=={have[n]} but {d.metadata['Name']} wants {R.specifier}{note}")
 print('\n'.join(sorted(bad)) if bad else 'all requirements present')
 EOF
-python3 -c "import torch, triton, sglang, sgl_kernel, flashinfer, xgrammar, openai, transformers; print('sglang', sglang.__version__, 'sgl_kernel', sgl_kernel.__version__, 'flashinfer', flashinfer.__version__, 'torch', torch.__version__, 'triton', triton.__version__, 'nccl', torch.cuda.nccl.version(), 'transformers', transformers.__version__, 'xgrammar', xgrammar.__version__, 'openai', openai.__version__)"
+python3 - <<'EOF'
+import importlib.metadata as md
+import torch, triton, sglang, sgl_kernel, flashinfer, xgrammar, openai, transformers  # noqa: F401 (they import)
+def version(name):
+    try:
+        return md.version(name)
+    except md.PackageNotFoundError:
+        return "?"
+names = ("sglang", "sglang-kernel", "flashinfer-python", "torch", "triton", "transformers", "xgrammar", "openai")
+print(*(f"{n} {version(n)}" for n in names), "nccl", torch.cuda.nccl.version())
+EOF
 touch "$marker"
