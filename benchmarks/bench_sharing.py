@@ -272,10 +272,11 @@ def markdown(results, card, sh, args) -> str:
                      f"{ratio('relay', 'sglang')} | {most} |")
     if not any(w == "samples" for w in args.workloads.split(",")):
         return "\n".join(lines) + "\n"
-    lines += ["", "Relay / reachable: against the bound plus the least time one prefill of the shared prompt takes "
-              "(its FLOPs at the matmul rate above), which the bound leaves out and no engine can skip.", "",
+    lines += ["", "Relay / reachable: against the bound plus the least time one prefill of the shared prompt "
+              "takes (its FLOPs at the matmul rate above), which the bound leaves out and no engine can skip.", "",
               "First token of the n completions of a cold prompt (s):", "",
-              "| point | " + " | ".join(configs) + " | relay / relay at n=1 |", "|---|" + "---|" * (len(configs) + 1)]
+              "| point | " + " | ".join(configs) + " | relay / relay at n=1 |",
+              "|---|" + "---|" * (len(configs) + 1)]
     pts = points(args)
 
     def first(c, j):
@@ -284,10 +285,11 @@ def markdown(results, card, sh, args) -> str:
     for i, point in enumerate(pts):
         if point["workload"] != "samples" or "first_token_s" not in results[configs[0]]["rows"][i]:
             continue
-        one = [j for j, q in enumerate(pts) if q["workload"] == "samples" and q["P"] == point["P"] and q["n"] == 1]
+        one = [j for j, q in enumerate(pts)
+               if q["workload"] == "samples" and q["P"] == point["P"] and q["n"] == 1]
         rel = f"{first('relay', i) / first('relay', one[0]):.2f}" if one and "relay" in results else ""
-        lines.append(f"| P={point['P']}, n={point['n']} | " + " | ".join(f"{first(c, i):.3f}" for c in configs)
-                     + f" | {rel} |")
+        cells = " | ".join(f"{first(c, i):.3f}" for c in configs)
+        lines.append(f"| P={point['P']}, n={point['n']} | {cells} | {rel} |")
     return "\n".join(lines) + "\n"
 
 

@@ -26,6 +26,8 @@
 #             requests without a system prompt (bench_interleaved.py; two engine starts of about 1-2 min each,
 #             then 5 x 2 rounds of about 15-25 s: about 5-8 min), alone in its call:
 #             OUT=/tmp/out bash benchmarks/gpu/acceptance.sh plain   (plain.txt, plain_interleaved_HHMMSS.json)
+#   first-token  where the first token of n=256 samples of a 16000-token prompt goes (relay, then vLLM's
+#             default; tools/profile_first_token.py, engine core in process, cProfile; about 4 min)
 #   sglang    SGLang 0.5.23 (benchmarks/gpu/sglang/install.sh done: /tmp/site-sglang/env.sh) against relay and
 #             vLLM's default, the l3 workload: Llama-3-8B shape, P=2048, 1000 requests, SGLang's offline Engine
 #             with its radix cache on the same token ids (about 7-9 min; SGLANG_CONFIGS=sglang,relay for less)
@@ -65,6 +67,10 @@ run() {  # one step into $out/STEP.txt; its exit status
     host) python3 tools/bench_prompt_hashes.py --out "$out/prompt_hashes.json" &&
           python3 tools/bench_cache_hits.py --rounds 5 --out "$out/cache_hits.json" &&
           python3 tools/bench_detokenizer.py --out "$out/detokenizer.json" ;;
+    first-token) m=$(python3 -m vllm_relay.testing build llama-2-7b-shape | tail -1 | cut -f2)
+        for c in relay default; do
+          python3 tools/profile_first_token.py --config $c --model "$m" --out "$out/first_token_$c.json" || return
+        done ;;
     l3) m=$(python3 -m vllm_relay.testing build llama-3-8b-shape | tail -1 | cut -f2)
         $bt --model "$m" --max-model-len 4096 --configs default,relay,noprefix \
             --out "$out/e2e_llama3_p2048_$stamp.json" ;;
@@ -100,7 +106,7 @@ run() {  # one step into $out/STEP.txt; its exit status
 if [ $side = 1 ]; then
   export RELAY_TEST_GPU_SHARE=${RELAY_TEST_GPU_SHARE:-0.08}
   for step in "$@"; do
-    case $step in host|l3|l2|latency|serve|plain|sglang|sglang-samples|sglang-serve) echo "$step needs the machine alone: not with --side-by-side" >&2; exit 2 ;; esac
+    case $step in host|first-token|l3|l2|latency|serve|plain|sglang|sglang-samples|sglang-serve) echo "$step needs the machine alone: not with --side-by-side" >&2; exit 2 ;; esac
   done
   pids=()
   for step in "$@"; do  # each its own vLLM cache: no two processes compile into one folder

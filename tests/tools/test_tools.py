@@ -24,3 +24,22 @@ def test_tool_runs_and_writes_json(script, args, tmp_path):
     data = json.loads(out.read_text())
     assert data, data
     assert "256" in json.dumps(data), data  # the prompt length asked for is in the results
+
+
+@pytest.mark.engine
+def test_first_token_profile_covers_the_engine_core_in_process(tmp_path):
+    """One relay engine on a tiny model: both first-token times, and a profile that reaches the scheduler and
+    the model runner (the engine core ran in the profiled process)."""
+    import os
+
+    out = tmp_path / "out.json"
+    args = ["--config", "relay", "--model", "tiny-llama-gqa", "--prefix-len", "256", "--n", "8",
+            "--max-model-len", "512", "--block-size", "32", "--top", "200", "--out", str(out)]
+    proc = subprocess.run([sys.executable, str(REPO / "tools" / "profile_first_token.py"), *args],
+                          capture_output=True, text=True, timeout=900, cwd=REPO,
+                          env=dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1"))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    data = json.loads(out.read_text())
+    assert set(data["first_token_s"]) == {"1", "8"} and all(t > 0 for t in data["first_token_s"].values())
+    names = [r["function"] for r in data["cumulative"]]
+    assert any("(schedule)" in f for f in names) and any("(execute_model)" in f for f in names), names

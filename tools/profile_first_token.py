@@ -1,0 +1,89 @@
+"""Where the first token of n samples of one long prompt goes, on the host: one engine (relay or vLLM's
+default) with its engine core in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), so one cProfile
+sees the front end, the scheduler, the KV-cache manager and the model runner together.
+
+For the prompt length P: the time to the first token of 1 and of n completions of a cold prompt (fresh
+random ids each), then the n case again under cProfile. Prints both times and the functions of vLLM and
+relay with the most cumulative and the most own time. The GPU's work shows as the runner's waits.
+Usage: python3 tools/profile_first_token.py --config relay [--model llama-2-7b-shape] [--prefix-len 16000]
+         [--n 256] [--out F.json]
+"""
+
+import argparse
+import cProfile
+import json
+import os
+import pstats
+import random
+import time
+
+
+def top(stats: pstats.Stats, key: int, k: int) -> list[dict]:
+    """The k functions of vLLM and relay with the most time by `key` (2: own, 3: cumulative)."""
+    rows = [(v[key], v[1], f"{os.sep.join(f[0].split(os.sep)[-3:])}:{f[1]}({f[2]})")
+            for f, v in stats.stats.items() if "vllm" in f[0]]
+    rows.sort(reverse=True)
+    return [{"s": round(t, 4), "calls": n, "function": name} for t, n, name in rows[:k]]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--config", choices=("relay", "default"), required=True)
+    p.add_argument("--model", default="llama-2-7b-shape", help="a folder, or a model of vllm_relay.testing")
+    p.add_argument("--prefix-len", type=int, default=16000)
+    p.add_argument("--n", type=int, default=256)
+    p.add_argument("--max-model-len", type=int, default=16384)
+    p.add_argument("--block-size", type=int)
+    p.add_argument("--top", type=int, default=30)
+    p.add_argument("--out")
+    args = p.parse_args()
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process, under the profiler
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from vllm_relay.testing.models import get_model
+
+    model = args.model if os.path.isdir(args.model) else get_model(args.model)
+    kw = dict(model=model, load_format="dummy", max_model_len=args.max_model_len, seed=0)
+    if args.block_size:
+        kw["block_size"] = args.block_size
+    if args.config == "relay":
+        kw["attention_backend"] = "relay"
+    llm = LLM(**kw)
+    vocab = llm.llm_engine.model_config.get_vocab_size()
+    rng = random.Random(0)
+
+    def first_token_s(n: int) -> float:
+        ids = [1] + [rng.randrange(100, vocab) for _ in range(args.prefix_len - 1)]
+        prompt = TokensPrompt(prompt_token_ids=ids)
+        params = SamplingParams(n=n, max_tokens=1, ignore_eos=True)
+        t0 = time.perf_counter()
+        outs = llm.generate([prompt], params, use_tqdm=False)
+        elapsed = time.perf_counter() - t0
+        if sum(len(c.token_ids) for o in outs for c in o.outputs) != n:
+            raise RuntimeError(f"{args.config}: fewer than {n} first tokens")
+        return elapsed
+
+    first_token_s(args.n)  # warm-up: graphs, compilation, the allocator at this size
+    times = {"1": first_token_s(1), str(args.n): first_token_s(args.n)}
+    prof = cProfile.Profile()
+    prof.enable()
+    profiled = first_token_s(args.n)
+    prof.disable()
+    stats = pstats.Stats(prof)
+    result = {"config": args.config, "prefix_len": args.prefix_len, "n": args.n, "first_token_s": times,
+              "profiled_s": profiled, "cumulative": top(stats, 3, args.top), "own": top(stats, 2, args.top)}
+    t1, tn = times["1"], times[str(args.n)]
+    print(f"{args.config}: P={args.prefix_len}, first token of 1: {t1:.3f} s, of {args.n}: {tn:.3f} s "
+          f"({tn / t1:.2f}x); under cProfile {profiled:.3f} s")
+    for what in ("cumulative", "own"):
+        print(f"\n{what} time, s (calls):")
+        for r in result[what]:
+            print(f"  {r['s']:8.4f} {r['calls']:>8}  {r['function']}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
