@@ -14,7 +14,7 @@ end-to-end latency, p50 and p99, and the achieved request throughput.
                sharing nothing)
   sglang       SGLang's OpenAI server (`python -m sglang.launch_server`: radix cache on, its default
                attention backend and CUDA graphs, PyTorch sampling, dummy weights) in the environment of
-               `--sglang-env` (benchmarks/gpu/sglang/install.sh); `--sglang-server-args` adds to it. Its
+               `--sglang-env` (tools/gpu_host/sglang/install.sh); `--sglang-server-args` adds to it. Its
                server means are not read (vLLM's metrics only).
 
 Per rate also the server's own means of vLLM's request phases (`server_mean_ms`: TTFT from the front
@@ -63,7 +63,7 @@ def parse_args():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--server-args", default="", help="extra vLLM server arguments")
     p.add_argument("--sglang-env", default="/tmp/site-sglang/env.sh", help="the sglang configuration's "
-                   "environment (written by benchmarks/gpu/sglang/install.sh)")
+                   "environment (written by tools/gpu_host/sglang/install.sh)")
     p.add_argument("--sglang-server-args", default="", help="extra SGLang server arguments")
     p.add_argument("--startup-timeout", type=float, default=900)
     p.add_argument("--rounds", type=int, default=1,

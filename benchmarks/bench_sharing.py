@@ -16,7 +16,7 @@ Configs (`--configs`, each in its own process: a fresh engine runs every point o
   relay-sysonly  relay with auto_levels off (tree: the registered system prompt is the only level)
   ceiling        the same completions with the shared part cut from every prompt (BOS only)
   sglang         SGLang's offline Engine (radix cache on) on the same ids, n samples as its `n`, in the
-                 environment of `--sglang-env` (benchmarks/gpu/sglang/install.sh)
+                 environment of `--sglang-env` (tools/gpu_host/sglang/install.sh)
 With `--repeat R` each point runs R times, each with fresh ids (the same for every config), and its row
 holds every run and their median time.
 The bound of a point: the ceiling's time plus, per decode step, one read of every shared level's KV

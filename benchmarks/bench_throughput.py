@@ -18,7 +18,7 @@ for B in 1..256. Each configuration runs in its own process (a fresh engine, its
   bench     `vllm bench throughput` itself, for the default configuration (cross-check of this driver)
   sglang    SGLang's offline `Engine` on the same token ids (RadixAttention on, its default attention
             backend and CUDA graphs, dummy weights), in the environment of `--sglang-env` (the
-            `env.sh` of benchmarks/gpu/sglang/install.sh), sampling as the others do
+            `env.sh` of tools/gpu_host/sglang/install.sh), sampling as the others do
 
 `--repeat K` runs each workload K times on the same engine, the prefix cache reset before each
 repeat (the same prompts again would hit it; relay then fills its prompts again), the first run

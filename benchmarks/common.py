@@ -65,7 +65,7 @@ def worker_command(script: str, config: str) -> list[str]:
 def add_sglang_args(p) -> None:
     """Where the `sglang` configuration finds SGLang, and more of its engine arguments."""
     p.add_argument("--sglang-env", default="/tmp/site-sglang/env.sh", help="the sglang configuration's "
-                   "environment (written by benchmarks/gpu/sglang/install.sh)")
+                   "environment (written by tools/gpu_host/sglang/install.sh)")
     p.add_argument("--sglang-args", help="more sglang.Engine arguments, as JSON "
                    "(e.g. '{\"attention_backend\": \"fa3\"}')")
 

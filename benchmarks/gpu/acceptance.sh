@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# GPU host, after benchmarks/gpu/install.sh and the project installed into /tmp/site: relay's checks on
-# vLLM 0.33 with Model Runner V2, output under $OUT (default /tmp/out): STEP.txt, and the throughput JSONs.
+# GPU host, after tools/gpu_host/install.sh: relay's tests and benchmarks on vLLM 0.33 with Model Runner V2,
+# output under $OUT (default /tmp/out): STEP.txt, gpu.txt, and each benchmark's JSON and markdown.
 # Usage: bash benchmarks/gpu/acceptance.sh [--side-by-side] STEP...   with STEP one of
+#   install   this checkout into /tmp/site (pip, offline, no dependencies: vLLM is there)
 #   unit      the GPU unit tests: kernels, planner, graph manager (about 1 min)
 #   mha gqa   relay against FLASH_ATTN (and TRITON_ATTN as the yardstick), full CUDA graphs and eager, one GPU
 #             (tests/e2e/test_gpu_relay.py; four engines: about 4-5 min each with cold compile caches)
@@ -26,9 +27,22 @@
 #             requests without a system prompt (bench_interleaved.py; two engine starts of about 1-2 min each,
 #             then 5 x 2 rounds of about 15-25 s: about 5-8 min), alone in its call:
 #             OUT=/tmp/out bash benchmarks/gpu/acceptance.sh plain   (plain.txt, plain_interleaved_HHMMSS.json)
+#   l2-8192   Llama-2-7B shape, P=8192: relay / no prompt (CONFIGS, REPEAT; about 6 min a run of each)
+#   multi     four system prompts of 0.5K-4K tokens and 20% plain requests, Llama-3-8B shape: vLLM's default
+#             and relay (CONFIGS; about 6 min)
+#   samples   Hydragen's sweep, Llama-2-7B shape: n = $NS completions (default 64,256,1024) of one prompt of
+#             P = $PS tokens (default 1024,4096,16000), 128 tokens each, and each one's first token: the ceiling,
+#             relay and vLLM's default (CONFIGS, REPEAT; bench_sharing.py; vLLM's default takes minutes a point
+#             at P=16000: PS and NS one or two values a call)
+#   tree      a 2048-token system prompt over 8 documents x 4 questions x 8 samples, Llama-2-7B shape: the
+#             ceiling, relay, relay with the registered prompt only, vLLM's default (CONFIGS; about 6 min)
+#   serve-plain  chat with no system prompt at all, as `serve`: vLLM's default and the relay backend with
+#             nothing registered (about 6 min)
+#   ops       one decode step's attention, relay's kernels against FlashAttention (bench_ops.py, QUICK=1 for
+#             fewer shapes; about 3-8 min)
 #   first-token  where the first token of n=256 samples of a 16000-token prompt goes (relay, then vLLM's
 #             default; tools/profile_first_token.py, engine core in process, cProfile; about 4 min)
-#   sglang    SGLang 0.5.23 (benchmarks/gpu/sglang/install.sh done: /tmp/site-sglang/env.sh) against relay and
+#   sglang    SGLang 0.5.23 (tools/gpu_host/sglang/install.sh done: /tmp/site-sglang/env.sh) against relay and
 #             vLLM's default, the l3 workload: Llama-3-8B shape, P=2048, 1000 requests, SGLang's offline Engine
 #             with its radix cache on the same token ids (about 7-9 min; SGLANG_CONFIGS=sglang,relay for less)
 #   sglang-samples  n samples of one prompt (P = $PS, default 16000; n = $NS, default 1,64,256; 128 tokens each),
@@ -47,12 +61,16 @@ out=${OUT:-/tmp/out}; mkdir -p "$out" /tmp/pytest-relay  # (pytest makes each st
 side=0
 if [ "${1:-}" = "--side-by-side" ]; then side=1; shift; fi
 bt="python3 benchmarks/bench_throughput.py --prefix-len 2048 --num-prompts 1000"
+bs="python3 benchmarks/bench_sharing.py"
 stamp=$(date +%H%M%S)
+model() { python3 -m vllm_relay.testing build "$1" | tail -1 | cut -f2; }
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv > "$out/gpu.txt" 2>&1
 
 run() {  # one step into $out/STEP.txt; its exit status
   local step=$1 e2e="tests/e2e/test_gpu_relay.py"
   local t="python3 -m pytest -m gpu -p no:cacheprovider -s -x --basetemp=/tmp/pytest-relay/$step"
   case $step in
+    install) python3 -m pip install -q --no-index --no-deps --no-build-isolation --upgrade --target /tmp/site . ;;
     unit) $t tests/ops tests/attention tests/hooks ;;
     mha|gqa) $t $e2e -k "matches_flash and tp1 and $step" ;;
     unsplit) $t $e2e -k unsplit ;;
@@ -67,38 +85,50 @@ run() {  # one step into $out/STEP.txt; its exit status
     host) python3 tools/bench_prompt_hashes.py --out "$out/prompt_hashes.json" &&
           python3 tools/bench_cache_hits.py --rounds 5 --out "$out/cache_hits.json" &&
           python3 tools/bench_detokenizer.py --out "$out/detokenizer.json" ;;
-    first-token) m=$(python3 -m vllm_relay.testing build llama-2-7b-shape | tail -1 | cut -f2)
+    first-token) m=$(model llama-2-7b-shape)
         for c in relay default; do
           python3 tools/profile_first_token.py --config $c --model "$m" --out "$out/first_token_$c.json" || return
         done ;;
-    l3) m=$(python3 -m vllm_relay.testing build llama-3-8b-shape | tail -1 | cut -f2)
+    l3) m=$(model llama-3-8b-shape)
         $bt --model "$m" --max-model-len 4096 --configs default,relay,noprefix \
             --out "$out/e2e_llama3_p2048_$stamp.json" ;;
-    l2) m=$(python3 -m vllm_relay.testing build llama-2-7b-shape | tail -1 | cut -f2)
+    l2) m=$(model llama-2-7b-shape)
         $bt --model "$m" --max-model-len 5120 --configs relay,noprefix \
             --out "$out/single_llama2_p2048_$stamp.json" ;;
-    latency) m=$(python3 -m vllm_relay.testing build llama-3-8b-shape | tail -1 | cut -f2)
+    latency) m=$(model llama-3-8b-shape)
         $bt --model "$m" --max-model-len 4096 --num-prompts 200 --configs default,relay --latency \
             --latency-batches 1,8,64,256 --out "$out/latency_llama3_p2048_$stamp.json" ;;
-    serve) m=$(python3 -m vllm_relay.testing build llama-3-8b-shape | tail -1 | cut -f2)
+    serve) m=$(model llama-3-8b-shape)
         python3 benchmarks/bench_serving.py --model "$m" --rates 1,4,8 --duration 20 --configs default,relay \
             --out "$out/serving_llama3_$stamp.json" ;;
-    plain) m=$(python3 -m vllm_relay.testing build llama-3-8b-shape | tail -1 | cut -f2)
+    plain) m=$(model llama-3-8b-shape)
         # --prefix-len 0: the requests share nothing but BOS, so noprefix-relay's stripping of the system
         # prompt leaves them as sampled and both engines get the same requests (the output's "Requests:"
         # line compares their digests); `default` is vLLM's default engine with its prefix cache, as shipped
         python3 benchmarks/bench_interleaved.py --model "$m" --configs default,noprefix-relay --rounds 5 \
             --gpu-memory-utilization 0.45 --num-prompts 1000 --max-model-len 4096 --prefix-len 0 \
             --out "$out/plain_interleaved_$stamp.json" ;;
-    sglang) m=$(python3 -m vllm_relay.testing build llama-3-8b-shape | tail -1 | cut -f2)
+    l2-8192) $bt --model "$(model llama-2-7b-shape)" --prefix-len 8192 --max-model-len 9000 --repeat "${REPEAT:-1}" \
+            --configs "${CONFIGS:-relay,noprefix}" --out "$out/single_llama2_p8192_$stamp.json" ;;
+    multi) $bt --model "$(model llama-3-8b-shape)" --max-model-len 5120 --workloads multi \
+            --configs "${CONFIGS:-default,relay}" --out "$out/multi_llama3_$stamp.json" ;;
+    samples) $bs --model "$(model llama-2-7b-shape)" --workloads samples --prefix-lens "${PS:-1024,4096,16000}" \
+            --ns "${NS:-64,256,1024}" --configs "${CONFIGS:-ceiling,relay,default}" --repeat "${REPEAT:-1}" \
+            --out "$out/samples_llama2_$stamp.json" ;;
+    tree) $bs --model "$(model llama-2-7b-shape)" --workloads tree --max-model-len 8192 \
+            --configs "${CONFIGS:-ceiling,relay,relay-sysonly,default}" --out "$out/tree_llama2_$stamp.json" ;;
+    serve-plain) python3 benchmarks/bench_serving.py --model "$(model llama-3-8b-shape)" --rates 1,4,8 --duration 20 \
+            --plain-fraction 1 --configs default,relay-plain --out "$out/serving_plain_llama3_$stamp.json" ;;
+    ops) python3 benchmarks/bench_ops.py ${QUICK:+--quick} --out "$out" ;;
+    sglang) m=$(model llama-3-8b-shape)
         $bt --model "$m" --max-model-len 4096 --configs "${SGLANG_CONFIGS:-sglang,relay,default}" \
             --out "$out/sglang_llama3_p2048_$stamp.json" ;;
-    sglang-samples) m=$(python3 -m vllm_relay.testing build llama-2-7b-shape | tail -1 | cut -f2)
-        python3 benchmarks/bench_sharing.py --model "$m" --workloads samples --prefix-lens "${PS:-16000}" \
+    sglang-samples) m=$(model llama-2-7b-shape)
+        $bs --model "$m" --workloads samples --prefix-lens "${PS:-16000}" \
             --ns "${NS:-1,64,256}" --configs ceiling,relay,sglang --out "$out/sglang_samples_llama2_$stamp.json" ;;
-    sglang-serve) m=$(python3 -m vllm_relay.testing build llama-3-8b-shape | tail -1 | cut -f2)
-        python3 benchmarks/bench_serving.py --model "$m" --rates 1,4,8 --duration 20 --configs "${SGLANG_CONFIGS:-sglang,relay,default}" \
-            --out "$out/sglang_serving_llama3_$stamp.json" ;;
+    sglang-serve) m=$(model llama-3-8b-shape)
+        python3 benchmarks/bench_serving.py --model "$m" --rates 1,4,8 --duration 20 \
+            --configs "${SGLANG_CONFIGS:-sglang,relay,default}" --out "$out/sglang_serving_llama3_$stamp.json" ;;
     *) echo "unknown step $step" >&2; return 2 ;;
   esac > "$out/$step.txt" 2>&1
 }
@@ -106,7 +136,10 @@ run() {  # one step into $out/STEP.txt; its exit status
 if [ $side = 1 ]; then
   export RELAY_TEST_GPU_SHARE=${RELAY_TEST_GPU_SHARE:-0.08}
   for step in "$@"; do
-    case $step in host|first-token|l3|l2|latency|serve|plain|sglang|sglang-samples|sglang-serve) echo "$step needs the machine alone: not with --side-by-side" >&2; exit 2 ;; esac
+    case $step in
+      unit|mha|gqa|unsplit*|levels|sleep*|seeded|features*|ngram) ;;
+      *) echo "$step needs the machine alone: not with --side-by-side" >&2; exit 2 ;;
+    esac
   done
   pids=()
   for step in "$@"; do  # each its own vLLM cache: no two processes compile into one folder

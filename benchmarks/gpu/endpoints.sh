@@ -2,7 +2,7 @@
 # GPU host: serve the Llama-2-7B-shaped config folder (dummy weights) with relay attention and the
 # relay endpoint plugin (VLLM_PLUGINS=relay), run the endpoint tests (tests/entrypoints/test_server.py)
 # against it, keep the server log, the test output and the relay /metrics lines under $OUT.
-# Usage, after benchmarks/gpu/run_all.sh has installed the project into /tmp/site:
+# Usage, after `benchmarks/gpu/acceptance.sh install` put the project into /tmp/site:
 #   bash benchmarks/gpu/endpoints.sh [MODEL_NAME]
 set -uo pipefail
 export PYTHONPATH=/tmp/site VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1

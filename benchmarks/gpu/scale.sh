@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU hosts, after `bash benchmarks/gpu/run_all.sh` has installed the project into /tmp/site: relay
+# GPU hosts, after `bash benchmarks/gpu/acceptance.sh install` put the project into /tmp/site: relay
 # under tensor and data parallelism, and many concurrent streams. Logs and JSON go under $OUT.
 # Usage: bash benchmarks/gpu/scale.sh STEP...   with STEP one of (host kind; rough minutes)
 #   exact-tp2-mha exact-tp2-gqa   relay vs FLASH_ATTN at TP=2, tiny MHA / GQA model (the gpu

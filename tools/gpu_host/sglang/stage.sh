@@ -1,6 +1,6 @@
 #!/bin/bash
 # Not yet run on the GPU host. Build an offline bundle of SGLang 0.5.23 for the GPU host
-# (x86_64, Python 3.12.3, torch 2.11.0+cu130, no index), modelled on benchmarks/gpu/stage.sh.
+# (x86_64, Python 3.12.3, torch 2.11.0+cu130, no index), modelled on tools/gpu_host/stage.sh.
 #
 # SGLang 0.5.23 pins torch==2.14.1, sglang-kernel==0.4.10 (the renamed sgl-kernel; sgl-kernel itself
 # stops at 0.3.21 and is not what 0.5.23 asks for), flashinfer_python[cu13]==0.7.2 and ~200 packages
@@ -33,7 +33,7 @@
 #   WITH_CUDNN=1 (standalone only) adds cuDNN 9.24.0.43. No flashinfer-cubin/flashinfer-jit-cache:
 #   neither exists for 0.7.2 on the indexes reachable here, so FlashInfer JIT-compiles on the host.
 #
-# Usage:  bash benchmarks/gpu/sglang/stage.sh [OUT_DIR]        (default .gpu-stage-sglang/)
+# Usage:  bash tools/gpu_host/sglang/stage.sh [OUT_DIR]        (default .gpu-stage-sglang/)
 # Writes OUT_DIR/sg_part_00, sg_part_01, ... (each <= PIECE_MIB, default 45 MiB: a call carries the working
 # tree and one piece, 64 MiB in all) to be copied to
 # /tmp/sglang-parts/ on the host (NOT /tmp/gpu-parts: install-0.33.sh cats every part_* there), and

@@ -1,6 +1,6 @@
 #!/bin/bash
 # Run on the GPU host once every sg_part_* made by
-# benchmarks/gpu/sglang/stage.sh lies in /tmp/sglang-parts/ (or $1). Unpacks SGLang 0.5.23 into /tmp/site-sglang
+# tools/gpu_host/sglang/stage.sh lies in /tmp/sglang-parts/ (or $1). Unpacks SGLang 0.5.23 into /tmp/site-sglang
 # ($SGLANG_SITE) and writes $SGLANG_SITE/env.sh; a second run is a no-op.
 # Overlay bundle (the default): install the vLLM 0.33 bundle first (install-0.33.sh -> /tmp/site);
 # SGLang then runs on its torch 2.14.0 / triton 3.8.0 / NCCL 2.30.7 with /tmp/site-sglang in front.

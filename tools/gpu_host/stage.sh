@@ -1,13 +1,13 @@
 #!/bin/bash
 # Build an offline bundle of vLLM 0.33.0 for the GPU host, which has no package index and has
-# Python 3.12.3, torch 2.11.0+cu130, triton 3.6.0 and torch 2.11's CUDA 13 libraries (see benchmarks/README.md,
+# Python 3.12.3, torch 2.11.0+cu130, triton 3.6.0 and torch 2.11's CUDA 13 libraries (see tools/README.md,
 # "On a GPU host"). vLLM 0.33.0 pins torch==2.14.0, and torch 2.14.0 needs triton~=3.8.0 and an NCCL
 # newer than the host's (its libtorch_cuda.so calls ncclCommSuspend/ncclCommGrow/..., absent from
 # NCCL 2.28.9, which torch 2.11.0 pins), so the bundle also brings torch 2.14.0, triton 3.8.0,
 # torchvision 0.29.0 (the one built for torch 2.14) and nvidia-nccl-cu13 2.30.7. The host's other
 # CUDA 13 libraries (cuBLAS, cuDNN 9.19, cuSPARSELt, NVSHMEM, cudart, ...) are used as they are.
 #
-# Usage (from the repository's root):  bash benchmarks/gpu/stage.sh [OUT_DIR]
+# Usage (from the repository's root):  bash tools/gpu_host/stage.sh [OUT_DIR]
 # Writes OUT_DIR (default .gpu-stage-033/, which it adds to .git/info/exclude):
 #   part_00, part_01, ...  pieces of one tar (each <= PIECE_MIB, default 48 MiB), to be copied to /tmp/gpu-parts/ on the host
 #   install.sh             run on the host: reassembles the pieces, installs everything into /tmp/site

@@ -1,6 +1,6 @@
-"""On the GPU host, after benchmarks/gpu/install.sh: a tiny vLLM 0.33 generate on a config-only Llama.
+"""On the GPU host, after tools/gpu_host/install.sh: a tiny vLLM 0.33 generate on a config-only Llama.
 
-Run as  PYTHONPATH=/tmp/site VLLM_USE_FLASHINFER_SAMPLER=0 python3 benchmarks/gpu/smoke.py [DIR]
+Run as  PYTHONPATH=/tmp/site VLLM_USE_FLASHINFER_SAMPLER=0 python3 tools/gpu_host/smoke.py [DIR]
 Writes DIR (default /tmp/models/tiny-llama): a 2-layer Llama config (hidden 256, vocab 32000) and
 a small byte-level BPE tokenizer trained here; weights come from load_format="dummy".
 """
