@@ -85,9 +85,10 @@ ENGINE_FEATURES = "The relay attention backend does not support: speculative dec
 MODEL_FEATURES = "The relay attention backend (cpu) does not support: ALiBi"
 XARGS = "not an error: dropped, with a warning (only the engine core tags requests)"
 
+DRAFTER_BACKEND = "speculative_config.attention_backend=CPU_ATTN: with the relay attention backend the drafter's"
 RUNNER_ERROR = "VLLM_USE_V2_MODEL_RUNNER=0: the relay attention backend runs on vLLM's Model Runner V2 on GPUs"
 ALL_ERRORS = [row[-1] for row in FRONT_END] + [e for _, e in REGISTRATION] + [
-    FILL_FAILED, ENGINE_FEATURES, MODEL_FEATURES, XARGS, RUNNER_ERROR]
+    FILL_FAILED, ENGINE_FEATURES, MODEL_FEATURES, XARGS, RUNNER_ERROR, DRAFTER_BACKEND]
 
 
 @pytest.fixture(autouse=True)
@@ -207,6 +208,54 @@ def test_engine_features_are_refused(feature, monkeypatch):
                 "kv_cache_dtype": "kv_cache_dtype='float16' other than the model's"}[feature]
     with set_current_vllm_config(config), pytest.raises(NotImplementedError, match=re.escape(expected)):
         check_engine()
+
+
+def eagle3(tokens: int = 1) -> dict:
+    return {"method": "eagle3", "model": get_model("tiny-llama-gqa-eagle3"), "num_speculative_tokens": tokens}
+
+
+@pytest.mark.parametrize("case", ["tokens", "method", "cuda"])
+def test_drafters_relay_cannot_serve_are_refused(case, monkeypatch):
+    """Served: EAGLE-3, one draft token a step, on the CPU. More draft tokens, another drafter model,
+    or EAGLE-3 on the GPU are refused at start-up, each with the reason."""
+    from vllm.config import set_current_vllm_config
+    from vllm.platforms import current_platform
+
+    from vllm_relay.attention.common import check_engine
+
+    config = engine_args({}, speculative_config=eagle3(2 if case == "tokens" else 1)).create_engine_config()
+    if case == "method":  # a drafter model of another kind (MTP heads need a model of their own to configure)
+        config.speculative_config.method = "mtp"
+    if case == "cuda":
+        monkeypatch.setattr(type(current_platform), "is_cpu", lambda self: False)
+    expected = {"tokens": "num_speculative_tokens=2 EAGLE-3 drafts (a drafter's steps after the first",
+                "method": "speculative decoding with mtp drafts (served: n-gram drafts, and EAGLE-3",
+                "cuda": "EAGLE-3 drafts on the GPU"}[case]
+    with set_current_vllm_config(config), pytest.raises(NotImplementedError, match=re.escape(expected)):
+        check_engine()
+
+
+def test_an_eagle3_drafter_runs_on_relay_and_a_prompt_keeps_one_token_back():
+    """With an EAGLE-3 drafter the front end puts the drafter's layers on relay, refuses another backend
+    named for them, and wants a registered prompt one token longer than a KV block."""
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    from vllm_relay.attention.common import check_engine
+    from vllm.config import set_current_vllm_config
+
+    config = engine_args({}, speculative_config=eagle3()).create_engine_config()
+    assert config.speculative_config.attention_backend == AttentionBackendEnum.CUSTOM
+    with set_current_vllm_config(config):
+        check_engine()  # served
+    other = {**eagle3(), "attention_backend": "CPU_ATTN"}
+    with pytest.raises(ValueError, match=re.escape(DRAFTER_BACKEND)):
+        engine_args({}, speculative_config=other).create_engine_config()
+    short = {"system_prompts": {"a": list(range(1, 17))}}  # one block of 16, no token after it
+    short_one = "fewer than one KV cache block (16 tokens, and one more with eagle3"
+    with pytest.raises(ValueError, match=re.escape(short_one)):
+        engine_args(short, speculative_config=eagle3()).create_engine_config()
+    enough = {"system_prompts": {"a": list(range(1, 18))}}
+    engine_args(enough, speculative_config=eagle3()).create_engine_config()
 
 
 def test_mrope_is_accepted(monkeypatch):

@@ -57,6 +57,18 @@ class PromptTools:
         return encode, render_chat
 
 
+def drafter_lookahead(vllm_config) -> int:
+    """1 where a drafter model computes a token's draft KV from the next token (EAGLE's family: vLLM
+    drops a prefix-cache hit's last block for them), else 0: the tokens a registered prompt keeps back
+    from its shared blocks, so that the token after them is the prompt's own, the same for every
+    request (engine/pages.py)."""
+    spec = vllm_config.speculative_config
+    if spec is None:
+        return 0
+    drops = getattr(spec, "use_eagle_block_drop", spec.use_eagle)
+    return 1 if drops() else 0
+
+
 def resolve_prompt(name: str, spec: Any, config: RelayConfig, vllm_config, tools: PromptTools,
                    block_size: int | None) -> list[int]:
     """The token ids of system prompt `name` (a spec checked by RelayConfig / check_prompt_spec),
@@ -68,10 +80,12 @@ def resolve_prompt(name: str, spec: Any, config: RelayConfig, vllm_config, tools
     vocab = vllm_config.model_config.get_vocab_size()
     if max(ids) >= vocab:
         raise ValueError(f"{what}: token id {max(ids)} is out of the model's vocabulary (size {vocab})")
-    if block_size is not None and len(ids) < block_size:
+    lookahead = drafter_lookahead(vllm_config)
+    if block_size is not None and len(ids) - lookahead < block_size:
+        drafter = f", and one more with {vllm_config.speculative_config.method} drafts" if lookahead else ""
         raise ValueError(
-            f"{what}: {len(ids)} tokens, fewer than one KV cache block ({block_size} tokens): relay "
-            f"shares whole blocks, so it would share nothing"
+            f"{what}: {len(ids)} tokens, fewer than one KV cache block ({block_size} tokens{drafter}): "
+            f"relay shares whole blocks, so it would share nothing"
         )
     max_model_len = vllm_config.model_config.max_model_len
     if len(ids) >= max_model_len:

@@ -10,7 +10,9 @@ Usage: python run_offline.py SPEC_JSON OUT_JSON, where SPEC_JSON holds
    "first": {"prompts": [...], "max_tokens": int} (optional: a greedy batch run before the rest,
    its outputs and, for relay, the workers' stats right after it),
    "sleep": 1 or 2 (optional: after "first", sleep at that level and wake up; at level 2 the
-   weights are loaded again in between, as vLLM's docs do)}
+   weights are loaded again in between, as vLLM's docs do),
+   "drafts": true (optional: the engine core in this process, and every draft token a drafter model
+   proposed for each prompt, step by step)}
 With data_parallel_size > 1 the engine is an AsyncLLM (vllm.LLM refuses data parallelism).
 """
 
@@ -24,10 +26,12 @@ def main() -> None:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     # Lets collective_rpc carry `worker_stats` (a function) to the workers: test harness only.
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+    spec = json.load(open(spec_path))
+    if spec.get("drafts"):  # the drafter runs in this process, where its proposals can be recorded
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    spec = json.load(open(spec_path))
     engine = {"dtype": "float32", "enforce_eager": True, "max_model_len": 1024, "seed": 0,
               "block_size": 32, "disable_log_stats": False, **spec["engine"]}
     max_tokens = spec.get("max_tokens", 12)
@@ -37,6 +41,7 @@ def main() -> None:
     if engine.get("data_parallel_size", 1) > 1:  # vllm.LLM refuses data parallelism: the server's AsyncLLM
         return json.dump(run_async(engine, spec["prompts"], params), open(out_path, "w"))
     llm = LLM(**engine)
+    drafts = record_drafts(llm) if spec.get("drafts") else None
     relay = engine.get("attention_backend") == "relay"
     result = {}
     if first := spec.get("first"):
@@ -59,6 +64,8 @@ def main() -> None:
     outs = llm.generate([tokens_prompt(p) for p in spec["prompts"]], params, use_tqdm=False,
                         lora_request=lora_requests(spec["prompts"]))
     result["outputs"] = [greedy(out) for out in outs]
+    if drafts is not None:
+        result["drafts"] = [drafts.get(out.request_id, []) for out in outs]
     if spec.get("samples"):  # all at once: the samples of every prompt decode in the same steps
         groups = spec["samples"]
         outs = llm.generate([TokensPrompt(prompt_token_ids=g["prompt"]) for g in groups],
@@ -85,6 +92,25 @@ def main() -> None:
 
         result["worker_stats"] = llm.collective_rpc(worker_stats)[0]
     json.dump(result, open(out_path, "w"))
+
+
+def record_drafts(llm) -> dict:
+    """request id -> the draft tokens proposed for it, a list per step that samples it (the drafter
+    wrapped in place)."""
+    worker = llm.llm_engine.model_executor.driver_worker
+    runner = getattr(worker, "worker", worker).model_runner
+    propose, log = runner.drafter.propose, {}
+
+    def recorded(*args, **kwargs):
+        out = propose(*args, **kwargs)
+        partial = runner.discard_request_mask.np  # a prefill chunk short of its prompt: no draft kept
+        for i, (rid, tokens) in enumerate(zip(runner.input_batch.req_ids, out.tolist())):
+            if not partial[i]:  # (the engine's request id: the client's and a suffix)
+                log.setdefault(rid.split("-")[0], []).append(tokens)
+        return out
+
+    runner.drafter.propose = recorded
+    return log
 
 
 def tokens_prompt(p):

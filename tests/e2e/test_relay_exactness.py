@@ -156,3 +156,35 @@ def test_relay_serves_ngram_speculative_decoding_exactly(tmp_path):
     assert relay["worker_stats"]["shared_tokens"] > 0, relay["worker_stats"]
     # Drafts were made and most were accepted, under relay as without it.
     assert relay["draft_tokens"] > 200 and relay["accepted_tokens"] > relay["draft_tokens"] // 3, relay
+
+
+def test_relay_serves_eagle3_drafts_exactly(tmp_path):
+    """An EAGLE-3 drafter model, one draft token a step: its layer runs on relay and reads the registered
+    prompts' pages; the prompts' shared blocks end one token early, so the drafter's KV of their last
+    token came from the prompt's next token, as in a request's own prefill. Every draft token proposed
+    for every request, step by step, equals vLLM's with the same drafter, and so do the greedy outputs.
+    (The head's weights are random, so its drafts are mostly rejected: the drafts themselves are what
+    the test compares, as the outputs of speculative decoding are the target's whatever the drafts.)"""
+    model = get_model("tiny-llama-gqa")
+    vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
+    systems, prompts, num_relay = workload(vocab, seed=5)
+    spec = {"method": "eagle3", "model": get_model("tiny-llama-gqa-eagle3"), "num_speculative_tokens": 1}
+    # No prompt chunked (vLLM's own drafts differ between a chunked and a whole prefill), the same for both.
+    knobs = {"max_num_batched_tokens": 2048, "max_num_seqs": 16, "max_model_len": 512}
+    relay_engine = {
+        "model": model, "attention_backend": "relay", "speculative_config": spec,
+        "additional_config": {"relay": {"system_prompts": systems, "max_prompts": 2,
+                                        "max_prompt_tokens": 256, "shared_path": "always"}},
+        **knobs,
+    }
+    relay, _ = run_engine({"engine": relay_engine, "prompts": prompts, "max_tokens": 24, "drafts": True},
+                          tmp_path, "relay")
+    reference, _ = run_engine({"engine": {"model": model, "speculative_config": spec, **knobs},
+                               "prompts": prompts, "max_tokens": 24, "drafts": True}, tmp_path, "reference")
+    assert_same_outputs(relay["outputs"], reference["outputs"])
+    assert relay["relay_stats"]["relay_requests"] == num_relay, relay["relay_stats"]
+    assert relay["worker_stats"]["shared_tokens"] > 0, relay["worker_stats"]
+    assert all(len(d) >= 12 for d in reference["drafts"]), [len(d) for d in reference["drafts"]]
+    differ = {i: [step for step, (x, y) in enumerate(zip(got, want)) if x != y]
+              for i, (got, want) in enumerate(zip(relay["drafts"], reference["drafts"])) if got != want}
+    assert not differ, f"prompt -> the steps whose draft differs from vLLM's: {differ}"

@@ -24,6 +24,20 @@ def planners(attn_groups) -> list[RelayPlanner]:
     return found
 
 
+def drafter_planners(runner) -> list[RelayPlanner]:
+    """The planners of the relay builders a drafter model made for its own layers (vLLM's EAGLE
+    proposer keeps attention groups of its own, `draft_attn_groups`, each naming its KV-cache group):
+    its layers read the step's system-prompt pages as the target's do."""
+    found = []
+    for group in getattr(getattr(runner, "drafter", None), "draft_attn_groups", ()):
+        for builder in group.metadata_builders:
+            planner = getattr(builder, "planner", None)
+            if isinstance(planner, RelayPlanner):
+                planner.kv_group = group.kv_cache_group_id
+                found.append(planner)
+    return found
+
+
 def level_planner(found: list[RelayPlanner]) -> RelayPlanner | None:
     """The planner that finds each step's levels: the first whose layers may read levels (None: no
     layer may, every layer has a sliding window)."""

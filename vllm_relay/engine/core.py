@@ -45,6 +45,7 @@ from vllm_relay.protocol import TAG_KEY
 from vllm_relay.stats import RelayCounters, merge_worker_stats, summary_line
 from vllm_relay.system_prompts import SystemPrompt, SystemPromptRegistry, match_filling, route
 from vllm_relay.system_prompts.fill import salt_secret
+from vllm_relay.validate import drafter_lookahead
 
 
 def _logger():
@@ -104,7 +105,8 @@ class RelayEngine:
         self.max_model_len: int = core.vllm_config.model_config.max_model_len
         # Starts every relay and fill salt; never leaves the engine core (see salt_secret).
         self.secret = salt_secret()
-        self.pages = PromptPages(core.scheduler, core.vllm_config.cache_config.block_size)
+        self.pages = PromptPages(core.scheduler, core.vllm_config.cache_config.block_size,
+                                 drafter_lookahead(core.vllm_config))
         # per-prompt usage, and what the serving surface's utility calls read and change
         self.admin = RelayAdmin(self.registry, self.pages, config, self.max_model_len)
         # prompts filled again after the weights may have changed

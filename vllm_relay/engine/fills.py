@@ -145,7 +145,7 @@ class Fills:
             extra_args=tag(None, RelayTag(prompt.slot, prompt.num_tokens, fill=True)),
         )
         request = EngineCoreRequest(
-            request_id=rid, prompt_token_ids=list(prompt.token_ids[: self.pages.relay_len(prompt)]),
+            request_id=rid, prompt_token_ids=list(prompt.token_ids[: self.pages.fill_len(prompt)]),
             mm_features=None,
             sampling_params=params, pooling_params=None, arrival_time=time.time(),
             lora_request=None, cache_salt=fill_salt(prompt, self.secret), data_parallel_rank=None,

@@ -5,7 +5,9 @@ writes the prompt's keys and values there. When it finishes, instead of letting 
 back to the pool, the engine core keeps the prompt's whole blocks (one more reference each, as a
 prefix-cache hit takes), and the workers read them as the prompt's pages. They go back to the
 pool when the prompt no longer owns its slot. Only whole blocks are kept: a relay request strips
-`relay_len` tokens (the prompt rounded down to a block) and computes the rest itself.
+`relay_len` tokens (the prompt rounded down to a block) and computes the rest itself. With an EAGLE-style
+drafter (`lookahead` 1) the rounding starts one token earlier and the fill computes one token more: the
+drafter's KV of a token comes from the next one, which must then be the prompt's, not a request's.
 """
 
 from __future__ import annotations
@@ -16,14 +18,21 @@ from vllm_relay.system_prompts import SystemPrompt, SystemPromptRegistry
 
 
 class PromptPages:
-    def __init__(self, scheduler: Any, block_size: int) -> None:
+    def __init__(self, scheduler: Any, block_size: int, lookahead: int = 0) -> None:
         self._scheduler = scheduler
         self.block_size = block_size
+        self.lookahead = lookahead  # validate.drafter_lookahead
         self._kept: dict[SystemPrompt, list[Any]] = {}  # prompt record -> its KVCacheBlocks
 
     def relay_len(self, prompt: SystemPrompt) -> int:
-        """Tokens of `prompt` that relay requests read from its pages: whole blocks only."""
-        return prompt.num_tokens - prompt.num_tokens % self.block_size
+        """Tokens of `prompt` that relay requests read from its pages: whole blocks only, followed by
+        at least `lookahead` tokens of the prompt."""
+        n = prompt.num_tokens - self.lookahead
+        return n - n % self.block_size
+
+    def fill_len(self, prompt: SystemPrompt) -> int:
+        """Tokens of `prompt` its fill computes: the relay length and the lookahead."""
+        return self.relay_len(prompt) + self.lookahead
 
     def keep(self, prompt: SystemPrompt, fill_request_id: str) -> int:
         """Keep the whole blocks of a fill that has just finished (before the scheduler frees

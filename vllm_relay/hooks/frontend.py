@@ -26,9 +26,29 @@ def _create_engine_config(self, *args, **kwargs):
         from vllm_relay.validate import validate_engine_config
 
         scheduler.select(vllm_config)  # relay's scheduler class; a user's own is refused here
+        select_drafter_backend(vllm_config)
         validate_engine_config(vllm_config)
         detokenizer.enable()
     return vllm_config
+
+
+def select_drafter_backend(vllm_config) -> None:
+    """An EAGLE drafter's layers on relay too: vLLM picks a drafter's attention backend on its own
+    unless `speculative_config.attention_backend` names one, and a drafter layer of a relay request
+    must read the system prompt's pages as the target's layers do. A backend the user named for the
+    drafter, other than relay, is refused."""
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    spec = vllm_config.speculative_config
+    if spec is None or not spec.use_eagle():
+        return
+    if spec.attention_backend is None:
+        spec.attention_backend = AttentionBackendEnum.CUSTOM
+    elif spec.attention_backend != AttentionBackendEnum.CUSTOM:
+        raise ValueError(
+            f"speculative_config.attention_backend={spec.attention_backend.name}: with the relay attention "
+            "backend the drafter's layers run on relay too (they read the system prompts' pages); leave it "
+            "unset")
 
 
 def apply() -> None:

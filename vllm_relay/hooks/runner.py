@@ -22,6 +22,7 @@ def _prepare_inputs(self, scheduler_output, num_scheduled_tokens):
         pages, auto_levels = relay
         found = workers.planners(self.attn_groups)
         level = workers.level_planner(found)
+        found += workers.drafter_planners(self)
         current = step.prepare(self, num_scheduled_tokens, pages, self.cache_config.block_size,
                                -1 if level is None else level.kv_group, auto_levels)
         for planner in found:  # the step, for the builders (until it ends: `_execute_model`)
@@ -39,15 +40,31 @@ def _relay_worker_stats(self) -> dict:
     return worker_stats(self)
 
 
-def _execute_model(self, *args, **kwargs):
-    try:
-        return original(_GPUModelRunner, "execute_model")(self, *args, **kwargs)
-    finally:
-        if relay_enabled(self.vllm_config):
-            from vllm_relay.attention import workers
+def _end_step(runner) -> None:
+    """Take the step back from every planner: dummy and profiling runs never see it."""
+    if relay_enabled(runner.vllm_config):
+        from vllm_relay.attention import workers
 
-            for planner in workers.planners(self.attn_groups):
-                planner.current = None
+        for planner in workers.planners(runner.attn_groups) + workers.drafter_planners(runner):
+            planner.current = None
+
+
+def _execute_model(self, *args, **kwargs):
+    out, deferred = None, False
+    try:
+        out = original(_GPUModelRunner, "execute_model")(self, *args, **kwargs)
+        deferred = out is None  # sampling and the drafter's forward follow in `sample_tokens`
+        return out
+    finally:
+        if not deferred:
+            _end_step(self)
+
+
+def _sample_tokens(self, *args, **kwargs):
+    try:
+        return original(_GPUModelRunner, "sample_tokens")(self, *args, **kwargs)
+    finally:
+        _end_step(self)
 
 
 _GPUModelRunner = None
@@ -68,4 +85,5 @@ def apply_worker() -> None:
     _GPUModelRunner = GPUModelRunner
     patch(GPUModelRunner, "_prepare_inputs", _prepare_inputs)
     patch(GPUModelRunner, "execute_model", _execute_model)
+    patch(GPUModelRunner, "sample_tokens", _sample_tokens)
     apply_worker_stats()

@@ -19,6 +19,8 @@ benchmarks load is built by this module:
   two-block vision tower, for text-only prompts (engines with
   ``limit_mm_per_prompt`` 0 per modality: ``VL_ENGINE``); the tokenizer gains
   Qwen's four vision tokens (ids 3072-3075).
+- ``tiny-llama-gqa-eagle3``: an EAGLE-3 head (random weights) for ``tiny-llama-gqa``, for
+  speculative decoding with a drafter model.
 - ``llama-2-7b-shape`` / ``llama-3-8b-shape`` / ``llama-2-13b-shape`` /
   ``llama-2-70b-shape``: config.json only, for ``--load-format dummy`` on a
   GPU, so benchmarks run at real shapes (MHA 32/32, GQA 32/8, MHA 40/40 for
@@ -133,7 +135,11 @@ VL_MODELS = {
 }
 VL_ENGINE = {"limit_mm_per_prompt": {"image": 0, "video": 0}}  # text only: no image processor is made
 
-MODEL_NAMES = [*TINY_MODELS, *VL_MODELS, *SHAPE_MODELS]
+# EAGLE-3 heads (a drafter model: one decoder layer over the token's embedding and three of the target's
+# hidden states), random weights: name -> the tiny model it drafts for.
+DRAFTERS = {"tiny-llama-gqa-eagle3": "tiny-llama-gqa"}
+
+MODEL_NAMES = [*TINY_MODELS, *VL_MODELS, *SHAPE_MODELS, *DRAFTERS]
 
 
 def _llama_config(tok_path: Path, arch: str = "LlamaForCausalLM", **kwargs):
@@ -226,6 +232,37 @@ def _add_sinks(path: Path, config, gen) -> None:
     save_file(weights, file, metadata={"format": "pt"})
 
 
+def build_eagle3_head(name: str, path: str | Path, seed: int = SEED) -> Path:
+    """An EAGLE-3 head for the tiny model `DRAFTERS[name]`: its tokenizer and vocabulary (no draft-to-target
+    id map), the hidden states after its layers 0-2, random weights in the names vLLM's
+    `Eagle3LlamaForCausalLM` loads. Its drafts are mostly rejected; tests compare the drafts themselves."""
+    import torch
+    from safetensors.torch import save_file
+
+    spec = TINY_MODELS[DRAFTERS[name]]
+    path = build_tokenizer(path, seed=seed, model_max_length=spec["max_position_embeddings"])
+    config = _llama_config(path, **spec).to_dict()
+    config.update(architectures=["LlamaForCausalLMEagle3"], num_hidden_layers=1,
+                  draft_vocab_size=config["vocab_size"], eagle_aux_hidden_state_layer_ids=[0, 1, 2],
+                  target_hidden_size=spec["hidden_size"])
+    (path / "config.json").write_text(json.dumps(config, indent=1))
+    h, inter, hd = spec["hidden_size"], spec["intermediate_size"], spec["head_dim"]
+    q, kv = spec["num_attention_heads"] * hd, spec["num_key_value_heads"] * hd
+    g = torch.Generator().manual_seed(seed)
+    shapes = {"self_attn.q_proj": (q, 2 * h), "self_attn.k_proj": (kv, 2 * h),
+              "self_attn.v_proj": (kv, 2 * h), "self_attn.o_proj": (h, q), "mlp.gate_proj": (inter, h), "mlp.up_proj": (inter, h),
+              "mlp.down_proj": (h, inter)}
+    weights = {f"layers.0.{k}.weight": torch.randn(*v, generator=g) * spec["initializer_range"]
+               for k, v in shapes.items()}
+    for norm in ("input_layernorm", "post_attention_layernorm", "hidden_norm"):
+        weights[f"layers.0.{norm}.weight"] = torch.ones(h)
+    weights["norm.weight"] = torch.ones(h)
+    weights["fc.weight"] = torch.randn(h, 3 * h, generator=g) * spec["initializer_range"]
+    weights["lm_head.weight"] = torch.randn(config["vocab_size"], h, generator=g) * spec["initializer_range"]
+    save_file(weights, str(path / "model.safetensors"))
+    return path
+
+
 def build_shape_config(name: str, path: str | Path, seed: int = SEED) -> Path:
     """Write tokenizer and config (no weights) for ``--load-format dummy``."""
     spec = SHAPE_MODELS[name]
@@ -244,6 +281,8 @@ def build(name: str, path: str | Path) -> Path:
         return build_vl_model(name, path)
     if name in SHAPE_MODELS:
         return build_shape_config(name, path)
+    if name in DRAFTERS:
+        return build_eagle3_head(name, path)
     raise KeyError(f"unknown test model {name!r}; known: {', '.join(MODEL_NAMES)}")
 
 
