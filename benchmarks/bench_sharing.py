@@ -251,7 +251,8 @@ def markdown(results, card, sh, args) -> str:
              f"{card['bf16_flop_per_s'] / 1e12:.0f} TFLOP/s. Output tokens/s (latency: ms per decode step).", "",
              "| point | " + " | ".join(configs) + " | bound | relay / bound | relay / default "
              "| relay / SGLang | relay / reachable |", "|---|" + "---|" * (len(configs) + 5)]
-    for i, point in enumerate(points(args)):
+    pts = points(args)
+    for i, point in enumerate(pts):
         get = {c: results[c]["rows"][i] for c in configs}
         label = ", ".join(f"{k}={v}" for k, v in point.items())
         if point["workload"] == "latency":
@@ -277,7 +278,6 @@ def markdown(results, card, sh, args) -> str:
               "First token of the n completions of a cold prompt (s):", "",
               "| point | " + " | ".join(configs) + " | relay / relay at n=1 |",
               "|---|" + "---|" * (len(configs) + 1)]
-    pts = points(args)
 
     def first(c, j):
         return results[c]["rows"][j]["first_token_s"]

@@ -238,10 +238,10 @@ def test_drafters_relay_cannot_serve_are_refused(case, monkeypatch):
 def test_an_eagle3_drafter_runs_on_relay_and_a_prompt_keeps_one_token_back():
     """With an EAGLE-3 drafter the front end puts the drafter's layers on relay, refuses another backend
     named for them, and wants a registered prompt one token longer than a KV block."""
+    from vllm.config import set_current_vllm_config
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
     from vllm_relay.attention.common import check_engine
-    from vllm.config import set_current_vllm_config
 
     config = engine_args({}, speculative_config=eagle3()).create_engine_config()
     assert config.speculative_config.attention_backend == AttentionBackendEnum.CUSTOM

@@ -13,27 +13,26 @@ def planners(attn_groups) -> list[RelayPlanner]:
     """The planners of the relay metadata builders among a runner's `attn_groups` (per KV-cache
     group, its attention groups, each with its builders), in order, each told its group's index
     (`kv_group`: the slot pages it reads are that group's)."""
-    found = []
-    for index, groups in enumerate(attn_groups):
-        for group in groups:
-            for builder in group.metadata_builders:
-                planner = getattr(builder, "planner", None)
-                if isinstance(planner, RelayPlanner):
-                    planner.kv_group = index
-                    found.append(planner)
-    return found
+    return _planners((index, group) for index, groups in enumerate(attn_groups) for group in groups)
 
 
 def drafter_planners(runner) -> list[RelayPlanner]:
     """The planners of the relay builders a drafter model made for its own layers (vLLM's EAGLE
     proposer keeps attention groups of its own, `draft_attn_groups`, each naming its KV-cache group):
     its layers read the step's system-prompt pages as the target's do."""
+    groups = getattr(getattr(runner, "drafter", None), "draft_attn_groups", ())
+    return _planners((group.kv_cache_group_id, group) for group in groups)
+
+
+def _planners(indexed_groups) -> list[RelayPlanner]:
+    """The relay planners of the builders of (KV-cache group index, attention group) pairs, each told
+    its group's index."""
     found = []
-    for group in getattr(getattr(runner, "drafter", None), "draft_attn_groups", ()):
+    for index, group in indexed_groups:
         for builder in group.metadata_builders:
             planner = getattr(builder, "planner", None)
             if isinstance(planner, RelayPlanner):
-                planner.kv_group = group.kv_cache_group_id
+                planner.kv_group = index
                 found.append(planner)
     return found
 

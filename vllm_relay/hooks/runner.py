@@ -50,7 +50,7 @@ def _end_step(runner) -> None:
 
 
 def _execute_model(self, *args, **kwargs):
-    out, deferred = None, False
+    deferred = False
     try:
         out = original(_GPUModelRunner, "execute_model")(self, *args, **kwargs)
         deferred = out is None  # sampling and the drafter's forward follow in `sample_tokens`
