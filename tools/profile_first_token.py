@@ -3,8 +3,10 @@ default) with its engine core in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0
 sees the front end, the scheduler, the KV-cache manager and the model runner together.
 
 For the prompt length P: the time to the first token of 1 and of n completions of a cold prompt (fresh
-random ids each), then the n case again under cProfile. Prints both times and the functions of vLLM and
-relay with the most cumulative and the most own time. The GPU's work shows as the runner's waits.
+random ids each), then the n case again under cProfile. Prints both times, the scheduler's steps of the
+timed n case (when each began, its requests, the tokens it computed, the requests it admitted and the
+tokens they found in the prefix cache), and the functions of vLLM and relay with the most cumulative and
+the most own time. The GPU's work shows as the runner's waits.
 Usage: python3 tools/profile_first_token.py --config relay [--model llama-2-7b-shape] [--prefix-len 16000]
          [--n 256] [--out F.json]
 """
@@ -24,6 +26,25 @@ def top(stats: pstats.Stats, key: int, k: int) -> list[dict]:
             for f, v in stats.stats.items() if "vllm" in f[0]]
     rows.sort(reverse=True)
     return [{"s": round(t, 4), "calls": n, "function": name} for t, n, name in rows[:k]]
+
+
+def record_steps(llm) -> list[dict]:
+    """The scheduler's output of every step from now on (engine core in this process), appended to the
+    returned list: its start time (perf_counter), requests, tokens computed, requests admitted and the
+    tokens these found computed (prefix cache hits)."""
+    scheduler = llm.llm_engine.engine_core.engine_core.scheduler
+    schedule, steps = scheduler.schedule, []
+
+    def recorded(*args, **kwargs):
+        t = time.perf_counter()
+        out = schedule(*args, **kwargs)
+        new = out.scheduled_new_reqs
+        steps.append({"t": t, "requests": len(out.num_scheduled_tokens), "tokens": out.total_num_scheduled_tokens,
+                      "admitted": len(new), "cached": sum(r.num_computed_tokens for r in new)})
+        return out
+
+    scheduler.schedule = recorded
+    return steps
 
 
 def main():
@@ -52,6 +73,7 @@ def main():
     llm = LLM(**kw)
     vocab = llm.llm_engine.model_config.get_vocab_size()
     rng = random.Random(0)
+    steps = record_steps(llm)
 
     def first_token_s(n: int) -> float:
         ids = [1] + [rng.randrange(100, vocab) for _ in range(args.prefix_len - 1)]
@@ -65,17 +87,26 @@ def main():
         return elapsed
 
     first_token_s(args.n)  # warm-up: graphs, compilation, the allocator at this size
-    times = {"1": first_token_s(1), str(args.n): first_token_s(args.n)}
+    times = {"1": first_token_s(1)}
+    steps.clear()
+    t0 = time.perf_counter()
+    times[str(args.n)] = first_token_s(args.n)
+    n_steps = [dict(s, t=round((s["t"] - t0) * 1e3, 2)) for s in steps if s["tokens"]]  # t: ms from the call
     prof = cProfile.Profile()
     prof.enable()
     profiled = first_token_s(args.n)
     prof.disable()
     stats = pstats.Stats(prof)
     result = {"config": args.config, "prefix_len": args.prefix_len, "n": args.n, "first_token_s": times,
-              "profiled_s": profiled, "cumulative": top(stats, 3, args.top), "own": top(stats, 2, args.top)}
+              "steps": n_steps, "profiled_s": profiled, "cumulative": top(stats, 3, args.top),
+              "own": top(stats, 2, args.top)}
     t1, tn = times["1"], times[str(args.n)]
     print(f"{args.config}: P={args.prefix_len}, first token of 1: {t1:.3f} s, of {args.n}: {tn:.3f} s "
           f"({tn / t1:.2f}x); under cProfile {profiled:.3f} s")
+    print(f"\nsteps of the first token of {args.n} (ms from the call; requests, tokens computed, admitted, "
+          "their cached tokens):")
+    for r in n_steps:
+        print(f"  {r['t']:9.2f} {r['requests']:6d} {r['tokens']:7d} {r['admitted']:6d} {r['cached']:8d}")
     for what in ("cumulative", "own"):
         print(f"\n{what} time, s (calls):")
         for r in result[what]:

@@ -41,5 +41,7 @@ def test_first_token_profile_covers_the_engine_core_in_process(tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     data = json.loads(out.read_text())
     assert set(data["first_token_s"]) == {"1", "8"} and all(t > 0 for t in data["first_token_s"].values())
+    steps = data["steps"]  # the scheduler's steps of the timed n case: every child admitted once
+    assert sum(s["admitted"] for s in steps) == 8 and sum(s["tokens"] for s in steps) >= 256, steps
     names = [r["function"] for r in data["cumulative"]]
     assert any("(schedule)" in f for f in names) and any("(execute_model)" in f for f in names), names
