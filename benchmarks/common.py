@@ -99,6 +99,14 @@ def sglang_sampling(max_tokens: int, n: int = 1) -> dict:
     return {"n": n, "max_new_tokens": max_tokens, "temperature": 1.0, "top_p": 1.0, "ignore_eos": True}
 
 
+def json_object(text: str) -> dict:
+    """An argument given as a JSON object."""
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise ValueError(f"not a JSON object: {text}")
+    return value
+
+
 def add_workload_args(p) -> None:
     """The model and the throughput workloads' sizes (what `workload` and `engine_kwargs` read)."""
     p.add_argument("--model", required=True)
@@ -109,6 +117,8 @@ def add_workload_args(p) -> None:
     p.add_argument("--max-model-len", type=int, default=4096)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--multi-system-lens", default="512,1024,2048,4096", help="the multi workload's prompts")
+    p.add_argument("--engine-args", type=json_object, default={}, help="more vLLM engine arguments for every "
+                   "vLLM configuration, as JSON (e.g. '{\"kv_cache_dtype\": \"fp8\"}': a feature on for both sides)")
 
 
 def sample_requests(args):
@@ -182,7 +192,7 @@ def engine_kwargs(args, config, systems):
         kw["attention_backend"] = "FLASH_ATTN"
     if args.profile:
         kw["profiler_config"] = profiler_config(args, config)
-    return kw
+    return {**kw, **args.engine_args}
 
 
 def sampling_params(out_lens: list[int]) -> list:

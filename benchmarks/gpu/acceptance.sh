@@ -17,7 +17,9 @@
 #   host      the host-side timings of tools/ (prompt hashing, prefix-cache lookup of n samples, detokenizer
 #             priming): vLLM's code against relay's, CPU only (about 1-2 min)
 #   l3 l2     the P=2048 throughput jobs: Llama-3-8B shape default / relay / no prompt (about 7 min), Llama-2-7B
-#             shape relay / no prompt (about 5 min); run each three times, in three calls, for a median of jobs
+#             shape relay / no prompt (about 5 min); run each three times, in three calls, for a median of jobs;
+#             l3 takes CONFIGS, and ENGINE_ARGS (JSON) turns a feature on for every side, e.g.
+#             ENGINE_ARGS='{"kv_cache_dtype": "fp8"}' CONFIGS=default,relay (about 5 min)
 #   latency   decode steps of B requests behind a 2048-token system prompt (B = 1, 8, 64, 256), Llama-3-8B shape:
 #             vLLM's default and relay on their engines, after 200 requests of the throughput workload (about 6 min)
 #   serve     chat through the OpenAI server (two system prompts, 20% without), Poisson 1, 4 and 8 requests/s for
@@ -90,8 +92,8 @@ run() {  # one step into $out/STEP.txt; its exit status
           python3 tools/profile_first_token.py --config $c --model "$m" --out "$out/first_token_$c.json" || return
         done ;;
     l3) m=$(model llama-3-8b-shape)
-        $bt --model "$m" --max-model-len 4096 --configs default,relay,noprefix \
-            --out "$out/e2e_llama3_p2048_$stamp.json" ;;
+        $bt --model "$m" --max-model-len 4096 --configs "${CONFIGS:-default,relay,noprefix}" \
+            ${ENGINE_ARGS:+--engine-args "$ENGINE_ARGS"} --out "$out/e2e_llama3_p2048_$stamp.json" ;;
     l2) m=$(model llama-2-7b-shape)
         $bt --model "$m" --max-model-len 5120 --configs relay,noprefix \
             --out "$out/single_llama2_p2048_$stamp.json" ;;

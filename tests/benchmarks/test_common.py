@@ -1,10 +1,13 @@
 """benchmarks/common.py: running one configuration's process and reading back its result, the engine
 arguments every configuration gets, and the requests without their system prompt."""
 
+import argparse
 import ast
 import json
 import sys
 from types import SimpleNamespace
+
+import pytest
 
 from tests.benchmarks import BENCH, load
 
@@ -39,7 +42,7 @@ def test_worker_command_repeats_this_run_for_one_config(monkeypatch):
 def args(**kw):
     base = dict(model="m", max_model_len=512, seed=0, tensor_parallel_size=1, iteration_details=False,
                 gpu_memory_utilization=None, max_num_seqs=None, max_cudagraph_capture_size=None,
-                shared_path=None, profile=None)
+                shared_path=None, profile=None, engine_args={})
     return SimpleNamespace(**{**base, **kw})
 
 
@@ -50,6 +53,20 @@ def test_max_num_seqs_reaches_every_config_and_only_when_given():
     relay = common.engine_kwargs(args(max_num_seqs=96), "relay", [[1, 2, 3]])
     assert relay["attention_backend"] == "relay"
     assert relay["additional_config"]["relay"]["max_prompt_tokens"] == 3
+
+
+def test_engine_args_turn_a_feature_on_for_every_config_beside_its_own_arguments():
+    fp8 = {"kv_cache_dtype": "fp8"}
+    for config in ("default", "relay", "noprefix", "noprefix-relay"):
+        kw = common.engine_kwargs(args(engine_args=fp8), config, [[1, 2, 3]])
+        assert kw["kv_cache_dtype"] == "fp8" and kw["model"] == "m", kw
+    assert common.engine_kwargs(args(engine_args=fp8), "relay", [[1, 2]])["attention_backend"] == "relay"
+    p = argparse.ArgumentParser()
+    common.add_workload_args(p)
+    assert p.parse_args(["--model", "m"]).engine_args == {}
+    assert p.parse_args(["--model", "m", "--engine-args", '{"kv_cache_dtype": "fp8"}']).engine_args == fp8
+    with pytest.raises(SystemExit):  # a JSON value that is not an object: argparse's error
+        p.parse_args(["--model", "m", "--engine-args", "[1]"])
 
 
 def test_strip_system_keeps_bos_and_the_requests_own_tokens():
