@@ -1,14 +1,19 @@
-"""Where the first token of n samples of one long prompt goes, on the host: one engine (relay or vLLM's
-default) with its engine core in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), so one cProfile
-sees the front end, the scheduler, the KV-cache manager and the model runner together.
+"""Where the first token goes, on the host: one engine (relay or vLLM's default) with its engine core in this
+process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), so one cProfile sees the front end, the scheduler, the
+KV-cache manager and the model runner together.
 
-For the prompt length P: the time to the first token of 1 and of n completions of a cold prompt (fresh
-random ids each), then the n case again under cProfile. Prints both times, the scheduler's steps of the
-timed n case (when each began, its requests, the tokens it computed, the requests it admitted and the
-tokens they found in the prefix cache), and the functions of vLLM and relay with the most cumulative and
-the most own time. The GPU's work shows as the runner's waits.
+Each prompt is a warm system prompt of `--system-len` tokens (registered with relay, in the default's
+prefix cache; none by default) and `--prefix-len` fresh random tokens. Timed: the first token of 1 and
+of n completions of a new such prompt (the median of `--repeat` prompts each), then the n cases
+again under cProfile. Prints both times, the scheduler's steps of the last timed n case (when each began, its
+requests, the tokens it computed, the requests it admitted and the tokens these found computed), and
+the functions of vLLM and relay with the most cumulative and the most own time. The GPU's work shows
+as the runner's waits. Two uses:
+  n samples of a cold prompt (the default): --prefix-len 16000 --n 256
+  a chat request behind a system prompt, one at a time (serving at a low rate): --system-len 2048
+      --prefix-len 128 --n 1 --repeat 20
 Usage: python3 tools/profile_first_token.py --config relay [--model llama-2-7b-shape] [--prefix-len 16000]
-         [--n 256] [--out F.json]
+         [--system-len 0] [--n 256] [--repeat 1] [--out F.json]
 """
 
 import argparse
@@ -17,6 +22,7 @@ import json
 import os
 import pstats
 import random
+import statistics
 import time
 
 
@@ -26,6 +32,11 @@ def top(stats: pstats.Stats, key: int, k: int) -> list[dict]:
             for f, v in stats.stats.items() if "vllm" in f[0]]
     rows.sort(reverse=True)
     return [{"s": round(t, 4), "calls": n, "function": name} for t, n, name in rows[:k]]
+
+
+def model_vocab(model: str) -> int:
+    with open(os.path.join(model, "config.json")) as f:
+        return json.load(f)["vocab_size"]
 
 
 def record_steps(llm) -> list[dict]:
@@ -52,12 +63,16 @@ def main():
     p.add_argument("--config", choices=("relay", "default"), required=True)
     p.add_argument("--model", default="llama-2-7b-shape", help="a folder, or a model of vllm_relay.testing")
     p.add_argument("--prefix-len", type=int, default=16000)
+    p.add_argument("--system-len", type=int, default=0, help="a warm system prompt in front of every prompt")
     p.add_argument("--n", type=int, default=256)
+    p.add_argument("--repeat", type=int, default=1, help="prompts timed for each first-token time (median)")
     p.add_argument("--max-model-len", type=int, default=16384)
     p.add_argument("--block-size", type=int)
     p.add_argument("--top", type=int, default=30)
     p.add_argument("--out")
     args = p.parse_args()
+    if args.prefix_len < 1 or args.system_len < 0 or args.n < 1 or args.repeat < 1:
+        p.error("--prefix-len, --n and --repeat must be positive, --system-len not negative")
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process, under the profiler
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
@@ -68,16 +83,19 @@ def main():
     kw = dict(model=model, load_format="dummy", max_model_len=args.max_model_len, seed=0)
     if args.block_size:
         kw["block_size"] = args.block_size
+    rng = random.Random(0)
+    vocab = model_vocab(model)
+    system = [1] + [rng.randrange(100, vocab) for _ in range(args.system_len - 1)] if args.system_len else []
     if args.config == "relay":
         kw["attention_backend"] = "relay"
+        if system:
+            kw["additional_config"] = {"relay": {"system_prompts": {"system": system}}}
     llm = LLM(**kw)
-    vocab = llm.llm_engine.model_config.get_vocab_size()
-    rng = random.Random(0)
     steps = record_steps(llm)
 
     def first_token_s(n: int) -> float:
-        ids = [1] + [rng.randrange(100, vocab) for _ in range(args.prefix_len - 1)]
-        prompt = TokensPrompt(prompt_token_ids=ids)
+        ids = system + [rng.randrange(100, vocab) for _ in range(args.prefix_len)]
+        prompt = TokensPrompt(prompt_token_ids=ids if system else [1] + ids[1:])
         params = SamplingParams(n=n, max_tokens=1, ignore_eos=True)
         t0 = time.perf_counter()
         outs = llm.generate([prompt], params, use_tqdm=False)
@@ -86,23 +104,28 @@ def main():
             raise RuntimeError(f"{args.config}: fewer than {n} first tokens")
         return elapsed
 
-    first_token_s(args.n)  # warm-up: graphs, compilation, the allocator at this size
-    times = {"1": first_token_s(1)}
-    steps.clear()
-    t0 = time.perf_counter()
-    times[str(args.n)] = first_token_s(args.n)
+    first_token_s(args.n)  # warm-up: graphs, compilation, the allocator at this size (and the system prompt)
+    times = {"1": statistics.median(first_token_s(1) for _ in range(args.repeat))}
+    runs = []
+    for _ in range(args.repeat):
+        steps.clear()
+        t0 = time.perf_counter()
+        runs.append(first_token_s(args.n))
+    times[str(args.n)] = statistics.median(runs)
     n_steps = [dict(s, t=round((s["t"] - t0) * 1e3, 2)) for s in steps if s["tokens"]]  # t: ms from the call
     prof = cProfile.Profile()
     prof.enable()
-    profiled = first_token_s(args.n)
+    profiled = statistics.mean(first_token_s(args.n) for _ in range(args.repeat))  # the profile: all of them
     prof.disable()
     stats = pstats.Stats(prof)
-    result = {"config": args.config, "prefix_len": args.prefix_len, "n": args.n, "first_token_s": times,
+    result = {"config": args.config, "prefix_len": args.prefix_len, "system_len": args.system_len, "n": args.n,
+              "repeat": args.repeat, "first_token_s": times,
               "steps": n_steps, "profiled_s": profiled, "cumulative": top(stats, 3, args.top),
               "own": top(stats, 2, args.top)}
     t1, tn = times["1"], times[str(args.n)]
-    print(f"{args.config}: P={args.prefix_len}, first token of 1: {t1:.3f} s, of {args.n}: {tn:.3f} s "
-          f"({tn / t1:.2f}x); under cProfile {profiled:.3f} s")
+    print(f"{args.config}: system {args.system_len}, P={args.prefix_len}, first token of 1: {t1 * 1e3:.2f} ms, "
+          f"of {args.n}: {tn * 1e3:.2f} ms "
+          f"({tn / t1:.2f}x; medians of {args.repeat}); under cProfile {profiled * 1e3:.2f} ms (mean)")
     print(f"\nsteps of the first token of {args.n} (ms from the call; requests, tokens computed, admitted, "
           "their cached tokens):")
     for r in n_steps:

@@ -44,6 +44,8 @@
 #             fewer shapes; about 3-8 min)
 #   first-token  where the first token of n=256 samples of a 16000-token prompt goes (relay, then vLLM's
 #             default; tools/profile_first_token.py, engine core in process, cProfile; about 4 min)
+#   first-token-chat  the same for chat requests one at a time (the serving step's low rates): 128 fresh
+#             tokens behind a 2048-token system prompt, Llama-3-8B shape, 30 requests each (about 3 min)
 #   sglang    SGLang 0.5.23 (tools/gpu_host/sglang/install.sh done: /tmp/site-sglang/env.sh) against relay and
 #             vLLM's default, the l3 workload: Llama-3-8B shape, P=2048, 1000 requests, SGLang's offline Engine
 #             with its radix cache on the same token ids (about 7-9 min; SGLANG_CONFIGS=sglang,relay for less)
@@ -90,6 +92,11 @@ run() {  # one step into $out/STEP.txt; its exit status
     first-token) m=$(model llama-2-7b-shape)
         for c in relay default; do
           python3 tools/profile_first_token.py --config $c --model "$m" --out "$out/first_token_$c.json" || return
+        done ;;
+    first-token-chat) m=$(model llama-3-8b-shape)
+        for c in relay default; do
+          python3 tools/profile_first_token.py --config $c --model "$m" --system-len 2048 --prefix-len 128 --n 1 \
+              --repeat 30 --max-model-len 4096 --out "$out/first_token_chat_$c.json" || return
         done ;;
     l3) m=$(model llama-3-8b-shape)
         $bt --model "$m" --max-model-len 4096 --configs "${CONFIGS:-default,relay,noprefix}" \
