@@ -8,12 +8,14 @@ of n completions of a new such prompt (the median of `--repeat` prompts each), t
 again under cProfile. Prints both times, the scheduler's steps of the last timed n case (when each began, its
 requests, the tokens it computed, the requests it admitted and the tokens these found computed), and
 the functions of vLLM and relay with the most cumulative and the most own time. The GPU's work shows
-as the runner's waits. Two uses:
+as the runner's waits. With `--multiprocess` the engine core runs in its own process, as `LLM` and the
+server run it (each request then also travels to it, serialized): the times only, no steps, and a
+profile of the front end alone. Two uses:
   n samples of a cold prompt (the default): --prefix-len 16000 --n 256
   a chat request behind a system prompt, one at a time (serving at a low rate): --system-len 2048
       --prefix-len 128 --n 1 --repeat 20
 Usage: python3 tools/profile_first_token.py --config relay [--model llama-2-7b-shape] [--prefix-len 16000]
-         [--system-len 0] [--n 256] [--repeat 1] [--out F.json]
+         [--system-len 0] [--n 256] [--repeat 1] [--multiprocess] [--out F.json]
 """
 
 import argparse
@@ -66,6 +68,7 @@ def main():
     p.add_argument("--system-len", type=int, default=0, help="a warm system prompt in front of every prompt")
     p.add_argument("--n", type=int, default=256)
     p.add_argument("--repeat", type=int, default=1, help="prompts timed for each first-token time (median)")
+    p.add_argument("--multiprocess", action="store_true", help="the engine core in its own process")
     p.add_argument("--max-model-len", type=int, default=16384)
     p.add_argument("--block-size", type=int)
     p.add_argument("--top", type=int, default=30)
@@ -73,7 +76,8 @@ def main():
     args = p.parse_args()
     if args.prefix_len < 1 or args.system_len < 0 or args.n < 1 or args.repeat < 1:
         p.error("--prefix-len, --n and --repeat must be positive, --system-len not negative")
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process, under the profiler
+    # the engine core in this process, under the profiler, unless --multiprocess
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if args.multiprocess else "0"
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -91,7 +95,7 @@ def main():
         if system:
             kw["additional_config"] = {"relay": {"system_prompts": {"system": system}}}
     llm = LLM(**kw)
-    steps = record_steps(llm)
+    steps = [] if args.multiprocess else record_steps(llm)
 
     def first_token_s(n: int) -> float:
         ids = system + [rng.randrange(100, vocab) for _ in range(args.prefix_len)]
@@ -118,7 +122,7 @@ def main():
     profiled = statistics.mean(first_token_s(args.n) for _ in range(args.repeat))  # the profile: all of them
     prof.disable()
     stats = pstats.Stats(prof)
-    result = {"config": args.config, "prefix_len": args.prefix_len, "system_len": args.system_len, "n": args.n,
+    result = {"config": args.config, "multiprocess": args.multiprocess, "prefix_len": args.prefix_len, "system_len": args.system_len, "n": args.n,
               "repeat": args.repeat, "first_token_s": times,
               "steps": n_steps, "profiled_s": profiled, "cumulative": top(stats, 3, args.top),
               "own": top(stats, 2, args.top)}
@@ -126,8 +130,9 @@ def main():
     print(f"{args.config}: system {args.system_len}, P={args.prefix_len}, first token of 1: {t1 * 1e3:.2f} ms, "
           f"of {args.n}: {tn * 1e3:.2f} ms "
           f"({tn / t1:.2f}x; medians of {args.repeat}); under cProfile {profiled * 1e3:.2f} ms (mean)")
-    print(f"\nsteps of the first token of {args.n} (ms from the call; requests, tokens computed, admitted, "
-          "their cached tokens):")
+    if not args.multiprocess:
+        print(f"\nsteps of the first token of {args.n} (ms from the call; requests, tokens computed, admitted, "
+              "their cached tokens):")
     for r in n_steps:
         print(f"  {r['t']:9.2f} {r['requests']:6d} {r['tokens']:7d} {r['admitted']:6d} {r['cached']:8d}")
     for what in ("cumulative", "own"):

@@ -43,7 +43,8 @@
 #   ops       one decode step's attention, relay's kernels against FlashAttention (bench_ops.py, QUICK=1 for
 #             fewer shapes; about 3-8 min)
 #   first-token  where the first token of n=256 samples of a 16000-token prompt goes (relay, then vLLM's
-#             default; tools/profile_first_token.py, engine core in process, cProfile; about 4 min)
+#             default; tools/profile_first_token.py, engine core in process, cProfile; then relay with its
+#             engine core in its own process, as LLM runs it: what the transport adds; about 6 min)
 #   first-token-chat  the same for chat requests one at a time (the serving step's low rates): 128 fresh
 #             tokens behind a 2048-token system prompt, Llama-3-8B shape, 30 requests each (about 3 min)
 #   sglang    SGLang 0.5.23 (tools/gpu_host/sglang/install.sh done: /tmp/site-sglang/env.sh) against relay and
@@ -92,7 +93,9 @@ run() {  # one step into $out/STEP.txt; its exit status
     first-token) m=$(model llama-2-7b-shape)
         for c in relay default; do
           python3 tools/profile_first_token.py --config $c --model "$m" --out "$out/first_token_$c.json" || return
-        done ;;
+        done
+        python3 tools/profile_first_token.py --config relay --model "$m" --multiprocess \
+            --out "$out/first_token_relay_multiprocess.json" ;;
     first-token-chat) m=$(model llama-3-8b-shape)
         for c in relay default; do
           python3 tools/profile_first_token.py --config $c --model "$m" --system-len 2048 --prefix-len 128 --n 1 \
