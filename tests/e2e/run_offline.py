@@ -88,6 +88,9 @@ def main() -> None:
         from vllm_relay.stats import relay_stats
 
         result["relay_stats"] = relay_stats(llm)
+        from vllm_relay.hooks import transport
+
+        result["prompts_sent_once"] = transport.sent_once  # requests sent as a reference to the prompt before
         from vllm_relay.attention.workers import worker_stats
 
         result["worker_stats"] = llm.collective_rpc(worker_stats)[0]

@@ -35,6 +35,7 @@ from vllm_relay.engine.requests import (
     ENGINE_ATTR,
     INFO_ATTR,
     RelayInfo,
+    SentPrompts,
     relay_eligible,
     rewrite,
     strip_forged_tag,
@@ -120,6 +121,7 @@ class RelayEngine:
         self._steps = 0  # steps scheduled so far, and the workers' stats as of the last one asked
         self._level_stats: tuple[int, dict] = (-1, {})
         self.cache_hits: CacheHitMemo | None = None  # the scheduler's prefix-cache lookups (attach)
+        self.sent_prompts = SentPrompts()  # the prompts a reference from the front end stands for
 
     # ---- start-up ----------------------------------------------------------------------------
 
@@ -243,6 +245,7 @@ class RelayEngine:
     def preprocess(self, request) -> tuple[Any, int]:
         """`EngineCore.preprocess_add_request` for an EngineCoreRequest, routed (step 1 above)."""
         preprocess = vllm_method("preprocess_add_request")
+        request = self.sent_prompts.resolve(request)  # first: a prompt sent once stands for this one too
         sent, request = request, strip_forged_tag(request)
         if request is not sent:
             _logger().warning_once("vllm-relay: dropped the %r key of a request's extra_args (vllm_xargs): "

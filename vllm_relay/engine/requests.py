@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-from vllm_relay.protocol import TAG_KEY, RelayTag, tag
+from vllm_relay.protocol import TAG_KEY, RelayTag, is_same_prompt, resolve_same_prompt, tag
 from vllm_relay.system_prompts import SystemPrompt
 from vllm_relay.system_prompts.fill import relay_salt
 
@@ -66,6 +66,30 @@ def relay_eligible(request) -> bool:
 def with_sampling(request, sampling_params, **changes):
     """A copy of an EngineCoreRequest with other sampling params (and fields); never mutates."""
     return msgspec.structs.replace(request, sampling_params=sampling_params, **changes)
+
+
+class SentPrompts:
+    """The prompt each front-end client sent last (by `client_index`): what a request that its front end
+    sent as a reference to it (`hooks/transport.py`) stands for. Used on the engine core's input thread
+    only, where requests arrive in each client's order."""
+
+    def __init__(self) -> None:
+        self._last: dict[int, list[int]] = {}
+
+    def resolve(self, request):
+        """`request` as its front end had it: a reference gets the client's last prompt back."""
+        if not is_same_prompt(request):
+            if request.prompt_token_ids is None:
+                self._last.pop(request.client_index, None)
+            else:
+                self._last[request.client_index] = request.prompt_token_ids
+            return request
+        prompt = self._last.get(request.client_index)
+        if prompt is None or request.prompt_token_ids is not None:
+            raise ValueError(f"vllm-relay: request {request.request_id} was sent as a reference to the previous "
+                             f"request's prompt of client {request.client_index}, which this engine core did not "
+                             "receive (a front end without relay's hooks, or an engine core restarted between them)")
+        return resolve_same_prompt(request, prompt)
 
 
 def strip_forged_tag(request):

@@ -10,10 +10,11 @@ def apply_all() -> None:
     (`protocol.relay_enabled`, or a RelayEngine attached to the engine core); the
     spawned engine core's entry point only loads plugins first when the CUSTOM backend is selected.
     """
-    from vllm_relay.hooks import capture_sizes, detokenizer, engine, frontend, platform
+    from vllm_relay.hooks import capture_sizes, detokenizer, engine, frontend, platform, transport
 
     platform.apply()
     capture_sizes.apply()
     engine.apply()
     frontend.apply()
     detokenizer.apply()
+    transport.apply()
