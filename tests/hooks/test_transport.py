@@ -119,3 +119,41 @@ def test_n_samples_sent_once_are_vllms_samples(tmp_path):
     for got, want in zip(relay["samples"], reference["samples"], strict=True):
         assert_same_outputs(got, want)
     assert relay["sampled"] == reference["sampled"]  # tokens, text cut at the stop string, finish reasons
+
+
+class Socket:
+    def __init__(self) -> None:
+        self.sent = []
+
+    def send_multipart(self, frames, copy=True):
+        self.sent.append(frames)
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_vllms_clients_send_through_the_hook_only_for_relay(asynchronous):
+    """vLLM's own `_send_input` of `SyncMPClient` (LLM) and `AsyncMPClient` (the server), patched: the
+    frames that reach the socket, decoded as the engine core's input thread does."""
+    from types import SimpleNamespace
+
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+    from vllm.v1.engine import EngineCoreRequestType
+    from vllm.v1.engine.core_client import AsyncMPClient, SyncMPClient
+
+    import vllm_relay
+
+    vllm_relay.register()
+    prompt = list(range(3000, 3000 + transport.MIN_TOKENS))
+    reqs = [request(f"{i}_p", prompt, SamplingParams(seed=i, max_tokens=2)) for i in range(3)]
+    dec = MsgpackDecoder(EngineCoreRequest)
+    for backend, references in ((AttentionBackendEnum.CUSTOM, 2), (AttentionBackendEnum.FLASH_ATTN, 0)):
+        cls = AsyncMPClient if asynchronous else SyncMPClient
+        client = cls.__new__(cls)  # no engine: the socket is a recorder
+        client.vllm_config = SimpleNamespace(attention_config=SimpleNamespace(backend=backend))
+        client.core_engine, client.encoder, client.input_socket = b"e0", MsgpackEncoder(), Socket()
+        client.ensure_alive = lambda: None
+        for r in reqs:
+            client._send_input(EngineCoreRequestType.ADD, r)
+        got = [dec.decode(frames[2:]) for frames in client.input_socket.sent]
+        assert [g.prompt_token_ids is None for g in got].count(True) == references
+        memo = SentPrompts()
+        assert [fields(memo.resolve(g)) for g in got] == [fields(r) for r in across(reqs)]
