@@ -13,9 +13,11 @@ server run it (each request then also travels to it, serialized): the times only
 profile of the front end alone. Two uses:
   n samples of a cold prompt (the default): --prefix-len 16000 --n 256
   a chat request behind a system prompt, one at a time (serving at a low rate): --system-len 2048
-      --prefix-len 128 --n 1 --repeat 20
+      --prefix-len 128 --n 1 --repeat 20; with --background B, while B such requests decode (a server
+      under load: each timed request's prefill shares its steps with their decodes; the engine stepped
+      by hand)
 Usage: python3 tools/profile_first_token.py --config relay [--model llama-2-7b-shape] [--prefix-len 16000]
-         [--system-len 0] [--n 256] [--repeat 1] [--multiprocess] [--out F.json]
+         [--system-len 0] [--n 256] [--repeat 1] [--background 0] [--multiprocess] [--out F.json]
 """
 
 import argparse
@@ -68,18 +70,20 @@ def main():
     p.add_argument("--system-len", type=int, default=0, help="a warm system prompt in front of every prompt")
     p.add_argument("--n", type=int, default=256)
     p.add_argument("--repeat", type=int, default=1, help="prompts timed for each first-token time (median)")
+    p.add_argument("--background", type=int, default=0, help="requests decoding while each one is timed")
     p.add_argument("--multiprocess", action="store_true", help="the engine core in its own process")
     p.add_argument("--max-model-len", type=int, default=16384)
     p.add_argument("--block-size", type=int)
     p.add_argument("--top", type=int, default=30)
     p.add_argument("--out")
     args = p.parse_args()
-    if args.prefix_len < 1 or args.system_len < 0 or args.n < 1 or args.repeat < 1:
-        p.error("--prefix-len, --n and --repeat must be positive, --system-len not negative")
+    if args.prefix_len < 1 or args.system_len < 0 or args.n < 1 or args.repeat < 1 or args.background < 0:
+        p.error("--prefix-len, --n and --repeat must be positive, --system-len and --background not negative")
     # the engine core in this process, under the profiler, unless --multiprocess
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if args.multiprocess else "0"
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
+    from vllm.sampling_params import RequestOutputKind
 
     from vllm_relay.testing.models import get_model
 
@@ -97,18 +101,41 @@ def main():
     llm = LLM(**kw)
     steps = [] if args.multiprocess else record_steps(llm)
 
-    def first_token_s(n: int) -> float:
+    def new_prompt():
         ids = system + [rng.randrange(100, vocab) for _ in range(args.prefix_len)]
-        prompt = TokensPrompt(prompt_token_ids=ids if system else [1] + ids[1:])
-        params = SamplingParams(n=n, max_tokens=1, ignore_eos=True)
+        return TokensPrompt(prompt_token_ids=ids if system else [1] + ids[1:])
+
+    def first_token_s(n: int) -> float:
+        prompt, params = new_prompt(), SamplingParams(n=n, max_tokens=1, ignore_eos=True)
         t0 = time.perf_counter()
-        outs = llm.generate([prompt], params, use_tqdm=False)
+        outs = stepped(prompt, params) if background else llm.generate([prompt], params, use_tqdm=False)
         elapsed = time.perf_counter() - t0
         if sum(len(c.token_ids) for o in outs for c in o.outputs) != n:
             raise RuntimeError(f"{args.config}: fewer than {n} first tokens")
         return elapsed
 
+    def stepped(prompt, params) -> list:
+        """`prompt`'s outputs, the engine stepped by hand while the background requests decode."""
+        params.output_kind = RequestOutputKind.FINAL_ONLY
+        rid = f"timed-{len(timed)}"
+        timed.append(rid)
+        llm.llm_engine.add_request(rid, prompt, params)
+        while True:
+            done = [out for out in llm.llm_engine.step() if out.request_id == rid and out.finished]
+            if done:
+                return done
+
+    background, timed = [], []
     first_token_s(args.n)  # warm-up: graphs, compilation, the allocator at this size (and the system prompt)
+    if args.background:  # decoding until aborted at the end (as many tokens as fit)
+        prompt_len = len(new_prompt()["prompt_token_ids"])
+        params = SamplingParams(max_tokens=args.max_model_len - prompt_len, ignore_eos=True,
+                                output_kind=RequestOutputKind.FINAL_ONLY)
+        for i in range(args.background):
+            background.append(f"background-{i}")
+            llm.llm_engine.add_request(background[-1], new_prompt(), params)
+        for _ in range(4):  # admitted and decoding
+            llm.llm_engine.step()
     times = {"1": statistics.median(first_token_s(1) for _ in range(args.repeat))}
     runs = []
     for _ in range(args.repeat):
@@ -121,14 +148,17 @@ def main():
     prof.enable()
     profiled = statistics.mean(first_token_s(args.n) for _ in range(args.repeat))  # the profile: all of them
     prof.disable()
+    if background:
+        llm.llm_engine.abort_request(background)
     stats = pstats.Stats(prof)
-    result = {"config": args.config, "multiprocess": args.multiprocess, "prefix_len": args.prefix_len, "system_len": args.system_len, "n": args.n,
+    result = {"config": args.config, "multiprocess": args.multiprocess, "background": args.background,
+              "prefix_len": args.prefix_len, "system_len": args.system_len, "n": args.n,
               "repeat": args.repeat, "first_token_s": times,
               "steps": n_steps, "profiled_s": profiled, "cumulative": top(stats, 3, args.top),
               "own": top(stats, 2, args.top)}
     t1, tn = times["1"], times[str(args.n)]
-    print(f"{args.config}: system {args.system_len}, P={args.prefix_len}, first token of 1: {t1 * 1e3:.2f} ms, "
-          f"of {args.n}: {tn * 1e3:.2f} ms "
+    print(f"{args.config}: system {args.system_len}, P={args.prefix_len}, {args.background} decoding, "
+          f"first token of 1: {t1 * 1e3:.2f} ms, of {args.n}: {tn * 1e3:.2f} ms "
           f"({tn / t1:.2f}x; medians of {args.repeat}); under cProfile {profiled * 1e3:.2f} ms (mean)")
     if not args.multiprocess:
         print(f"\nsteps of the first token of {args.n} (ms from the call; requests, tokens computed, admitted, "

@@ -45,8 +45,9 @@
 #   first-token  where the first token of n=256 samples of a 16000-token prompt goes (relay, then vLLM's
 #             default; tools/profile_first_token.py, engine core in process, cProfile; then relay with its
 #             engine core in its own process, as LLM runs it: what the transport adds; about 6 min)
-#   first-token-chat  the same for chat requests one at a time (the serving step's low rates): 128 fresh
-#             tokens behind a 2048-token system prompt, Llama-3-8B shape, 30 requests each (about 3 min)
+#   first-token-chat  the same for chat requests one at a time: 128 fresh tokens behind a 2048-token system
+#             prompt, Llama-3-8B shape, 30 requests each, alone (the serving step's 1 req/s) and while 8 such
+#             requests decode (its 4-8 req/s); relay and vLLM's default (four engine starts, about 5-6 min)
 #   sglang    SGLang 0.5.23 (tools/gpu_host/sglang/install.sh done: /tmp/site-sglang/env.sh) against relay and
 #             vLLM's default, the l3 workload: Llama-3-8B shape, P=2048, 1000 requests, SGLang's offline Engine
 #             with its radix cache on the same token ids (about 7-9 min; SGLANG_CONFIGS=sglang,relay for less)
@@ -97,9 +98,12 @@ run() {  # one step into $out/STEP.txt; its exit status
         python3 tools/profile_first_token.py --config relay --model "$m" --multiprocess \
             --out "$out/first_token_relay_multiprocess.json" ;;
     first-token-chat) m=$(model llama-3-8b-shape)
-        for c in relay default; do
-          python3 tools/profile_first_token.py --config $c --model "$m" --system-len 2048 --prefix-len 128 --n 1 \
-              --repeat 30 --max-model-len 4096 --out "$out/first_token_chat_$c.json" || return
+        for b in 0 8; do
+          for c in relay default; do
+            python3 tools/profile_first_token.py --config $c --model "$m" --system-len 2048 --prefix-len 128 \
+                --n 1 --repeat 30 --background $b --max-model-len 4096 --out "$out/first_token_chat_${c}_b$b.json" \
+                || return
+          done
         done ;;
     l3) m=$(model llama-3-8b-shape)
         $bt --model "$m" --max-model-len 4096 --configs "${CONFIGS:-default,relay,noprefix}" \

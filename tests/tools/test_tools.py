@@ -27,17 +27,18 @@ def test_tool_runs_and_writes_json(script, args, tmp_path):
 
 
 @pytest.mark.engine
-@pytest.mark.parametrize("multiprocess", [False, True])
-def test_first_token_profile_covers_the_engine_core_in_process(tmp_path, multiprocess):
+@pytest.mark.parametrize("multiprocess,background", [(False, 0), (True, 0), (False, 2)])
+def test_first_token_profile_covers_the_engine_core_in_process(tmp_path, multiprocess, background):
     """One relay engine on a tiny model, a registered system prompt in front of each cold prompt: both
     first-token times and a profile. In process, the profile reaches the scheduler and the model runner and
-    the steps are listed; with --multiprocess the engine core is another process, out of the profile."""
+    the steps are listed; with --multiprocess the engine core is another process, out of the profile; with
+    --background, requests decode in every step of the timed ones."""
     import os
 
     out = tmp_path / "out.json"
     args = ["--config", "relay", "--model", "tiny-llama-gqa", "--prefix-len", "256", "--system-len", "64",
             "--n", "8", "--repeat", "2", "--max-model-len", "512", "--block-size", "32", "--top", "200",
-            "--out", str(out)] + (["--multiprocess"] if multiprocess else [])
+            "--background", str(background), "--out", str(out)] + (["--multiprocess"] if multiprocess else [])
     proc = subprocess.run([sys.executable, str(REPO / "tools" / "profile_first_token.py"), *args],
                           capture_output=True, text=True, timeout=900, cwd=REPO,
                           env=dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1"))
@@ -45,7 +46,8 @@ def test_first_token_profile_covers_the_engine_core_in_process(tmp_path, multipr
     data = json.loads(out.read_text())
     assert set(data["first_token_s"]) == {"1", "8"} and all(t > 0 for t in data["first_token_s"].values())
     names = [r["function"] for r in data["cumulative"]]
-    assert data["multiprocess"] is multiprocess and any("(generate)" in f for f in names), names
+    assert data["multiprocess"] is multiprocess and data["background"] == background, data
+    assert any("(generate)" in f or "(step)" in f for f in names), names
     in_process = any("(schedule)" in f for f in names) and any("(execute_model)" in f for f in names)
     assert in_process is not multiprocess, names
     steps = data["steps"]  # the scheduler's steps of the last timed n case: every child admitted once
@@ -54,4 +56,6 @@ def test_first_token_profile_covers_the_engine_core_in_process(tmp_path, multipr
         return
     assert sum(s["admitted"] for s in steps) == 8 and sum(s["tokens"] for s in steps) >= 256, steps
     # relay's requests carry only their own tokens: the registered prompt is neither computed nor "cached"
-    assert sum(s["tokens"] + s["cached"] for s in steps) == 8 * 256, steps
+    # (and each background request decodes one token a step)
+    assert sum(s["tokens"] + s["cached"] for s in steps) == 8 * 256 + background * len(steps), steps
+    assert all(s["requests"] > background for s in steps), steps
