@@ -22,6 +22,7 @@ Usage: python3 tools/profile_first_token.py --config relay [--model llama-2-7b-s
 
 import argparse
 import cProfile
+import itertools
 import json
 import os
 import pstats
@@ -54,8 +55,9 @@ def record_steps(llm) -> list[dict]:
         t = time.perf_counter()
         out = schedule(*args, **kwargs)
         new = out.scheduled_new_reqs
-        steps.append({"t": t, "requests": len(out.num_scheduled_tokens), "tokens": out.total_num_scheduled_tokens,
-                      "admitted": len(new), "cached": sum(r.num_computed_tokens for r in new)})
+        steps.append({"t": t, "requests": len(out.num_scheduled_tokens),
+                      "tokens": out.total_num_scheduled_tokens, "admitted": len(new),
+                      "cached": sum(r.num_computed_tokens for r in new)})
         return out
 
     scheduler.schedule = recorded
@@ -117,20 +119,18 @@ def main():
     def stepped(prompt, params) -> list:
         """`prompt`'s outputs, the engine stepped by hand while the background requests decode."""
         params.output_kind = RequestOutputKind.FINAL_ONLY
-        rid = f"timed-{len(timed)}"
-        timed.append(rid)
+        rid = f"timed-{next(timed)}"
         llm.llm_engine.add_request(rid, prompt, params)
         while True:
             done = [out for out in llm.llm_engine.step() if out.request_id == rid and out.finished]
             if done:
                 return done
 
-    background, timed = [], []
+    background, timed = [], itertools.count()
     first_token_s(args.n)  # warm-up: graphs, compilation, the allocator at this size (and the system prompt)
     if args.background:  # decoding until aborted at the end (as many tokens as fit)
-        prompt_len = len(new_prompt()["prompt_token_ids"])
-        params = SamplingParams(max_tokens=args.max_model_len - prompt_len, ignore_eos=True,
-                                output_kind=RequestOutputKind.FINAL_ONLY)
+        params = SamplingParams(max_tokens=args.max_model_len - len(system) - args.prefix_len,
+                                ignore_eos=True, output_kind=RequestOutputKind.FINAL_ONLY)
         for i in range(args.background):
             background.append(f"background-{i}")
             llm.llm_engine.add_request(background[-1], new_prompt(), params)
@@ -161,8 +161,8 @@ def main():
           f"first token of 1: {t1 * 1e3:.2f} ms, of {args.n}: {tn * 1e3:.2f} ms "
           f"({tn / t1:.2f}x; medians of {args.repeat}); under cProfile {profiled * 1e3:.2f} ms (mean)")
     if not args.multiprocess:
-        print(f"\nsteps of the first token of {args.n} (ms from the call; requests, tokens computed, admitted, "
-              "their cached tokens):")
+        print(f"\nsteps of the first token of {args.n} (ms from the call; requests, tokens computed, "
+              "admitted, their cached tokens):")
     for r in n_steps:
         print(f"  {r['t']:9.2f} {r['requests']:6d} {r['tokens']:7d} {r['admitted']:6d} {r['cached']:8d}")
     for what in ("cumulative", "own"):

@@ -20,7 +20,13 @@ serializes nothing and is left alone.
 import weakref
 
 from vllm_relay.hooks._patch import original, patch
-from vllm_relay.protocol import SAME_PROMPT_KEY, mark_same_prompt, relay_enabled, strip_same_prompt_mark
+from vllm_relay.protocol import (
+    SAME_PROMPT_KEY,
+    is_same_prompt,
+    mark_same_prompt,
+    relay_enabled,
+    strip_same_prompt_mark,
+)
 
 # At 512 ids a reference saves about 5 us of decoding for some 2 us of marking and resolving it (the CPU
 # machine: 14.4 us to decode such a request, 9.0 us marked, 1.1 us to mark); shorter prompts gain nothing.
@@ -34,18 +40,16 @@ sent_once = 0  # requests this process sent as a reference to the prompt before 
 def outgoing(client, request, engine):
     """The request to send in place of `request` (an EngineCoreRequest for `engine`)."""
     global sent_once
-    params = request.sampling_params
-    if params is not None and params.extra_args and SAME_PROMPT_KEY in params.extra_args:
+    if is_same_prompt(request):
         from vllm.logger import init_logger
 
         request = strip_same_prompt_mark(request)  # a user's vllm_xargs: never a reference
-        params = request.sampling_params
         init_logger(__name__).warning_once("vllm-relay: dropped the %r key of a request's extra_args "
                                            "(vllm_xargs): only relay's front end sets it", SAME_PROMPT_KEY)
     last = _last_sent.setdefault(client, {})
     prompt = request.prompt_token_ids
     if (prompt is None or len(prompt) < MIN_TOKENS or request.prompt_embeds is not None
-            or request.mm_features or params is None):
+            or request.mm_features or request.sampling_params is None):
         last.pop(engine, None)
         return request
     if last.get(engine) is prompt:
