@@ -17,7 +17,8 @@ profile of the front end alone. Two uses:
       under load: each timed request's prefill shares its steps with their decodes; the engine stepped
       by hand)
 Usage: python3 tools/profile_first_token.py --config relay [--model llama-2-7b-shape] [--prefix-len 16000]
-         [--system-len 0] [--n 256] [--repeat 1] [--background 0] [--multiprocess] [--out F.json]
+         [--system-len 0] [--n 256] [--repeat 1] [--background 0] [--multiprocess] [--no-profile]
+         [--out F.json]   (with a profile, F.json.pstats holds all of it: python3 -m pstats F.json.pstats)
 """
 
 import argparse
@@ -37,6 +38,23 @@ def top(stats: pstats.Stats, key: int, k: int) -> list[dict]:
             for f, v in stats.stats.items() if "vllm" in f[0]]
     rows.sort(reverse=True)
     return [{"s": round(t, 4), "calls": n, "function": name} for t, n, name in rows[:k]]
+
+
+def host_speed_us(rounds: int = 9) -> float:
+    """The median time (us) of a fixed piece of pure Python (dict stores, tuples, str): the host's speed for
+    the interpreter's own work, which a host-bound step is made of."""
+    def work():
+        d = {}
+        for i in range(20000):
+            d[i & 255] = (i, str(i))
+        return d
+
+    times = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        work()
+        times.append(time.perf_counter() - t)
+    return round(statistics.median(times) * 1e6, 1)
 
 
 def model_vocab(model: str) -> int:
@@ -74,6 +92,7 @@ def main():
     p.add_argument("--repeat", type=int, default=1, help="prompts timed for each first-token time (median)")
     p.add_argument("--background", type=int, default=0, help="requests decoding while each one is timed")
     p.add_argument("--multiprocess", action="store_true", help="the engine core in its own process")
+    p.add_argument("--no-profile", action="store_true", help="the times only, no cProfile runs")
     p.add_argument("--max-model-len", type=int, default=16384)
     p.add_argument("--block-size", type=int)
     p.add_argument("--top", type=int, default=30)
@@ -136,6 +155,7 @@ def main():
             llm.llm_engine.add_request(background[-1], new_prompt(), params)
         for _ in range(4):  # admitted and decoding
             llm.llm_engine.step()
+    speed = [host_speed_us()]
     times = {"1": statistics.median(first_token_s(1) for _ in range(args.repeat))}
     runs = []
     for _ in range(args.repeat):
@@ -144,34 +164,41 @@ def main():
         runs.append(first_token_s(args.n))
     times[str(args.n)] = statistics.median(runs)
     n_steps = [dict(s, t=round((s["t"] - t0) * 1e3, 2)) for s in steps if s["tokens"]]  # t: ms from the call
-    prof = cProfile.Profile()
-    prof.enable()
-    profiled = statistics.mean(first_token_s(args.n) for _ in range(args.repeat))  # the profile: all of them
-    prof.disable()
+    speed.append(host_speed_us())
+    prof, profiled = cProfile.Profile(), None
+    if not args.no_profile:
+        prof.enable()
+        profiled = statistics.mean(first_token_s(args.n) for _ in range(args.repeat))  # all of them profiled
+        prof.disable()
     if background:
         llm.llm_engine.abort_request(background)
-    stats = pstats.Stats(prof)
+    stats = None if args.no_profile else pstats.Stats(prof)
     result = {"config": args.config, "multiprocess": args.multiprocess, "background": args.background,
               "prefix_len": args.prefix_len, "system_len": args.system_len, "n": args.n,
-              "repeat": args.repeat, "first_token_s": times,
-              "steps": n_steps, "profiled_s": profiled, "cumulative": top(stats, 3, args.top),
-              "own": top(stats, 2, args.top)}
+              "repeat": args.repeat, "first_token_s": times, "host_speed_us": speed,
+              "cpus": len(os.sched_getaffinity(0)),
+              "steps": n_steps, "profiled_s": profiled, "cumulative": stats and top(stats, 3, args.top),
+              "own": stats and top(stats, 2, args.top)}
     t1, tn = times["1"], times[str(args.n)]
     print(f"{args.config}: system {args.system_len}, P={args.prefix_len}, {args.background} decoding, "
           f"first token of 1: {t1 * 1e3:.2f} ms, of {args.n}: {tn * 1e3:.2f} ms "
-          f"({tn / t1:.2f}x; medians of {args.repeat}); under cProfile {profiled * 1e3:.2f} ms (mean)")
+          f"({tn / t1:.2f}x; medians of {args.repeat})"
+          + ("" if profiled is None else f"; under cProfile {profiled * 1e3:.2f} ms (mean)")
+          + f"; host speed {speed[0]:.0f} / {speed[1]:.0f} us (before / after)")
     if not args.multiprocess:
         print(f"\nsteps of the first token of {args.n} (ms from the call; requests, tokens computed, "
               "admitted, their cached tokens):")
     for r in n_steps:
         print(f"  {r['t']:9.2f} {r['requests']:6d} {r['tokens']:7d} {r['admitted']:6d} {r['cached']:8d}")
-    for what in ("cumulative", "own"):
+    for what in ("cumulative", "own") if stats else ():
         print(f"\n{what} time, s (calls):")
         for r in result[what]:
             print(f"  {r['s']:8.4f} {r['calls']:>8}  {r['function']}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
+        if stats:
+            stats.dump_stats(args.out + ".pstats")
 
 
 if __name__ == "__main__":

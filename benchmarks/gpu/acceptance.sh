@@ -48,6 +48,10 @@
 #   first-token-chat  the same for chat requests one at a time: 128 fresh tokens behind a 2048-token system
 #             prompt, Llama-3-8B shape, 30 requests each, alone (the serving step's 1 req/s) and while 8 such
 #             requests decode (its 4-8 req/s); relay and vLLM's default (four engine starts, about 5-6 min)
+#   first-token-ab  first-token-chat's requests alone, relay and vLLM's default in alternation over ROUNDS
+#             (default 3) pairs of processes, the order reversed each round, no profile: a host-bound first
+#             token moves with each process's host speed (recorded), so one process per side is no comparison
+#             (about 1-1.5 min a process)
 #   sglang    SGLang 0.5.23 (tools/gpu_host/sglang/install.sh done: /tmp/site-sglang/env.sh) against relay and
 #             vLLM's default, the l3 workload: Llama-3-8B shape, P=2048, 1000 requests, SGLang's offline Engine
 #             with its radix cache on the same token ids (about 7-9 min; SGLANG_CONFIGS=sglang,relay for less)
@@ -71,6 +75,7 @@ bs="python3 benchmarks/bench_sharing.py"
 stamp=$(date +%H%M%S)
 model() { python3 -m vllm_relay.testing build "$1" | tail -1 | cut -f2; }
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv > "$out/gpu.txt" 2>&1
+{ lscpu; nvidia-smi topo -m; } > "$out/host.txt" 2>&1
 
 run() {  # one step into $out/STEP.txt; its exit status
   local step=$1 e2e="tests/e2e/test_gpu_relay.py"
@@ -104,6 +109,15 @@ run() {  # one step into $out/STEP.txt; its exit status
                 --n 1 --repeat 30 --background $b --max-model-len 4096 --out "$out/first_token_chat_${c}_b$b.json" \
                 || return
           done
+        done ;;
+    first-token-ab) m=$(model llama-3-8b-shape) order="relay default"
+        for i in $(seq "${ROUNDS:-3}"); do
+          for c in $order; do
+            python3 tools/profile_first_token.py --config $c --model "$m" --system-len 2048 --prefix-len 128 \
+                --n 1 --repeat 30 --no-profile --max-model-len 4096 --out "$out/first_token_ab_${c}_$i.json" \
+                || return
+          done
+          order=$(echo $order | tr ' ' '\n' | tac | tr '\n' ' ')
         done ;;
     l3) m=$(model llama-3-8b-shape)
         $bt --model "$m" --max-model-len 4096 --configs "${CONFIGS:-default,relay,noprefix}" \
