@@ -24,12 +24,17 @@ its /metrics before and after the rate: where a TTFT difference between two serv
 With --rounds R > 1 the configurations are compared interleaved on one GPU: every server is started (one
 after another, each with an equal share of the GPU's memory) and kept up, then R rounds run every rate on
 each server in turn, the order reversed each round (A B, B A, ...). A row's figures are then the median
-over the rounds of each round's figure, and "rounds" lists the rounds' own rows.
+over the rounds of each round's figure, and "rounds" lists the rounds' own rows. With --restarts R > 1 each
+round instead starts every server again, one at a time with the GPU to itself, the order reversed each
+round: on a host-bound step (the first token of a request at a low rate) the host's speed differs from one
+process to the next by more than the differences measured (up to 1.5x for the same code on the H200 host,
+benchmarks/results/2026-12-04_h200_vllm033_first_token_host/), so a ratio needs several processes a side.
 Writes {"model", "workload", "configs": {NAME: [{"rate", "ttft_ms": {"p50", "p99"}, "tpot_ms",
 "e2e_ms", "req_per_s", "requests", "server_mean_ms"[, "rounds"]}]}} (the shape benchmarks/plot.py reads).
 Usage (GPU host):
   python3 benchmarks/bench_serving.py --model DIR --rates 1,4,8,16,32 --duration 25 --out results.json
   python3 benchmarks/bench_serving.py --model DIR --rates 1,4,8 --duration 20 --rounds 2 --out results.json
+  python3 benchmarks/bench_serving.py --model DIR --rates 1,4,8 --duration 15 --restarts 2 --out results.json
 """
 
 import argparse
@@ -68,6 +73,8 @@ def parse_args():
     p.add_argument("--startup-timeout", type=float, default=900)
     p.add_argument("--rounds", type=int, default=1,
                    help="above 1: all servers up at once, every rate on each in turn, R times (A B, B A...)")
+    p.add_argument("--restarts", type=int, default=1,
+                   help="above 1: R rounds, each starting every server again, one at a time (A B, B A...)")
     p.add_argument("--out")
     return p.parse_args()
 
@@ -270,11 +277,11 @@ async def run_rate(session, base, rate, args, request):
 class Server:
     """One configuration's server process, started on construction and up until `stop`."""
 
-    def __init__(self, args, config, systems, log_dir, share=None):
+    def __init__(self, args, config, systems, log_dir, share=None, log_suffix=""):
         self.config, self.port = config, free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.proc, self.log = start_server(args, config, systems, self.port,
-                                           os.path.join(log_dir, f"server_{config}.log"), share)
+                                           os.path.join(log_dir, f"server_{config}{log_suffix}.log"), share)
 
     async def wait(self, session, args, request):
         t0 = time.monotonic()
@@ -312,6 +319,15 @@ def _median(xs):
     return statistics.median(xs) if xs else None
 
 
+def alternating(configs: list[str], rounds: int) -> list[list[str]]:
+    """Each round's order of the configurations: as given, then reversed, and so on.
+
+    >>> alternating(["default", "relay"], 3)
+    [['default', 'relay'], ['relay', 'default'], ['default', 'relay']]
+    """
+    return [list(configs) if r % 2 == 0 else list(configs)[::-1] for r in range(rounds)]
+
+
 def merge_rounds(rounds: list[list[dict]]) -> list[dict]:
     """Per rate, each figure's median over the rounds' rows, the rounds' rows kept under "rounds".
 
@@ -336,31 +352,39 @@ def merge_rounds(rounds: list[list[dict]]) -> list[dict]:
 
 
 async def bench(args, configs, systems, request, log_dir, save):
-    """Each configuration's rows: one server at a time (--rounds 1), or all up at once in rounds."""
+    """Each configuration's rows: one server at a time (--restarts R: started again in each of R rounds),
+    or all up at once in rounds (--rounds R)."""
     import aiohttp
 
     timeout = aiohttp.ClientTimeout(total=None)
     together = args.rounds > 1
     share = gpu_share(args, len(configs)) if together and _has_gpu() else None
-    results, servers = {}, []
+    by_config, servers = {c: [] for c in configs}, []
+
+    def merged():  # one round: its rows as they are
+        return {c: rs[0] if args.restarts == 1 else merge_rounds(rs) for c, rs in by_config.items() if rs}
+
     async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
         try:
             if not together:
-                for config in configs:
-                    server = Server(args, config, systems, log_dir)
-                    servers.append(server)
-                    await server.wait(session, args, request)
-                    results[config] = await run_rates(session, server, args, request)
-                    server.stop()
-                    servers.remove(server)
-                    save(results)
-                return results
+                for r, order in enumerate(alternating(configs, args.restarts)):
+                    for config in order:
+                        if args.restarts > 1:
+                            print(f"restart {r + 1}/{args.restarts}", end=" ", flush=True)
+                        suffix = f"_{r + 1}" if args.restarts > 1 else ""
+                        server = Server(args, config, systems, log_dir, log_suffix=suffix)
+                        servers.append(server)
+                        await server.wait(session, args, request)
+                        by_config[config].append(await run_rates(session, server, args, request))
+                        server.stop()
+                        servers.remove(server)
+                        save(merged())
+                return merged()
             for config in configs:  # one after another: each profiles its memory with the others settled
                 servers.append(Server(args, config, systems, log_dir, share))
                 await servers[-1].wait(session, args, request)
-            by_config = {s.config: [] for s in servers}
-            for r in range(args.rounds):
-                for server in servers if r % 2 == 0 else servers[::-1]:
+            for r, order in enumerate(alternating(configs, args.rounds)):
+                for server in sorted(servers, key=lambda s: order.index(s.config)):
                     print(f"round {r + 1}/{args.rounds}", end=" ", flush=True)
                     by_config[server.config].append(await run_rates(session, server, args, request))
                 save({c: merge_rounds(rs) for c, rs in by_config.items()})
@@ -375,13 +399,16 @@ def main():
     configs = args.configs.split(",")
     for config in configs:  # an unknown name fails before any server starts
         check_config(config)
-    if args.rounds < 1:
-        raise ValueError(f"--rounds must be at least 1, not {args.rounds}")
+    if args.rounds < 1 or args.restarts < 1:
+        raise ValueError(f"--rounds and --restarts must be at least 1, not {args.rounds} and {args.restarts}")
+    if args.rounds > 1 and args.restarts > 1:
+        raise ValueError("--rounds (servers kept up together) and --restarts (servers started again) are "
+                         "two ways of repeating: give one")
     systems, request = make_workload(args)
     log_dir = os.path.dirname(os.path.abspath(args.out)) if args.out else "."
     out = {"model": os.path.basename(os.path.normpath(args.model)),
-           "workload": {k: getattr(args, k) for k in ("system_lens", "plain_fraction", "user_len", "output_len",
-                                                       "duration", "seed", "rounds")},
+           "workload": {k: getattr(args, k) for k in ("system_lens", "plain_fraction", "user_len",
+                                                       "output_len", "duration", "seed", "rounds", "restarts")},
            "configs": {}}
 
     def save(results):  # keep what is done, whatever fails later
@@ -396,7 +423,7 @@ def main():
 
     for name in [c for c in out["configs"] if c.startswith("relay")] if "default" in out["configs"] else []:
         print(f"rate | TTFT p50 {name}/default | TPOT p50 {name}/default | E2E p50 {name}/default"
-              + (" | TTFT, TPOT p50 ratios per round" if args.rounds > 1 else ""))
+              + (" | TTFT, TPOT p50 ratios per round" if max(args.rounds, args.restarts) > 1 else ""))
         for d, r in zip(out["configs"]["default"], out["configs"][name]):
             pairs = zip(d["rounds"], r["rounds"]) if "rounds" in d else []
             per_round = ", ".join(ratio(rr, dr, "ttft_ms") + "/" + ratio(rr, dr, "tpot_ms")

@@ -23,7 +23,10 @@
 #   latency   decode steps of B requests behind a 2048-token system prompt (B = 1, 8, 64, 256), Llama-3-8B shape:
 #             vLLM's default and relay on their engines, after 200 requests of the throughput workload (about 6 min)
 #   serve     chat through the OpenAI server (two system prompts, 20% without), Poisson 1, 4 and 8 requests/s for
-#             20 s each, TTFT and TPOT: vLLM's default server and relay's, Llama-3-8B shape (about 7 min)
+#             20 s each, TTFT and TPOT: vLLM's default server and relay's, Llama-3-8B shape (about 7 min);
+#             RESTARTS=R starts both servers again in each of R rounds, the order reversed each round (a
+#             host-bound TTFT moves with each process's host speed), DURATION the seconds a rate
+#             (RESTARTS=2 DURATION=12: about 9 min)
 #   plain     traffic sharing nothing: the relay backend with nothing registered against vLLM's default, warm
 #             engines side by side on one GPU (0.45 of it each), the median of 5 interleaved rounds of 1000
 #             requests without a system prompt (bench_interleaved.py; two engine starts of about 1-2 min each,
@@ -129,8 +132,8 @@ run() {  # one step into $out/STEP.txt; its exit status
         $bt --model "$m" --max-model-len 4096 --num-prompts 200 --configs default,relay --latency \
             --latency-batches 1,8,64,256 --out "$out/latency_llama3_p2048_$stamp.json" ;;
     serve) m=$(model llama-3-8b-shape)
-        python3 benchmarks/bench_serving.py --model "$m" --rates 1,4,8 --duration 20 --configs default,relay \
-            --out "$out/serving_llama3_$stamp.json" ;;
+        python3 benchmarks/bench_serving.py --model "$m" --rates 1,4,8 --duration "${DURATION:-20}" \
+            --restarts "${RESTARTS:-1}" --configs default,relay --out "$out/serving_llama3_$stamp.json" ;;
     plain) m=$(model llama-3-8b-shape)
         # --prefix-len 0: the requests share nothing but BOS, so noprefix-relay's stripping of the system
         # prompt leaves them as sampled and both engines get the same requests (the output's "Requests:"

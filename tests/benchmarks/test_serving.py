@@ -1,6 +1,8 @@
 """benchmarks/bench_serving.py: each configuration's server command line."""
 
+import asyncio
 import json
+import re
 import sys
 
 import pytest
@@ -128,10 +130,78 @@ def test_rounds_merge_into_per_rate_medians_and_keep_each_round():
         assert m["server_mean_ms"]["decode"] is None
 
 
-def test_rounds_below_one_are_refused():
-    sys_argv, sys.argv = sys.argv, ["bench_serving.py", "--model", "/m", "--rounds", "0"]
+@pytest.mark.parametrize("extra,message", [
+    (["--rounds", "0"], "--rounds and --restarts must be at least 1, not 0 and 1"),
+    (["--restarts", "0"], "--rounds and --restarts must be at least 1, not 1 and 0"),
+    (["--rounds", "2", "--restarts", "2"], "two ways of repeating: give one"),
+])
+def test_rounds_and_restarts_below_one_or_both_are_refused(extra, message):
+    sys_argv, sys.argv = sys.argv, ["bench_serving.py", "--model", "/m", *extra]
     try:
-        with pytest.raises(ValueError, match="--rounds must be at least 1"):
+        with pytest.raises(ValueError, match=re.escape(message)):
             bench.main()
     finally:
         sys.argv = sys_argv
+
+
+def test_restarts_alternate_the_order_of_the_servers():
+    assert bench.alternating(["default", "relay", "sglang"], 4) == [
+        ["default", "relay", "sglang"], ["sglang", "relay", "default"],
+        ["default", "relay", "sglang"], ["sglang", "relay", "default"]]
+    assert bench.alternating(["relay"], 2) == [["relay"], ["relay"]]
+
+
+def test_restarts_start_every_server_again_each_round_and_merge_the_rounds(monkeypatch, tmp_path):
+    """--restarts 3: six servers, one at a time, in alternating order, each its own log; per configuration
+    the median of its three rounds, the rounds kept, and the results saved after every server."""
+    started, figures = [], iter(range(100))
+
+    class FakeServer:
+        def __init__(self, args, config, systems, log_dir, share=None, log_suffix=""):
+            self.config = config
+            started.append((config, log_suffix, share))
+
+        async def wait(self, session, args, request):
+            pass
+
+        def stop(self):
+            started.append(("stopped", self.config))
+
+    async def fake_rates(session, server, args, request):
+        t = float(next(figures))
+        return [{"rate": 1.0, "requests": 2, "req_per_s": 1.0, "ttft_ms": {"p50": t, "p99": t},
+                 "tpot_ms": {"p50": 5.0, "p99": 5.0}, "e2e_ms": {"p50": 1.0, "p99": 1.0},
+                 "server_mean_ms": {"ttft": t}}]
+
+    monkeypatch.setattr(bench, "Server", FakeServer)
+    monkeypatch.setattr(bench, "run_rates", fake_rates)
+    saved = []
+    out = asyncio.run(bench.bench(args("--restarts", "3"), ["default", "relay"], [], None, str(tmp_path),
+                                  saved.append))
+    servers = [s for s in started if s[0] != "stopped"]
+    assert servers == [("default", "_1", None), ("relay", "_1", None), ("relay", "_2", None),
+                       ("default", "_2", None), ("default", "_3", None), ("relay", "_3", None)]
+    assert started[1] == ("stopped", "default")  # each stopped before the next starts
+    assert [r["ttft_ms"]["p50"] for r in out["default"][0]["rounds"]] == [0.0, 3.0, 4.0]
+    assert out["default"][0]["ttft_ms"]["p50"] == 3.0 and out["relay"][0]["ttft_ms"]["p50"] == 2.0
+    assert out["relay"][0]["requests"] == 6 and len(saved) == 6 and saved[-1] == out
+
+
+def test_one_round_keeps_the_rows_as_they_are(monkeypatch, tmp_path):
+    class FakeServer:
+        def __init__(self, args, config, systems, log_dir, share=None, log_suffix=""):
+            self.config, self.suffix = config, log_suffix
+
+        async def wait(self, session, args, request):
+            pass
+
+        def stop(self):
+            assert self.suffix == ""
+
+    async def fake_rates(session, server, args, request):
+        return [{"rate": 1.0, "config": server.config}]
+
+    monkeypatch.setattr(bench, "Server", FakeServer)
+    monkeypatch.setattr(bench, "run_rates", fake_rates)
+    out = asyncio.run(bench.bench(args(), ["default", "relay"], [], None, str(tmp_path), lambda r: None))
+    assert out == {"default": [{"rate": 1.0, "config": "default"}], "relay": [{"rate": 1.0, "config": "relay"}]}
