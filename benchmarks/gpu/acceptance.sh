@@ -57,7 +57,11 @@
 #             (about 1-1.5 min a process)
 #   sglang    SGLang 0.5.23 (tools/gpu_host/sglang/install.sh done: /tmp/site-sglang/env.sh) against relay and
 #             vLLM's default, the l3 workload: Llama-3-8B shape, P=2048, 1000 requests, SGLang's offline Engine
-#             with its radix cache on the same token ids (about 7-9 min; SGLANG_CONFIGS=sglang,relay for less)
+#             with its radix cache on the same token ids (about 7-9 min; SGLANG_CONFIGS=sglang,relay for less);
+#             SHAPE=llama-2-7b-shape and P=8192 for the others, P=0 with
+#             SGLANG_CONFIGS=sglang,noprefix-relay,default for traffic sharing nothing
+#   sglang-tree  the tree of `tree` (a 2048-token system prompt over 8 documents x 4 questions x 8 samples,
+#             Llama-2-7B shape): the ceiling, relay and SGLang (about 6 min)
 #   sglang-samples  n samples of one prompt (P = $PS, default 16000; n = $NS, default 1,64,256; 128 tokens each),
 #             Llama-2-7B shape: the ceiling, relay and SGLang, and each one's first token (bench_sharing.py;
 #             about 5 min per P)
@@ -153,9 +157,12 @@ run() {  # one step into $out/STEP.txt; its exit status
     serve-plain) python3 benchmarks/bench_serving.py --model "$(model llama-3-8b-shape)" --rates 1,4,8 --duration 20 \
             --plain-fraction 1 --configs default,relay-plain --out "$out/serving_plain_llama3_$stamp.json" ;;
     ops) python3 benchmarks/bench_ops.py ${QUICK:+--quick} --out "$out" ;;
-    sglang) m=$(model llama-3-8b-shape)
-        $bt --model "$m" --max-model-len 4096 --configs "${SGLANG_CONFIGS:-sglang,relay,default}" \
-            --out "$out/sglang_llama3_p2048_$stamp.json" ;;
+    sglang) shape=${SHAPE:-llama-3-8b-shape} p=${P:-2048}
+        python3 benchmarks/bench_throughput.py --model "$(model "$shape")" --prefix-len "$p" --num-prompts 1000 \
+            --max-model-len $((p + 1024 > 4096 ? p + 1024 : 4096)) \
+            --configs "${SGLANG_CONFIGS:-sglang,relay,default}" --out "$out/sglang_${shape}_p${p}_$stamp.json" ;;
+    sglang-tree) $bs --model "$(model llama-2-7b-shape)" --workloads tree --max-model-len 8192 \
+            --configs ceiling,relay,sglang --out "$out/sglang_tree_llama2_$stamp.json" ;;
     sglang-samples) m=$(model llama-2-7b-shape)
         $bs --model "$m" --workloads samples --prefix-lens "${PS:-16000}" \
             --ns "${NS:-1,64,256}" --configs ceiling,relay,sglang --out "$out/sglang_samples_llama2_$stamp.json" ;;
