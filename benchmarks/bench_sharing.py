@@ -36,8 +36,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (add_sglang_args, model_config, profiler_config, result_line, run_logged,  # noqa: E402
-                    sglang_command, sglang_engine, sglang_sampling, worker_command)
+from common import (add_sglang_args, json_object, model_config, profiler_config, result_line,  # noqa: E402
+                    run_logged, sglang_command, sglang_engine, sglang_sampling, worker_command)
 
 
 def measure_card() -> dict:
@@ -109,7 +109,7 @@ def engine_kwargs(args, config, system):
         kw.update(attention_backend="relay", additional_config={"relay": relay})
     if args.profile:  # vLLM's torch profiler over a window of the first point's steps
         kw["profiler_config"] = profiler_config(args, config)
-    return kw
+    return {**kw, **args.engine_args}
 
 
 def vllm_generate(args, system):
@@ -375,6 +375,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--tree-system", type=int, default=2048)
     p.add_argument("--max-model-len", type=int, default=16384)
     p.add_argument("--max-num-seqs", type=int, default=1024)
+    p.add_argument("--engine-args", type=json_object, default={},
+                   help="more vLLM engine arguments for every vLLM configuration, as JSON (a feature on for "
+                   "every side: '{\"kv_cache_dtype\": \"fp8\"}')")
     p.add_argument("--repeat", type=int, default=1,
                    help="runs of each point, each with fresh ids (the median)")
     p.add_argument("--iteration-details", action="store_true", help="vLLM's per-step log in <out>.<config>.log")

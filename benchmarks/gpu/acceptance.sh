@@ -19,7 +19,9 @@
 #   l3 l2     the P=2048 throughput jobs: Llama-3-8B shape default / relay / no prompt (about 7 min), Llama-2-7B
 #             shape relay / no prompt (about 5 min); run each three times, in three calls, for a median of jobs;
 #             l3 takes CONFIGS, and ENGINE_ARGS (JSON) turns a feature on for every side, e.g.
-#             ENGINE_ARGS='{"kv_cache_dtype": "fp8"}' CONFIGS=default,relay (about 5 min)
+#             ENGINE_ARGS='{"kv_cache_dtype": "fp8"}' CONFIGS=default,relay (about 5 min); SHAPE another model
+#             of vllm_relay.testing: SHAPE=gemma-3-12b-shape (sliding windows), SHAPE=qwen2.5-vl-7b-shape with
+#             ENGINE_ARGS='{"limit_mm_per_prompt": {"image": 0, "video": 0}}' (M-RoPE)
 #   latency   decode steps of B requests behind a 2048-token system prompt (B = 1, 8, 64, 256), Llama-3-8B shape:
 #             vLLM's default and relay on their engines, after 200 requests of the throughput workload (about 6 min)
 #   serve     chat through the OpenAI server (two system prompts, 20% without), Poisson 1, 4 and 8 requests/s for
@@ -38,7 +40,8 @@
 #   samples   Hydragen's sweep, Llama-2-7B shape: n = $NS completions (default 64,256,1024) of one prompt of
 #             P = $PS tokens (default 1024,4096,16000), 128 tokens each, and each one's first token: the ceiling,
 #             relay and vLLM's default (CONFIGS, REPEAT; bench_sharing.py; vLLM's default takes minutes a point
-#             at P=16000: PS and NS one or two values a call)
+#             at P=16000: PS and NS one or two values a call); SHAPE and ENGINE_ARGS as for l3 (a feature's
+#             n=64 samples of a 4K prompt: PS=4096 NS=64)
 #   tree      a 2048-token system prompt over 8 documents x 4 questions x 8 samples, Llama-2-7B shape: the
 #             ceiling, relay, relay with the registered prompt only, vLLM's default (CONFIGS; about 6 min)
 #   serve-plain  chat with no system prompt at all, as `serve`: vLLM's default and the relay backend with
@@ -126,9 +129,9 @@ run() {  # one step into $out/STEP.txt; its exit status
           done
           order=$(echo $order | tr ' ' '\n' | tac | tr '\n' ' ')
         done ;;
-    l3) m=$(model llama-3-8b-shape)
+    l3) m=$(model "${SHAPE:-llama-3-8b-shape}")
         $bt --model "$m" --max-model-len 4096 --configs "${CONFIGS:-default,relay,noprefix}" \
-            ${ENGINE_ARGS:+--engine-args "$ENGINE_ARGS"} --out "$out/e2e_llama3_p2048_$stamp.json" ;;
+            ${ENGINE_ARGS:+--engine-args "$ENGINE_ARGS"} --out "$out/e2e_${SHAPE:-llama3}_p2048_$stamp.json" ;;
     l2) m=$(model llama-2-7b-shape)
         $bt --model "$m" --max-model-len 5120 --configs relay,noprefix \
             --out "$out/single_llama2_p2048_$stamp.json" ;;
@@ -149,9 +152,10 @@ run() {  # one step into $out/STEP.txt; its exit status
             --configs "${CONFIGS:-relay,noprefix}" --out "$out/single_llama2_p8192_$stamp.json" ;;
     multi) $bt --model "$(model llama-3-8b-shape)" --max-model-len 5120 --workloads multi \
             --configs "${CONFIGS:-default,relay}" --out "$out/multi_llama3_$stamp.json" ;;
-    samples) $bs --model "$(model llama-2-7b-shape)" --workloads samples --prefix-lens "${PS:-1024,4096,16000}" \
-            --ns "${NS:-64,256,1024}" --configs "${CONFIGS:-ceiling,relay,default}" --repeat "${REPEAT:-1}" \
-            --out "$out/samples_llama2_$stamp.json" ;;
+    samples) $bs --model "$(model "${SHAPE:-llama-2-7b-shape}")" --workloads samples \
+            --prefix-lens "${PS:-1024,4096,16000}" --ns "${NS:-64,256,1024}" \
+            --configs "${CONFIGS:-ceiling,relay,default}" --repeat "${REPEAT:-1}" ${ENGINE_ARGS:+--engine-args "$ENGINE_ARGS"} \
+            --out "$out/samples_${SHAPE:-llama2}_$stamp.json" ;;
     tree) $bs --model "$(model llama-2-7b-shape)" --workloads tree --max-model-len 8192 \
             --configs "${CONFIGS:-ceiling,relay,relay-sysonly,default}" --out "$out/tree_llama2_$stamp.json" ;;
     serve-plain) python3 benchmarks/bench_serving.py --model "$(model llama-3-8b-shape)" --rates 1,4,8 --duration 20 \

@@ -188,3 +188,14 @@ def test_the_sglang_config_sends_each_point_with_its_n_and_refuses_short_runs(tm
     short = 1
     with pytest.raises(RuntimeError, match="sglang: 4 completions, 28 tokens, not 4 x 8"):
         bench.worker(args)
+
+
+def test_engine_args_reach_every_vllm_configuration():
+    """--engine-args (a feature on for every side) is in the engine of the ceiling, relay and vLLM's
+    default alike, over what the configuration sets."""
+    args = SimpleNamespace(model="/m", max_model_len=4096, max_num_seqs=64, iteration_details=False, profile=None,
+                           workloads="samples", engine_args={"kv_cache_dtype": "fp8", "max_num_seqs": 8})
+    for config in ("ceiling", "relay", "default"):
+        kw = bench.engine_kwargs(args, config, [1, 2, 3])
+        assert kw["kv_cache_dtype"] == "fp8" and kw["max_num_seqs"] == 8, (config, kw)
+    assert bench.engine_kwargs(args, "relay", [1])["attention_backend"] == "relay"

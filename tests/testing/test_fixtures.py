@@ -194,3 +194,31 @@ def test_import_is_cheap():
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
                          env=dict(os.environ, PYTHONPATH=str(REPO)))
     assert out.stdout.strip() == "[]"
+
+
+def test_feature_shape_models_are_configs_vllm_reads_for_relay(built):
+    """The shape models of the features (Gemma 3's windows, Qwen2.5-VL's M-RoPE, an EAGLE-3 head for
+    Llama-3-8B's shape): config only, the tokenizer as large as the vocabulary, and each one an engine
+    config vLLM builds with relay selected (relay's front-end checks included)."""
+    from transformers import AutoConfig, AutoTokenizer
+    from vllm.engine.arg_utils import EngineArgs
+
+    for name in ("gemma-3-12b-shape", "qwen2.5-vl-7b-shape", "llama-3-8b-shape-eagle3"):
+        assert not list(built[name].glob("*.safetensors")), name
+    gemma = AutoConfig.from_pretrained(built["gemma-3-12b-shape"])
+    assert (gemma.hidden_size, gemma.num_hidden_layers, gemma.num_attention_heads, gemma.num_key_value_heads,
+            gemma.head_dim, gemma.sliding_window) == (3840, 48, 16, 8, 256, 1024)
+    assert gemma.layer_types.count("full_attention") == 8  # one layer in six
+    assert len(AutoTokenizer.from_pretrained(built["gemma-3-12b-shape"])) == gemma.vocab_size == 262208
+    vl = AutoConfig.from_pretrained(built["qwen2.5-vl-7b-shape"])
+    assert len(AutoTokenizer.from_pretrained(built["qwen2.5-vl-7b-shape"])) == vl.text_config.vocab_size == 152064
+    assert vl.text_config.rope_parameters["mrope_section"] == [16, 24, 24]
+    common = dict(load_format="dummy", attention_backend="relay", max_model_len=4096, block_size=32)
+    c = EngineArgs(model=str(built["gemma-3-12b-shape"]), **common).create_engine_config()
+    assert c.model_config.architectures == ["Gemma3ForCausalLM"]
+    c = EngineArgs(model=str(built["qwen2.5-vl-7b-shape"]), **common, **models.VL_ENGINE).create_engine_config()
+    assert c.model_config.uses_mrope
+    spec = {"method": "eagle3", "model": str(built["llama-3-8b-shape-eagle3"]), "num_speculative_tokens": 1}
+    c = EngineArgs(model=str(built["llama-3-8b-shape"]), speculative_config=spec, **common).create_engine_config()
+    assert c.speculative_config.draft_model_config.architectures == ["LlamaForCausalLMEagle3"]
+    assert c.speculative_config.draft_model_config.hf_config.target_hidden_size == 4096

@@ -25,6 +25,10 @@ benchmarks load is built by this module:
   ``llama-2-70b-shape``: config.json only, for ``--load-format dummy`` on a
   GPU, so benchmarks run at real shapes (MHA 32/32, GQA 32/8, MHA 40/40 for
   tensor parallelism 2, GQA 64/8 for tensor parallelism 4) without real weights.
+- ``gemma-3-12b-shape`` (five sliding-window layers of 1024 tokens to each global one, head size
+  256), ``qwen2.5-vl-7b-shape`` (M-RoPE, with its vision tower; text prompts: ``VL_ENGINE``) and
+  ``llama-3-8b-shape-eagle3`` (an EAGLE-3 head for ``llama-3-8b-shape``): the same, for the
+  features relay serves at the sizes users serve them.
 
 Every folder carries the tokenizer from ``tokenizer.py`` (3072 tokens). In the
 shape folders it is padded with filler words up to ``vocab_size``, so every id a
@@ -120,6 +124,14 @@ SHAPE_MODELS = {
                               num_attention_heads=64, num_key_value_heads=8),
 }
 
+# Other architectures at real sizes (config only, as above): the features relay serves.
+SHAPE_MODELS["gemma-3-12b-shape"] = dict(
+    vocab_size=262208, max_position_embeddings=16384, hidden_size=3840, intermediate_size=15360,
+    num_hidden_layers=48, num_attention_heads=16, num_key_value_heads=8, head_dim=256, sliding_window=1024,
+    query_pre_attn_scalar=256, rms_norm_eps=1e-6, tie_word_embeddings=True, dtype="bfloat16")
+SHAPE_CONFIGS = {"gemma-3-12b-shape": "Gemma3TextConfig"}  # (Gemma3Config is the multimodal model's)
+SHAPE_ARCHITECTURES = {"gemma-3-12b-shape": "Gemma3ForCausalLM"}
+
 # Qwen2.5-VL: the text model of the tiny ones (head size 32: M-RoPE sections of 4, 6 and 6 rotary pairs)
 # and a vision tower of two blocks, for text-only prompts.
 VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
@@ -133,24 +145,38 @@ VL_MODELS = {
              initializer_range=0.1),
     ),
 }
+# Qwen2.5-VL-7B's shape, config only (its text model's vocabulary includes the vision tokens).
+VL_SHAPE_MODELS = {
+    "qwen2.5-vl-7b-shape": (
+        dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+             num_key_value_heads=4, max_position_embeddings=16384, rms_norm_eps=1e-6, vocab_size=152064,
+             rope_parameters={"rope_type": "default", "rope_theta": 1000000.0,
+                              "mrope_section": [16, 24, 24]}),
+        dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, patch_size=14,
+             spatial_merge_size=2, temporal_patch_size=2, window_size=112,
+             fullatt_block_indexes=[7, 15, 23, 31], out_hidden_size=3584),
+    ),
+}
 VL_ENGINE = {"limit_mm_per_prompt": {"image": 0, "video": 0}}  # text only: no image processor is made
 
 # EAGLE-3 heads (a drafter model: one decoder layer over the token's embedding and three of the target's
 # hidden states), random weights: name -> the tiny model it drafts for.
 DRAFTERS = {"tiny-llama-gqa-eagle3": "tiny-llama-gqa"}
+SHAPE_DRAFTERS = {"llama-3-8b-shape-eagle3": "llama-3-8b-shape"}  # config only: dummy weights
 
-MODEL_NAMES = [*TINY_MODELS, *VL_MODELS, *SHAPE_MODELS, *DRAFTERS]
+MODEL_NAMES = [*TINY_MODELS, *VL_MODELS, *SHAPE_MODELS, *VL_SHAPE_MODELS, *DRAFTERS, *SHAPE_DRAFTERS]
 
 
-def _llama_config(tok_path: Path, arch: str = "LlamaForCausalLM", **kwargs):
-    """A config of `arch` (Llama's by default) whose bos/eos/pad ids come from the tokenizer at ``tok_path``."""
+def _llama_config(tok_path: Path, arch: str = "LlamaForCausalLM", config_cls: str | None = None, **kwargs):
+    """A config of `arch` (Llama's by default; its class `config_cls`, else the architecture's name with
+    "Config") whose bos/eos/pad ids come from the tokenizer at ``tok_path``."""
     import transformers
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tok_path)
     kwargs.setdefault("vocab_size", len(tok))
     assert len(tok) <= kwargs["vocab_size"], "tokenizer ids must fit in the model's vocab"
-    return getattr(transformers, arch.replace("ForCausalLM", "Config"))(
+    return getattr(transformers, config_cls or arch.replace("ForCausalLM", "Config"))(
         architectures=[arch],
         bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id,
@@ -191,13 +217,16 @@ def build_tiny_model(name: str, path: str | Path, seed: int = SEED) -> Path:
 
 
 def build_vl_model(name: str, path: str | Path, seed: int = SEED) -> Path:
-    """Write tokenizer (with Qwen's vision tokens), config and random weights: a tiny Qwen2.5-VL."""
+    """Write tokenizer (with Qwen's vision tokens), config and random weights: a tiny Qwen2.5-VL; a
+    shape model (`VL_SHAPE_MODELS`): tokenizer and config only, the tokenizer padded to its vocabulary."""
     import torch
     from tokenizers import AddedToken, Tokenizer
     from transformers import AutoTokenizer, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
-    text, vision = VL_MODELS[name]
-    path = build_tokenizer(path, seed=seed, model_max_length=text["max_position_embeddings"])
+    shape = name in VL_SHAPE_MODELS
+    text, vision = (VL_SHAPE_MODELS if shape else VL_MODELS)[name]
+    pad = {"vocab_size": text["vocab_size"] - len(VISION_TOKENS)} if shape else {}
+    path = build_tokenizer(path, seed=seed, model_max_length=text["max_position_embeddings"], **pad)
     tk = Tokenizer.from_file(str(path / "tokenizer.json"))
     tk.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in VISION_TOKENS])
     tk.save(str(path / "tokenizer.json"))
@@ -213,9 +242,12 @@ def build_vl_model(name: str, path: str | Path, seed: int = SEED) -> Path:
     config = Qwen2_5_VLConfig(architectures=["Qwen2_5_VLForConditionalGeneration"],
                               text_config=dict(text, vocab_size=len(tok), **special), vision_config=vision,
                               **{f"{k}_token_id": v for k, v in ids.items()}, tie_word_embeddings=False,
-                              dtype="float32", **special)
-    torch.manual_seed(seed)
-    Qwen2_5_VLForConditionalGeneration(config).save_pretrained(path, safe_serialization=True)
+                              dtype="bfloat16" if shape else "float32", **special)
+    if shape:
+        config.save_pretrained(path)
+    else:
+        torch.manual_seed(seed)
+        Qwen2_5_VLForConditionalGeneration(config).save_pretrained(path, safe_serialization=True)
     _write_generation_config(config.text_config, path)
     return path
 
@@ -268,21 +300,39 @@ def build_shape_config(name: str, path: str | Path, seed: int = SEED) -> Path:
     spec = SHAPE_MODELS[name]
     path = build_tokenizer(path, seed=seed, model_max_length=spec["max_position_embeddings"],
                            vocab_size=spec["vocab_size"])
-    config = _llama_config(path, **spec)
+    config = _llama_config(path, SHAPE_ARCHITECTURES.get(name, "LlamaForCausalLM"), SHAPE_CONFIGS.get(name),
+                           **spec)
     config.save_pretrained(path)
     _write_generation_config(config, path)
+    return path
+
+
+def build_eagle3_shape_config(name: str, path: str | Path, seed: int = SEED) -> Path:
+    """An EAGLE-3 head's config for the shape model `SHAPE_DRAFTERS[name]` (no weights: dummy ones, the
+    target's vocabulary as its draft vocabulary, the hidden states of three of the target's layers)."""
+    spec = SHAPE_MODELS[SHAPE_DRAFTERS[name]]
+    path = build_tokenizer(path, seed=seed, model_max_length=spec["max_position_embeddings"],
+                           vocab_size=spec["vocab_size"])
+    config = _llama_config(path, **spec).to_dict()
+    layers = spec["num_hidden_layers"]
+    config.update(architectures=["LlamaForCausalLMEagle3"], num_hidden_layers=1,
+                  draft_vocab_size=spec["vocab_size"], target_hidden_size=spec["hidden_size"],
+                  eagle_aux_hidden_state_layer_ids=[2, layers // 2, layers - 3])
+    (path / "config.json").write_text(json.dumps(config, indent=1))
     return path
 
 
 def build(name: str, path: str | Path) -> Path:
     if name in TINY_MODELS:
         return build_tiny_model(name, path)
-    if name in VL_MODELS:
+    if name in VL_MODELS or name in VL_SHAPE_MODELS:
         return build_vl_model(name, path)
     if name in SHAPE_MODELS:
         return build_shape_config(name, path)
     if name in DRAFTERS:
         return build_eagle3_head(name, path)
+    if name in SHAPE_DRAFTERS:
+        return build_eagle3_shape_config(name, path)
     raise KeyError(f"unknown test model {name!r}; known: {', '.join(MODEL_NAMES)}")
 
 
