@@ -57,7 +57,7 @@
 #   first-token-ab  first-token-chat's requests alone, relay and vLLM's default in alternation over ROUNDS
 #             (default 3) pairs of processes, the order reversed each round, no profile: a host-bound first
 #             token moves with each process's host speed (recorded), so one process per side is no comparison
-#             (about 1-1.5 min a process)
+#             (about 2 min a process: ROUNDS=2 fits a call)
 #   sglang    SGLang 0.5.23 (tools/gpu_host/sglang/install.sh done: /tmp/site-sglang/env.sh) against relay and
 #             vLLM's default, the l3 workload: Llama-3-8B shape, P=2048, 1000 requests, SGLang's offline Engine
 #             with its radix cache on the same token ids (about 7-9 min; SGLANG_CONFIGS=sglang,relay for less);
