@@ -165,14 +165,15 @@ def main():
     times[str(args.n)] = statistics.median(runs)
     n_steps = [dict(s, t=round((s["t"] - t0) * 1e3, 2)) for s in steps if s["tokens"]]  # t: ms from the call
     speed.append(host_speed_us())
-    prof, profiled = cProfile.Profile(), None
+    profiled = stats = None
     if not args.no_profile:
+        prof = cProfile.Profile()
         prof.enable()
         profiled = statistics.mean(first_token_s(args.n) for _ in range(args.repeat))  # all of them profiled
         prof.disable()
+        stats = pstats.Stats(prof)
     if background:
         llm.llm_engine.abort_request(background)
-    stats = None if args.no_profile else pstats.Stats(prof)
     result = {"config": args.config, "multiprocess": args.multiprocess, "background": args.background,
               "prefix_len": args.prefix_len, "system_len": args.system_len, "n": args.n,
               "repeat": args.repeat, "first_token_s": times, "host_speed_us": speed,

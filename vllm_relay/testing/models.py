@@ -264,6 +264,18 @@ def _add_sinks(path: Path, config, gen) -> None:
     save_file(weights, file, metadata={"format": "pt"})
 
 
+def _write_eagle3_config(path: Path, spec: dict, aux_layer_ids: list[int]) -> dict:
+    """Write (and return) the config.json of an EAGLE-3 head for the model `spec`, with the tokenizer at
+    `path`: one decoder layer, the target's vocabulary as its draft vocabulary (no draft-to-target id map),
+    the hidden states after the target's layers `aux_layer_ids`."""
+    config = _llama_config(path, **spec).to_dict()
+    config.update(architectures=["LlamaForCausalLMEagle3"], num_hidden_layers=1,
+                  draft_vocab_size=config["vocab_size"], eagle_aux_hidden_state_layer_ids=aux_layer_ids,
+                  target_hidden_size=spec["hidden_size"])
+    (path / "config.json").write_text(json.dumps(config, indent=1))
+    return config
+
+
 def build_eagle3_head(name: str, path: str | Path, seed: int = SEED) -> Path:
     """An EAGLE-3 head for the tiny model `DRAFTERS[name]`: its tokenizer and vocabulary (no draft-to-target
     id map), the hidden states after its layers 0-2, random weights in the names vLLM's
@@ -273,11 +285,7 @@ def build_eagle3_head(name: str, path: str | Path, seed: int = SEED) -> Path:
 
     spec = TINY_MODELS[DRAFTERS[name]]
     path = build_tokenizer(path, seed=seed, model_max_length=spec["max_position_embeddings"])
-    config = _llama_config(path, **spec).to_dict()
-    config.update(architectures=["LlamaForCausalLMEagle3"], num_hidden_layers=1,
-                  draft_vocab_size=config["vocab_size"], eagle_aux_hidden_state_layer_ids=[0, 1, 2],
-                  target_hidden_size=spec["hidden_size"])
-    (path / "config.json").write_text(json.dumps(config, indent=1))
+    config = _write_eagle3_config(path, spec, [0, 1, 2])
     h, inter, hd = spec["hidden_size"], spec["intermediate_size"], spec["head_dim"]
     q, kv = spec["num_attention_heads"] * hd, spec["num_key_value_heads"] * hd
     g = torch.Generator().manual_seed(seed)
@@ -313,12 +321,8 @@ def build_eagle3_shape_config(name: str, path: str | Path, seed: int = SEED) -> 
     spec = SHAPE_MODELS[SHAPE_DRAFTERS[name]]
     path = build_tokenizer(path, seed=seed, model_max_length=spec["max_position_embeddings"],
                            vocab_size=spec["vocab_size"])
-    config = _llama_config(path, **spec).to_dict()
     layers = spec["num_hidden_layers"]
-    config.update(architectures=["LlamaForCausalLMEagle3"], num_hidden_layers=1,
-                  draft_vocab_size=spec["vocab_size"], target_hidden_size=spec["hidden_size"],
-                  eagle_aux_hidden_state_layer_ids=[2, layers // 2, layers - 3])
-    (path / "config.json").write_text(json.dumps(config, indent=1))
+    _write_eagle3_config(path, spec, [2, layers // 2, layers - 3])
     return path
 
 
