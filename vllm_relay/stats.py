@@ -119,7 +119,8 @@ def system_prompts(llm) -> list[dict]:
 
 def relay_stats(llm) -> dict:
     """The engine core's counters (`RelayCounters`), the shared levels the workers ran
-    (`level_tokens`, `level_groups`, `kv_bytes_saved`), `held_requests` and `prompts`."""
+    (`level_tokens`, `level_groups`, `kv_bytes_saved`), `whole_prompt_hits` (requests cached to their
+    last token, which computed that token only: `engine/cache_hits.py`), `held_requests` and `prompts`."""
     return _call(llm, "relay_stats")
 
 
@@ -171,7 +172,8 @@ async def async_relay_stats(engine) -> dict:
     per_engine = await _on_each_engine(engine, "relay_stats")
     if len(per_engine) == 1:
         return per_engine[0]
-    keys = (*RelayCounters.__dataclass_fields__, "level_tokens", "level_groups", "kv_bytes_saved", "held_requests")
+    keys = (*RelayCounters.__dataclass_fields__, "level_tokens", "level_groups", "kv_bytes_saved",
+            "whole_prompt_hits", "held_requests")
     summed = {k: sum(e[k] for e in per_engine) for k in keys}
     return {**summed, "prompts": per_engine[0]["prompts"], "engines": per_engine}
 

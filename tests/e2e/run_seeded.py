@@ -5,7 +5,8 @@ SPEC_JSON holds {"engine": {LLM kwargs}, "waves": [{"steps": k, "requests": [{"i
 "n": n, "seed": s or null, "temperature": t, "max_tokens": m}, ...]}, ...]}: each wave's requests
 are added, then the engine steps k times (tests/e2e/stepping.py), as a loaded machine delivers
 requests to a busy engine core; the last wave's steps are followed by a drain. Dumps, per request
-id, each sample's tokens and logprobs (n samples of a request in order).
+id, each sample's tokens and logprobs (n samples of a request in order); with "stats": true in
+SPEC_JSON, also the relay engine's `relay_stats` at the end, under "relay_stats".
 """
 
 import json
@@ -21,7 +22,8 @@ def main() -> None:
     from vllm.inputs import TokensPrompt
     from vllm.sampling_params import RequestOutputKind
 
-    engine = stepped_llm(spec["engine"]).llm_engine
+    llm = stepped_llm(spec["engine"])
+    engine = llm.llm_engine
     answers: dict = {}
 
     def step() -> None:
@@ -43,6 +45,10 @@ def main() -> None:
             step()
     while engine.has_unfinished_requests():
         step()
+    if spec.get("stats"):
+        from vllm_relay.stats import relay_stats
+
+        answers["relay_stats"] = relay_stats(llm)
     json.dump(answers, open(out_path, "w"))
 
 

@@ -63,6 +63,76 @@ def test_seeded_samples_equal_vllms_whatever_the_arrivals(tmp_path):
             assert_same_outputs(got[r["id"]], reference[r["id"]])
 
 
+def whole_block_requests(vocab: int) -> tuple[list[int], list[dict]]:
+    """Prompts of 64 and 96 tokens (blocks of 32), one with a registered system prompt before its own
+    64 tokens, and one of 70 tokens (no whole hit), each sampled once, then again as 3 samples and a
+    greedy request, which find the first one's blocks cached in an earlier step; last, 3 samples of a
+    new prompt of 64, which find its blocks cached in the same step (written by its forward)."""
+    rng = random.Random(11)
+
+    def ids(n):
+        return [rng.randrange(8, vocab) for _ in range(n)]
+
+    system = [1] + ids(95)  # whole blocks: a request routed to it carries only its own 64 tokens
+    prompts = {"a": ids(64), "b": ids(96), "c": ids(70), "s": system + ids(64)}
+    first = [{"id": f"{k}0", "ids": p, "seed": 7, "temperature": 0.8, "max_tokens": 6}
+             for k, p in prompts.items()]
+    again = [{"id": f"{k}1", "ids": p, "n": 3, "seed": 8, "temperature": 0.8, "max_tokens": 6}
+             for k, p in prompts.items()]
+    again += [{"id": f"{k}2", "ids": p, "temperature": 0.0, "max_tokens": 6} for k, p in prompts.items()]
+    fresh = [{"id": "d", "ids": ids(64), "n": 3, "seed": 9, "temperature": 0.8, "max_tokens": 6}]
+    return system, [{"steps": 2, "requests": first}, {"steps": 1, "requests": again},
+                    {"steps": 0, "requests": fresh}]
+
+
+# a, b and s (its own 64 tokens): 3 samples and a greedy request each; c is not whole blocks, and the 3
+# samples of d find its blocks cached in the step that computes them
+WHOLE_PROMPT_HITS = 3 * 4
+
+
+def test_samples_of_a_cached_prompt_of_whole_blocks_equal_vllms(tmp_path):
+    """The samples of a prompt already in the prefix cache, whose length is a whole number of blocks,
+    compute its last token only, into a copy of its last block (`engine/cache_hits.py`), where vLLM
+    computes that block again: the same samples and logprobs as vLLM without the plugin
+    (`whole_block_requests`). Copying a block before the forward that writes it would change them."""
+    model = get_model("tiny-llama-mha")
+    system, waves = whole_block_requests(json.loads((Path(model) / "config.json").read_text())["vocab_size"])
+    base = {"model": model, "dtype": "float32", "enforce_eager": True, "seed": 0, "block_size": 32,
+            "max_model_len": 512}
+    reference = run_module("tests.e2e.run_seeded", {"engine": base, "waves": waves}, tmp_path, "reference")
+    relay = {**base, "attention_backend": "relay",
+             "additional_config": {"relay": {"system_prompts": {"sys": system}}}}
+    got = run_module("tests.e2e.run_seeded", {"engine": relay, "waves": waves, "plugin": True, "stats": True},
+                     tmp_path, "relay")
+    for r in (r for wave in waves for r in wave["requests"]):
+        assert_same_outputs(got[r["id"]], reference[r["id"]])
+    assert got["relay_stats"]["whole_prompt_hits"] == WHOLE_PROMPT_HITS, got["relay_stats"]
+
+
+@pytest.mark.gpu
+def test_samples_of_a_cached_prompt_of_whole_blocks_on_cuda_follow_vllms(tmp_path):
+    """`whole_block_requests` on a GPU (Model Runner V2, graphs), against FLASH_ATTN: the block copies
+    run there too, and the samples follow vLLM's as in `test_seeded_samples_on_cuda_follow_vllms`."""
+    model = get_model("tiny-llama-mha")
+    system, waves = whole_block_requests(json.loads((Path(model) / "config.json").read_text())["vocab_size"])
+    base = {"model": model, "dtype": "bfloat16", "enforce_eager": False, "seed": 0, "block_size": 32,
+            "max_model_len": 512}
+    reference = run_module("tests.e2e.run_seeded", {"engine": {**base, "attention_backend": "FLASH_ATTN"},
+                                                    "waves": waves}, tmp_path, "reference")
+    relay = {**base, "attention_backend": "relay",
+             "additional_config": {"relay": {"system_prompts": {"sys": system}}}}
+    got = run_module("tests.e2e.run_seeded", {"engine": relay, "waves": waves, "plugin": True, "stats": True},
+                     tmp_path, "relay")
+    same = total = 0
+    for r in (r for wave in waves for r in wave["requests"]):
+        for g, w in zip(got[r["id"]], reference[r["id"]], strict=True):
+            total += 1
+            same += g["tokens"] == w["tokens"]
+    print(f"whole-prompt hits on CUDA: {same} of {total} samples identical to vLLM's")
+    assert same >= 0.75 * total, (same, total)
+    assert got["relay_stats"]["whole_prompt_hits"] == WHOLE_PROMPT_HITS, got["relay_stats"]
+
+
 @pytest.mark.gpu
 def test_seeded_samples_on_cuda_follow_vllms(tmp_path):
     """On a GPU, Model Runner V2 keys each seeded draw by the token's position: a relay request, which

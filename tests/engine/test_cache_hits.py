@@ -4,6 +4,7 @@ KV-cache managers, one with the memo, run the same random traffic (prompts over 
 samples of one prompt, generated tokens, frees, evictions from a small pool) and must agree on every
 block id."""
 
+import inspect
 import random
 
 import pytest
@@ -41,7 +42,7 @@ class Side:
     def __init__(self, hasher, num_blocks: int, memo: bool):
         self.kv = manager(num_blocks)
         self.vllm_estimate = self.kv.estimate_cached_tokens  # vLLM's own, bound before any install
-        self.memo = CacheHitMemo.install(self.kv) if memo else None
+        self.memo = CacheHitMemo.install(self.kv, whole_prompts=False) if memo else None
         self.hasher = PromptHashMemo(hasher, BS) if memo else hasher
         self.requests: dict[str, Request] = {}
 
@@ -133,6 +134,47 @@ def test_a_remembered_block_evicted_since_is_looked_up_again(hasher):
     got, want = memo.admit("b", first, None), plain.admit("b", first, None)
     assert got == want and 0 < want[0] < 10 * BS  # a shorter hit than remembered, the same blocks
     assert memo.memo.hits == 1
+
+
+def test_a_prompt_cached_to_its_last_block_computes_its_last_token_into_a_copy(hasher):
+    """A whole-prompt hit: a prompt of whole blocks, cached in full, gets all its blocks but the last
+    shared, the last as a private copy of the cached one (vLLM's copy-on-write), and one token to compute;
+    vLLM alone computes the whole last block again. A prompt that is not whole blocks, or not cached in
+    full, or whose last block was cached in the step being scheduled (its forward writes it), gets what
+    vLLM gives."""
+    rng = random.Random(7)
+    whole, plain = Side(hasher, 64, memo=False), Side(hasher, 64, memo=False)
+    memo = CacheHitMemo.install(whole.kv)
+    prompt = [rng.randrange(300, 32000) for _ in range(4 * BS)]
+    for side in (whole, plain):
+        assert side.admit("a", prompt, None)[0] == 0
+    first = whole.kv.get_block_ids("a")[0]
+    # in the step that computes it: vLLM's hit (the copy would run before the forward writes the block)
+    assert whole.admit("a2", prompt, None)[0] == plain.admit("a2", prompt, None)[0] == 3 * BS
+    assert whole.kv.get_block_ids("a2") == plain.kv.get_block_ids("a2")
+    assert not whole.kv.take_kv_cache_block_copies()[0] and memo.whole_prompt_hits == 0
+    whole.kv.new_step_starts()
+    plain.kv.new_step_starts()
+    assert plain.admit("b", prompt, None)[0] == 3 * BS  # vLLM: the last block computed again
+    hit, (ids,) = whole.admit("b", prompt, None)
+    assert hit == 4 * BS - 1 and ids[:3] == first[:3] and ids[3] not in first and len(ids) == 4
+    copies, retained = whole.kv.take_kv_cache_block_copies()
+    assert [(c.src_block_id, c.dst_block_id) for c in copies] == [(first[3], ids[3])]
+    assert memo.whole_prompt_hits == 1
+    # not whole blocks: the partial last block is never cached, so vLLM's hit stands
+    ragged = prompt[:3 * BS] + [rng.randrange(300, 32000) for _ in range(5)]
+    for side in (whole, plain):
+        side.admit("c", ragged, None)
+    assert whole.admit("d", ragged, None)[0] == plain.admit("d", ragged, None)[0] == 3 * BS
+    # cached but for its last block: vLLM's hit stands too
+    other = prompt[:3 * BS] + [rng.randrange(300, 32000) for _ in range(BS)]
+    assert whole.admit("e", other, None)[0] == plain.admit("e", other, None)[0] == 3 * BS
+    assert memo.whole_prompt_hits == 1 and not whole.kv.take_kv_cache_block_copies()[0]
+    # a lookup with a limit of its own (vLLM 0.33's aux-output connector; 0.32 has no such argument)
+    if "max_cache_hit_length" in inspect.signature(KVCacheManager.get_computed_blocks).parameters:
+        r = Request(request_id="f", prompt_token_ids=list(prompt), pooling_params=None,
+                    sampling_params=SamplingParams(max_tokens=4), block_hasher=hasher)
+        assert whole.kv.get_computed_blocks(r, 2 * BS)[1] == 2 * BS
 
 
 def test_installed_only_where_vllms_lookup_is_the_plain_walk():

@@ -20,6 +20,7 @@ def reading(requests=0, reused=0, prompts=(), **extra):
         "level_tokens": 0,
         "level_groups": 0,
         "kv_bytes_saved": 0,
+        "whole_prompt_hits": 0,
         "held_requests": 0,
         "pinned_blocks": 0,
         "free_blocks": 0,

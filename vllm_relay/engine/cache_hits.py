@@ -15,6 +15,21 @@ for their keys (one `dict.get` each, in C), exactly what vLLM's walk would retur
 leaves the rest of the prompt to vLLM's own lookup. It is installed only where that walk is the whole
 of vLLM's lookup: one KV-cache group of full attention, hashes of whole blocks, no EAGLE block drop,
 no context parallelism.
+
+A whole-prompt hit. vLLM caps a lookup one token short of the request (its last token is computed
+again for the logits), and its hits are whole blocks, so a prompt whose length is a multiple of the
+block size and which is cached in full (every sample of one prompt after the first) recomputes its
+whole last block: 16 tokens of full forward for each of n samples, more than the prompt itself for a
+1K prompt with n=1024. Where the lookup is vLLM's default one, the memo looks up the request's every
+block and, when all of them are cached, reports all but the last token computed. vLLM 0.32+ takes such
+a sub-block hit as it takes any (`SingleTypeKVCacheManager._partial_hit_reqs`): the request gets a
+private copy of its last block (the scheduler's `kv_cache_block_copies`, copied by the worker before
+the step's forward) and computes its last token only, into that copy; its reported cached tokens are
+then all but one. Not where that last block was cached in the step being scheduled: its keys and
+values are written by this step's forward, after the copy would run (vLLM's walk may hand a request
+such blocks because a step writes every layer's keys and values before it reads them; a copy made
+before the forward would be of an empty block). The block pool's `cache_full_blocks` notes the blocks
+cached in a step, and the manager's `new_step_starts` forgets them.
 """
 
 from __future__ import annotations
@@ -33,7 +48,8 @@ class _Hit:
 
 class CacheHitMemo:
     """Replaces `find_longest_cache_hit` of a `UnitaryKVCacheCoordinator` and `estimate_cached_tokens`
-    of its `KVCacheManager` (instance attributes: `install`), remembering the last `size` lookups."""
+    (and, for whole-prompt hits, its `get_computed_blocks` and `new_step_starts`, and its block pool's
+    `cache_full_blocks`; instance attributes: `install`), remembering the last `size` lookups."""
 
     def __init__(self, manager, size: int = 8) -> None:
         from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
@@ -47,19 +63,63 @@ class CacheHitMemo:
         self.size = size
         self.hits = 0  # lookups that reused a remembered block
         self.reused_blocks = 0  # blocks not looked up again
+        self.whole_prompt_hits = 0  # requests found cached to their last token
         self._hits: list[_Hit] = []  # most recent last
+        self._get_computed_blocks = manager.get_computed_blocks  # vLLM's, bound to the manager
+        self._new_step_starts = manager.new_step_starts
+        self._cache_full_blocks = self._pool.cache_full_blocks
+        self._whole = 0  # the tokens of the request whose default lookup runs now, if whole blocks
+        self._fresh: set[int] = set()  # ids of the blocks cached in the step being scheduled
 
     @classmethod
-    def install(cls, manager) -> CacheHitMemo | None:
-        """Wrap `manager` (the scheduler's `KVCacheManager`) where its lookup is the plain walk."""
+    def install(cls, manager, whole_prompts: bool = True) -> CacheHitMemo | None:
+        """Wrap `manager` (the scheduler's `KVCacheManager`) where its lookup is the plain walk; with
+        `whole_prompts`, a request cached in full computes its last token only (module docstring)."""
         if not applies(manager):
             return None
         memo = cls(manager)
         swap(manager.coordinator, "find_longest_cache_hit", memo.find_longest_cache_hit)
         swap(manager, "estimate_cached_tokens", memo.estimate_cached_tokens)
+        if whole_prompts:
+            swap(manager, "get_computed_blocks", memo.get_computed_blocks)
+            swap(manager, "new_step_starts", memo.new_step_starts)
+            swap(memo._pool, "cache_full_blocks", memo.cache_full_blocks)
         return memo
 
+    def new_step_starts(self) -> None:
+        self._fresh.clear()
+        self._new_step_starts()
+
+    def cache_full_blocks(self, request, blocks, num_cached_blocks, num_full_blocks, *args, **kwargs) -> None:
+        self._fresh.update(b.block_id for b in blocks[num_cached_blocks:num_full_blocks])
+        self._cache_full_blocks(request, blocks, num_cached_blocks, num_full_blocks, *args, **kwargs)
+
+    def get_computed_blocks(self, request, *args, **kwargs):
+        """vLLM's, whose lookup (`find_longest_cache_hit`, below) may then reach the request's last
+        block: only for vLLM's default limit (none given; 0.33 passes one positionally or by name)."""
+        limit = args[0] if args else kwargs.get("max_cache_hit_length")
+        n = request.num_tokens
+        if limit is not None or n == 0 or n % self.block_size:
+            return self._get_computed_blocks(request, *args, **kwargs)
+        self._whole = n
+        try:
+            return self._get_computed_blocks(request, *args, **kwargs)
+        finally:
+            self._whole = 0
+
     def find_longest_cache_hit(self, block_hashes, max_cache_hit_length: int) -> tuple[tuple[list], int, int]:
+        whole = self._whole and max_cache_hit_length == self._whole - 1  # vLLM's cap: all but the last token
+        if not whole:
+            return self._lookup(block_hashes, max_cache_hit_length)
+        (blocks,), length, uncached = self._lookup(block_hashes, self._whole)
+        if length < self._whole:
+            return (blocks,), length, uncached  # what the cap would give: at most all but the last block
+        if blocks[-1].block_id in self._fresh:  # written by this step's forward: vLLM's hit
+            return (blocks[:-1],), length - self.block_size, uncached
+        self.whole_prompt_hits += 1  # every block cached and written: all but the last token computed
+        return (blocks,), length - 1, uncached
+
+    def _lookup(self, block_hashes, max_cache_hit_length: int) -> tuple[tuple[list], int, int]:
         bs = self.block_size
         limit = min(len(block_hashes), max_cache_hit_length // bs)
         hit, k = self._longest(block_hashes, limit)

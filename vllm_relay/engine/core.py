@@ -177,7 +177,9 @@ class RelayEngine:
         """Counters, levels, held requests, prompts, and the paged KV cache's blocks: pinned as
         the prompts' pages, and free (what vLLM's scheduler can allocate)."""
         pool = self.core.scheduler.kv_cache_manager.block_pool
-        return {**asdict(self.counters), **self.level_stats(), "held_requests": len(self._held),
+        whole = self.cache_hits.whole_prompt_hits if self.cache_hits is not None else 0
+        return {**asdict(self.counters), **self.level_stats(), "whole_prompt_hits": whole,
+                "held_requests": len(self._held),
                 "pinned_blocks": self.pages.num_blocks(), "free_blocks": pool.get_num_free_blocks(),
                 "prompts": self.system_prompts()}
 

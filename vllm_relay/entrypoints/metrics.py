@@ -51,6 +51,11 @@ COUNTERS = {
         "kv_bytes_saved",
         "KV-cache bytes (all layers) not read again because shared levels read each prefix once.",
     ),
+    "vllm_relay_whole_prompt_hits": (
+        "whole_prompt_hits",
+        "Requests found in the prefix cache to their last token, which computed that token only "
+        "(into a copy of their last block; vLLM alone computes that block again).",
+    ),
     "vllm_relay_chat_mismatches": (
         "chat_mismatches",
         "Chat requests whose system message is a registered prompt's text but whose tokens do not "
