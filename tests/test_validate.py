@@ -216,20 +216,20 @@ def eagle3(tokens: int = 1) -> dict:
 
 @pytest.mark.parametrize("case", ["tokens", "method", "cuda"])
 def test_drafters_relay_cannot_serve_are_refused(case, monkeypatch):
-    """Served: EAGLE-3, one draft token a step, on the CPU. More draft tokens, another drafter model,
-    or EAGLE-3 on the GPU are refused at start-up, each with the reason."""
+    """Served: EAGLE-3 and MTP, one draft token a step, on the CPU. More draft tokens, another drafter
+    model, or EAGLE-3 on the GPU are refused at start-up, each with the reason."""
     from vllm.config import set_current_vllm_config
     from vllm.platforms import current_platform
 
     from vllm_relay.attention.common import check_engine
 
     config = engine_args({}, speculative_config=eagle3(2 if case == "tokens" else 1)).create_engine_config()
-    if case == "method":  # a drafter model of another kind (MTP heads need a model of their own to configure)
-        config.speculative_config.method = "mtp"
+    if case == "method":  # a drafter model of another kind (EAGLE-1 heads need a model of their own to configure)
+        config.speculative_config.method = "eagle"
     if case == "cuda":
         monkeypatch.setattr(type(current_platform), "is_cpu", lambda self: False)
     expected = {"tokens": "num_speculative_tokens=2 EAGLE-3 drafts (a drafter's steps after the first",
-                "method": "speculative decoding with mtp drafts (served: n-gram drafts, and EAGLE-3",
+                "method": "speculative decoding with eagle drafts (served: n-gram drafts, and EAGLE-3 and MTP",
                 "cuda": "EAGLE-3 drafts on the GPU"}[case]
     with set_current_vllm_config(config), pytest.raises(NotImplementedError, match=re.escape(expected)):
         check_engine()

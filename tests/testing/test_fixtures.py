@@ -198,12 +198,13 @@ def test_import_is_cheap():
 
 def test_feature_shape_models_are_configs_vllm_reads_for_relay(built):
     """The shape models of the features (Gemma 3's windows, Qwen2.5-VL's M-RoPE, an EAGLE-3 head for
-    Llama-3-8B's shape): config only, the tokenizer as large as the vocabulary, and each one an engine
-    config vLLM builds with relay selected (relay's front-end checks included)."""
+    Llama-3-8B's shape, MiMo-7B with its MTP layer): config only, the tokenizer as large as the
+    vocabulary, and each one an engine config vLLM builds with relay selected (relay's front-end checks
+    included)."""
     from transformers import AutoConfig, AutoTokenizer
     from vllm.engine.arg_utils import EngineArgs
 
-    for name in ("gemma-3-12b-shape", "qwen2.5-vl-7b-shape", "llama-3-8b-shape-eagle3"):
+    for name in ("gemma-3-12b-shape", "qwen2.5-vl-7b-shape", "llama-3-8b-shape-eagle3", "mimo-7b-shape"):
         assert not list(built[name].glob("*.safetensors")), name
     gemma = AutoConfig.from_pretrained(built["gemma-3-12b-shape"])
     assert (gemma.hidden_size, gemma.num_hidden_layers, gemma.num_attention_heads, gemma.num_key_value_heads,
@@ -222,3 +223,16 @@ def test_feature_shape_models_are_configs_vllm_reads_for_relay(built):
     c = EngineArgs(model=str(built["llama-3-8b-shape"]), speculative_config=spec, **common).create_engine_config()
     assert c.speculative_config.draft_model_config.architectures == ["LlamaForCausalLMEagle3"]
     assert c.speculative_config.draft_model_config.hf_config.target_hidden_size == 4096
+    mtp = {"method": "mtp", "num_speculative_tokens": 1}
+    c = EngineArgs(model=str(built["mimo-7b-shape"]), speculative_config=mtp, **common).create_engine_config()
+    assert c.model_config.architectures == ["MiMoForCausalLM"]
+    assert c.speculative_config.draft_model_config.architectures == ["MiMoMTPModel"]
+    assert len(AutoTokenizer.from_pretrained(built["mimo-7b-shape"])) == c.model_config.get_vocab_size() == 151680
+
+
+def test_mtp_model_build_is_byte_identical(tmp_path, built):
+    """The tiny MiMo's checkpoint, its MTP layer's weights included, the same from one build to the next."""
+    from vllm_relay.testing import drafters
+
+    again = drafters.build_mtp_model("tiny-mimo-mtp", tmp_path / "again")
+    assert _files(again) == _files(built["tiny-mimo-mtp"])

@@ -54,20 +54,27 @@ def check_layer(backend: str, *, alibi_slopes, attn_type, kv_sharing_target_laye
         )
 
 
+# The drafter models relay serves (speculative_config.method -> the name in messages): vLLM's EAGLE family,
+# drafters over the target's hidden states whose layers run on the target's attention backend.
+DRAFTERS = {"eagle3": "EAGLE-3", "mtp": "MTP"}
+
+
 def drafter_unsupported(spec) -> str | None:
-    """Why relay cannot serve this drafter model, or None. Served: EAGLE-3 proposing one token a step,
-    on the CPU (its layers on relay, `hooks.frontend.select_drafter_backend`; a registered prompt's
-    shared blocks end one token early, `validate.drafter_lookahead`)."""
+    """Why relay cannot serve this drafter model, or None. Served: EAGLE-3 heads and MTP layers
+    (drafters over the target's hidden states, vLLM's EAGLE family) proposing one token a step, on the
+    CPU (their layers on relay, `hooks.frontend.select_drafter_backend`; a registered prompt's shared
+    blocks end one token early, `validate.drafter_lookahead`)."""
     from vllm.platforms import current_platform
 
-    if spec.method != "eagle3":
-        return (f"speculative decoding with {spec.method} drafts (served: n-gram drafts, and EAGLE-3 drafts "
-                "of one token on the CPU)")
+    if spec.method not in DRAFTERS:
+        return (f"speculative decoding with {spec.method} drafts (served: n-gram drafts, and EAGLE-3 and MTP "
+                "drafts of one token on the CPU)")
+    name = DRAFTERS[spec.method]
     if not current_platform.is_cpu():
-        return ("speculative decoding with EAGLE-3 drafts on the GPU (Model Runner V2's drafter does not "
+        return (f"speculative decoding with {name} drafts on the GPU (Model Runner V2's drafter does not "
                 "read the system prompts' pages yet; n-gram drafts are served)")
     if spec.num_speculative_tokens != 1:
-        return (f"speculative decoding with num_speculative_tokens={spec.num_speculative_tokens} EAGLE-3 "
+        return (f"speculative decoding with num_speculative_tokens={spec.num_speculative_tokens} {name} "
                 "drafts (a drafter's steps after the first place their KV by positions, which relay shifts; "
                 "one draft token a step is served)")
     return None
@@ -77,7 +84,8 @@ def check_engine() -> None:
     """Reject, at start-up, engine features relay does not compute exactly (model build time). The
     KV cache is the model's dtype or FP8 (which FP8 formats, the backend's `supports_kv_cache_dtype`
     says); speculative decoding with n-gram drafts (from the token ids, no drafter model) or, on the CPU,
-    one EAGLE-3 draft token a step; plain and M-RoPE positions (the latter shifted in every section)."""
+    one EAGLE-3 or MTP draft token a step; plain and M-RoPE positions (the latter shifted in every
+    section)."""
     from vllm.config import get_current_vllm_config
 
     vllm_config = get_current_vllm_config()

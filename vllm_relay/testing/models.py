@@ -20,15 +20,16 @@ benchmarks load is built by this module:
   ``limit_mm_per_prompt`` 0 per modality: ``VL_ENGINE``); the tokenizer gains
   Qwen's four vision tokens (ids 3072-3075).
 - ``tiny-llama-gqa-eagle3``: an EAGLE-3 head (random weights) for ``tiny-llama-gqa``, for
-  speculative decoding with a drafter model.
+  speculative decoding with a drafter model; ``tiny-mimo-mtp``: MiMo (Qwen2's architecture, GQA,
+  the tiny size) with one MTP layer in its checkpoint, for MTP drafts (``drafters.py`` builds both).
 - ``llama-2-7b-shape`` / ``llama-3-8b-shape`` / ``llama-2-13b-shape`` /
   ``llama-2-70b-shape``: config.json only, for ``--load-format dummy`` on a
   GPU, so benchmarks run at real shapes (MHA 32/32, GQA 32/8, MHA 40/40 for
   tensor parallelism 2, GQA 64/8 for tensor parallelism 4) without real weights.
 - ``gemma-3-12b-shape`` (five sliding-window layers of 1024 tokens to each global one, head size
   256), ``qwen2.5-vl-7b-shape`` (M-RoPE, with its vision tower; text prompts: ``VL_ENGINE``) and
-  ``llama-3-8b-shape-eagle3`` (an EAGLE-3 head for ``llama-3-8b-shape``): the same, for the
-  features relay serves at the sizes users serve them.
+  ``llama-3-8b-shape-eagle3`` (an EAGLE-3 head for ``llama-3-8b-shape``), ``mimo-7b-shape`` (MiMo-7B
+  with its MTP layer): the same, for the features relay serves at the sizes users serve them.
 
 Every folder carries the tokenizer from ``tokenizer.py`` (3072 tokens). In the
 shape folders it is padded with filler words up to ``vocab_size``, so every id a
@@ -163,8 +164,18 @@ VL_ENGINE = {"limit_mm_per_prompt": {"image": 0, "video": 0}}  # text only: no i
 # hidden states), random weights: name -> the tiny model it drafts for.
 DRAFTERS = {"tiny-llama-gqa-eagle3": "tiny-llama-gqa"}
 SHAPE_DRAFTERS = {"llama-3-8b-shape-eagle3": "llama-3-8b-shape"}  # config only: dummy weights
+# MiMo (Qwen2's architecture) with one MTP layer in its checkpoint, a drafter vLLM builds from the target's
+# own folder (`--speculative-config '{"method": "mtp", "num_speculative_tokens": 1}'`): the tiny one with
+# random weights, and MiMo-7B's shape (config only).
+MTP_MODELS = {
+    "tiny-mimo-mtp": dict(_TINY, num_key_value_heads=2),
+    "mimo-7b-shape": dict(_SHAPE, hidden_size=4096, intermediate_size=11008, num_hidden_layers=36,
+                          num_attention_heads=32, num_key_value_heads=8, vocab_size=151680,
+                          rope_theta=640000.0),
+}
 
-MODEL_NAMES = [*TINY_MODELS, *VL_MODELS, *SHAPE_MODELS, *VL_SHAPE_MODELS, *DRAFTERS, *SHAPE_DRAFTERS]
+MODEL_NAMES = [*TINY_MODELS, *VL_MODELS, *SHAPE_MODELS, *VL_SHAPE_MODELS, *DRAFTERS, *SHAPE_DRAFTERS,
+               *MTP_MODELS]
 
 
 def _llama_config(tok_path: Path, arch: str = "LlamaForCausalLM", config_cls: str | None = None, **kwargs):
@@ -264,45 +275,6 @@ def _add_sinks(path: Path, config, gen) -> None:
     save_file(weights, file, metadata={"format": "pt"})
 
 
-def _write_eagle3_config(path: Path, spec: dict, aux_layer_ids: list[int]) -> dict:
-    """Write (and return) the config.json of an EAGLE-3 head for the model `spec`, with the tokenizer at
-    `path`: one decoder layer, the target's vocabulary as its draft vocabulary (no draft-to-target id map),
-    the hidden states after the target's layers `aux_layer_ids`."""
-    config = _llama_config(path, **spec).to_dict()
-    config.update(architectures=["LlamaForCausalLMEagle3"], num_hidden_layers=1,
-                  draft_vocab_size=config["vocab_size"], eagle_aux_hidden_state_layer_ids=aux_layer_ids,
-                  target_hidden_size=spec["hidden_size"])
-    (path / "config.json").write_text(json.dumps(config, indent=1))
-    return config
-
-
-def build_eagle3_head(name: str, path: str | Path, seed: int = SEED) -> Path:
-    """An EAGLE-3 head for the tiny model `DRAFTERS[name]`: its tokenizer and vocabulary (no draft-to-target
-    id map), the hidden states after its layers 0-2, random weights in the names vLLM's
-    `Eagle3LlamaForCausalLM` loads. Its drafts are mostly rejected; tests compare the drafts themselves."""
-    import torch
-    from safetensors.torch import save_file
-
-    spec = TINY_MODELS[DRAFTERS[name]]
-    path = build_tokenizer(path, seed=seed, model_max_length=spec["max_position_embeddings"])
-    config = _write_eagle3_config(path, spec, [0, 1, 2])
-    h, inter, hd = spec["hidden_size"], spec["intermediate_size"], spec["head_dim"]
-    q, kv = spec["num_attention_heads"] * hd, spec["num_key_value_heads"] * hd
-    g = torch.Generator().manual_seed(seed)
-    shapes = {"self_attn.q_proj": (q, 2 * h), "self_attn.k_proj": (kv, 2 * h),
-              "self_attn.v_proj": (kv, 2 * h), "self_attn.o_proj": (h, q), "mlp.gate_proj": (inter, h), "mlp.up_proj": (inter, h),
-              "mlp.down_proj": (h, inter)}
-    weights = {f"layers.0.{k}.weight": torch.randn(*v, generator=g) * spec["initializer_range"]
-               for k, v in shapes.items()}
-    for norm in ("input_layernorm", "post_attention_layernorm", "hidden_norm"):
-        weights[f"layers.0.{norm}.weight"] = torch.ones(h)
-    weights["norm.weight"] = torch.ones(h)
-    weights["fc.weight"] = torch.randn(h, 3 * h, generator=g) * spec["initializer_range"]
-    weights["lm_head.weight"] = torch.randn(config["vocab_size"], h, generator=g) * spec["initializer_range"]
-    save_file(weights, str(path / "model.safetensors"))
-    return path
-
-
 def build_shape_config(name: str, path: str | Path, seed: int = SEED) -> Path:
     """Write tokenizer and config (no weights) for ``--load-format dummy``."""
     spec = SHAPE_MODELS[name]
@@ -315,17 +287,6 @@ def build_shape_config(name: str, path: str | Path, seed: int = SEED) -> Path:
     return path
 
 
-def build_eagle3_shape_config(name: str, path: str | Path, seed: int = SEED) -> Path:
-    """An EAGLE-3 head's config for the shape model `SHAPE_DRAFTERS[name]` (no weights: dummy ones, the
-    target's vocabulary as its draft vocabulary, the hidden states of three of the target's layers)."""
-    spec = SHAPE_MODELS[SHAPE_DRAFTERS[name]]
-    path = build_tokenizer(path, seed=seed, model_max_length=spec["max_position_embeddings"],
-                           vocab_size=spec["vocab_size"])
-    layers = spec["num_hidden_layers"]
-    _write_eagle3_config(path, spec, [2, layers // 2, layers - 3])
-    return path
-
-
 def build(name: str, path: str | Path) -> Path:
     if name in TINY_MODELS:
         return build_tiny_model(name, path)
@@ -333,10 +294,10 @@ def build(name: str, path: str | Path) -> Path:
         return build_vl_model(name, path)
     if name in SHAPE_MODELS:
         return build_shape_config(name, path)
-    if name in DRAFTERS:
-        return build_eagle3_head(name, path)
-    if name in SHAPE_DRAFTERS:
-        return build_eagle3_shape_config(name, path)
+    if name in DRAFTERS or name in SHAPE_DRAFTERS or name in MTP_MODELS:
+        from vllm_relay.testing import drafters
+
+        return drafters.build(name, path)
     raise KeyError(f"unknown test model {name!r}; known: {', '.join(MODEL_NAMES)}")
 
 
@@ -358,7 +319,7 @@ def cache_key() -> str:
     for lib in ("tokenizers", "transformers", "safetensors", "torch"):
         h.update(version(lib).encode())
     here = Path(__file__).parent
-    for source in ("models.py", "tokenizer.py", "corpus.txt"):
+    for source in ("models.py", "drafters.py", "tokenizer.py", "corpus.txt"):
         h.update((here / source).read_bytes())
     return h.hexdigest()[:10]
 
