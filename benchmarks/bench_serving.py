@@ -145,10 +145,20 @@ def server_command(args, config, systems, port, gpu: bool, share: str | None = N
     return cmd
 
 
+def server_env(config: str) -> dict | None:
+    """A relay server's environment as docs/serving.md configures it: `VLLM_PLUGINS=relay` loads relay's
+    endpoint plugin (its routes, /metrics series and chat middleware) beside the general one; a
+    VLLM_PLUGINS of the caller's own is kept. None (the caller's environment) for the others."""
+    if not config.startswith("relay") or "VLLM_PLUGINS" in os.environ:
+        return None
+    return {**os.environ, "VLLM_PLUGINS": "relay"}
+
+
 def start_server(args, config, systems, port, log_path, share=None):
     cmd = server_command(args, config, systems, port, _has_gpu(), share)
     log = open(log_path, "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            env=server_env(config))
     return proc, log
 
 

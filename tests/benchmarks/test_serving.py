@@ -38,6 +38,17 @@ def test_relay_registers_the_system_prompts_and_relay_plain_registers_nothing():
     assert default[-2:] == ["--foo", "1"]
 
 
+def test_relay_servers_load_relays_endpoint_plugin(monkeypatch):
+    """Relay's servers run as docs/serving.md configures them, with `VLLM_PLUGINS=relay` (its routes and
+    /metrics series); the others in the caller's environment, and a caller's own VLLM_PLUGINS is kept."""
+    monkeypatch.delenv("VLLM_PLUGINS", raising=False)
+    assert bench.server_env("relay")["VLLM_PLUGINS"] == "relay"
+    assert bench.server_env("relay-plain")["VLLM_PLUGINS"] == "relay"
+    assert bench.server_env("default") is None and bench.server_env("sglang") is None
+    monkeypatch.setenv("VLLM_PLUGINS", "relay,other")
+    assert bench.server_env("relay") is None
+
+
 def test_sglang_serves_the_same_model_in_its_environment_without_vllms_arguments(tmp_path):
     """SGLang's server: its own launcher in the environment of --sglang-env, the model with dummy weights,
     the same context length, seed and served name, its own extra arguments (not --server-args, vLLM's),
