@@ -119,8 +119,9 @@ def system_prompts(llm) -> list[dict]:
 
 def relay_stats(llm) -> dict:
     """The engine core's counters (`RelayCounters`), the shared levels the workers ran
-    (`level_tokens`, `level_groups`, `kv_bytes_saved`), `whole_prompt_hits` (requests cached to their
-    last token, which computed that token only: `engine/cache_hits.py`), `held_requests` and `prompts`."""
+    (`level_tokens`, `level_groups`, `kv_bytes_saved`), `whole_prompt_hits` (requests whose prompt was
+    computed before, which computed its last token only: `engine/cache_hits.py`), `held_requests` and
+    `prompts`."""
     return _call(llm, "relay_stats")
 
 

@@ -63,11 +63,11 @@ def test_seeded_samples_equal_vllms_whatever_the_arrivals(tmp_path):
             assert_same_outputs(got[r["id"]], reference[r["id"]])
 
 
-def whole_block_requests(vocab: int) -> tuple[list[int], list[dict]]:
+def cached_prompt_requests(vocab: int) -> tuple[list[int], list[dict]]:
     """Prompts of 64 and 96 tokens (blocks of 32), one with a registered system prompt before its own
-    64 tokens, and one of 70 tokens (no whole hit), each sampled once, then again as 3 samples and a
-    greedy request, which find the first one's blocks cached in an earlier step; last, 3 samples of a
-    new prompt of 64, which find its blocks cached in the same step (written by its forward)."""
+    64 tokens, and one of 70 tokens (its last block partly filled), each sampled once, then again as 3
+    samples and a greedy request, which find the first one's tokens computed in an earlier step; last, 3
+    samples of new prompts of 64 and of 70 tokens, which find them computed by the same step."""
     rng = random.Random(11)
 
     def ids(n):
@@ -80,23 +80,25 @@ def whole_block_requests(vocab: int) -> tuple[list[int], list[dict]]:
     again = [{"id": f"{k}1", "ids": p, "n": 3, "seed": 8, "temperature": 0.8, "max_tokens": 6}
              for k, p in prompts.items()]
     again += [{"id": f"{k}2", "ids": p, "temperature": 0.0, "max_tokens": 6} for k, p in prompts.items()]
-    fresh = [{"id": "d", "ids": ids(64), "n": 3, "seed": 9, "temperature": 0.8, "max_tokens": 6}]
+    fresh = [{"id": "d", "ids": ids(64), "n": 3, "seed": 9, "temperature": 0.8, "max_tokens": 6},
+             {"id": "e", "ids": ids(70), "n": 3, "seed": 10, "temperature": 0.8, "max_tokens": 6}]
     return system, [{"steps": 2, "requests": first}, {"steps": 1, "requests": again},
                     {"steps": 0, "requests": fresh}]
 
 
-# a, b and s (its own 64 tokens): 3 samples and a greedy request each; c is not whole blocks, and the 3
-# samples of d find its blocks cached in the step that computes them
-WHOLE_PROMPT_HITS = 3 * 4
+# a, b, c and s (its own 64 tokens): 3 samples and a greedy request each; none of d's and e's samples,
+# whose first sibling computes the prompt in the step that admits them
+WHOLE_PROMPT_HITS = 4 * 4
 
 
-def test_samples_of_a_cached_prompt_of_whole_blocks_equal_vllms(tmp_path):
-    """The samples of a prompt already in the prefix cache, whose length is a whole number of blocks,
-    compute its last token only, into a copy of its last block (`engine/cache_hits.py`), where vLLM
-    computes that block again: the same samples and logprobs as vLLM without the plugin
-    (`whole_block_requests`). Copying a block before the forward that writes it would change them."""
+def test_samples_of_a_cached_prompt_equal_vllms(tmp_path):
+    """The samples of a prompt already computed compute its last token only, into a copy of its last
+    block, cached or a sibling's (`engine/cache_hits.py`), where vLLM computes that block's tokens again:
+    the same samples and logprobs as vLLM without the plugin (`cached_prompt_requests`). Copying a block
+    before the forward that writes it would change them."""
     model = get_model("tiny-llama-mha")
-    system, waves = whole_block_requests(json.loads((Path(model) / "config.json").read_text())["vocab_size"])
+    vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
+    system, waves = cached_prompt_requests(vocab)
     base = {"model": model, "dtype": "float32", "enforce_eager": True, "seed": 0, "block_size": 32,
             "max_model_len": 512}
     reference = run_module("tests.e2e.run_seeded", {"engine": base, "waves": waves}, tmp_path, "reference")
@@ -110,11 +112,12 @@ def test_samples_of_a_cached_prompt_of_whole_blocks_equal_vllms(tmp_path):
 
 
 @pytest.mark.gpu
-def test_samples_of_a_cached_prompt_of_whole_blocks_on_cuda_follow_vllms(tmp_path):
-    """`whole_block_requests` on a GPU (Model Runner V2, graphs), against FLASH_ATTN: the block copies
+def test_samples_of_a_cached_prompt_on_cuda_follow_vllms(tmp_path):
+    """`cached_prompt_requests` on a GPU (Model Runner V2, graphs), against FLASH_ATTN: the block copies
     run there too, and the samples follow vLLM's as in `test_seeded_samples_on_cuda_follow_vllms`."""
     model = get_model("tiny-llama-mha")
-    system, waves = whole_block_requests(json.loads((Path(model) / "config.json").read_text())["vocab_size"])
+    vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
+    system, waves = cached_prompt_requests(vocab)
     base = {"model": model, "dtype": "bfloat16", "enforce_eager": False, "seed": 0, "block_size": 32,
             "max_model_len": 512}
     reference = run_module("tests.e2e.run_seeded", {"engine": {**base, "attention_backend": "FLASH_ATTN"},

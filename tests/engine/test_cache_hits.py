@@ -46,14 +46,16 @@ class Side:
         self.hasher = PromptHashMemo(hasher, BS) if memo else hasher
         self.requests: dict[str, Request] = {}
 
-    def admit(self, rid: str, tokens: list, salt):
+    def admit(self, rid: str, tokens: list, salt, computed: bool = True):
+        """Look `tokens` up and allocate them, as the scheduler admits a request; `computed`: its step
+        has been scheduled (vLLM counts the request's tokens computed then), else it is being scheduled."""
         r = Request(request_id=rid, prompt_token_ids=list(tokens), pooling_params=None,
                     sampling_params=SamplingParams(max_tokens=64), block_hasher=self.hasher, cache_salt=salt)
         blocks, hit = self.kv.get_computed_blocks(r)[:2]
         new = self.kv.allocate_slots(r, r.num_tokens - hit, hit, blocks)
         if new is None:
             return hit, None
-        r.num_computed_tokens = r.num_tokens
+        r.num_computed_tokens = r.num_tokens if computed else hit
         self.requests[rid] = r
         return hit, self.kv.get_block_ids(rid)
 
@@ -137,44 +139,115 @@ def test_a_remembered_block_evicted_since_is_looked_up_again(hasher):
 
 
 def test_a_prompt_cached_to_its_last_block_computes_its_last_token_into_a_copy(hasher):
-    """A whole-prompt hit: a prompt of whole blocks, cached in full, gets all its blocks but the last
-    shared, the last as a private copy of the cached one (vLLM's copy-on-write), and one token to compute;
-    vLLM alone computes the whole last block again. A prompt that is not whole blocks, or not cached in
-    full, or whose last block was cached in the step being scheduled (its forward writes it), gets what
-    vLLM gives."""
+    """A whole-prompt hit: a prompt cached to its last token gets all its blocks but the last shared, the
+    last as a private copy (vLLM's copy-on-write) of the cached one, for a prompt of whole blocks, or of a
+    sibling's partly filled one, and one token to compute; vLLM alone computes the last block's tokens
+    again. Where that block is written by the step being scheduled (cached in it, or a sibling computing
+    it), or a sibling's tokens differ, or not every whole block is cached, vLLM's hit stands."""
     rng = random.Random(7)
     whole, plain = Side(hasher, 64, memo=False), Side(hasher, 64, memo=False)
     memo = CacheHitMemo.install(whole.kv)
-    prompt = [rng.randrange(300, 32000) for _ in range(4 * BS)]
-    for side in (whole, plain):
-        assert side.admit("a", prompt, None)[0] == 0
-    first = whole.kv.get_block_ids("a")[0]
-    # in the step that computes it: vLLM's hit (the copy would run before the forward writes the block)
-    assert whole.admit("a2", prompt, None)[0] == plain.admit("a2", prompt, None)[0] == 3 * BS
-    assert whole.kv.get_block_ids("a2") == plain.kv.get_block_ids("a2")
-    assert not whole.kv.take_kv_cache_block_copies()[0] and memo.whole_prompt_hits == 0
-    whole.kv.new_step_starts()
-    plain.kv.new_step_starts()
-    assert plain.admit("b", prompt, None)[0] == 3 * BS  # vLLM: the last block computed again
-    hit, (ids,) = whole.admit("b", prompt, None)
-    assert hit == 4 * BS - 1 and ids[:3] == first[:3] and ids[3] not in first and len(ids) == 4
-    copies, retained = whole.kv.take_kv_cache_block_copies()
-    assert [(c.src_block_id, c.dst_block_id) for c in copies] == [(first[3], ids[3])]
-    assert memo.whole_prompt_hits == 1
-    # not whole blocks: the partial last block is never cached, so vLLM's hit stands
-    ragged = prompt[:3 * BS] + [rng.randrange(300, 32000) for _ in range(5)]
-    for side in (whole, plain):
-        side.admit("c", ragged, None)
-    assert whole.admit("d", ragged, None)[0] == plain.admit("d", ragged, None)[0] == 3 * BS
-    # cached but for its last block: vLLM's hit stands too
+
+    def admit(rid, tokens, computed=True):
+        got, want = whole.admit(rid, tokens, None, computed), plain.admit(rid, tokens, None, computed)
+        return got, want
+
+    def new_step():
+        whole.kv.new_step_starts()
+        plain.kv.new_step_starts()
+
+    def copies():
+        return [(c.src_block_id, c.dst_block_id) for c in whole.kv.take_kv_cache_block_copies()[0]]
+
+    for n in (4 * BS, 4 * BS + 5):  # whole blocks; a partly filled last block
+        prompt = [rng.randrange(300, 32000) for _ in range(n)]
+        assert admit(f"a{n}", prompt, computed=False)[0][0] == 0
+        first = whole.kv.get_block_ids(f"a{n}")[0]
+        # in the step that computes the prompt: vLLM's hit (a copy would run before the forward writes it)
+        got, want = admit(f"a{n}.2", prompt, computed=False)
+        assert got == want and got[0] == (n - 1) // BS * BS and not copies()
+        new_step()
+        whole.requests[f"a{n}"].num_computed_tokens = plain.requests[f"a{n}"].num_computed_tokens = n
+        (hit, (ids,)), (vllm_hit, _) = admit(f"b{n}", prompt)
+        assert hit == n - 1 and vllm_hit == (n - 1) // BS * BS
+        assert ids[:-1] == first[:-1] and ids[-1] not in first and len(ids) == len(first)
+        assert copies() == [(first[-1], ids[-1])]
+    assert memo.whole_prompt_hits == 2
+    new_step()
+    # a sibling with other tokens in the partly filled block: vLLM's hit
+    other = prompt[:4 * BS] + [rng.randrange(300, 32000) for _ in range(5)]
+    got, want = admit("c", other)
+    assert got == want and got[0] == 4 * BS
+    # cached but for its last block: vLLM's hit too
     other = prompt[:3 * BS] + [rng.randrange(300, 32000) for _ in range(BS)]
-    assert whole.admit("e", other, None)[0] == plain.admit("e", other, None)[0] == 3 * BS
-    assert memo.whole_prompt_hits == 1 and not whole.kv.take_kv_cache_block_copies()[0]
+    got, want = admit("e", other)
+    assert got == want and got[0] == 3 * BS
+    assert memo.whole_prompt_hits == 2 and not copies()
+    # many samples: those admitted with the first compute their own last block; every later one takes one
+    n = 3 * BS + 9
+    prompt = [rng.randrange(300, 32000) for _ in range(n)]
+    first = [admit(f"g{i}", prompt, computed=False)[0] for i in range(6)]
+    new_step()
+    for i in range(6):
+        whole.requests[f"g{i}"].num_computed_tokens = plain.requests[f"g{i}"].num_computed_tokens = n
+    tails = {whole.kv.get_block_ids(f"g{i}")[0][-1] for i in range(6)}
+    later = [admit(f"h{i}", prompt) for i in range(10)]
+    assert [hit for (hit, _), _ in later] == [n - 1] * 10 and [w[0] for _, w in later] == [3 * BS] * 10
+    made = copies()
+    assert len(made) == 10 and {src for src, _ in made} <= tails and memo.whole_prompt_hits == 12
+    assert [hit for hit, _ in first] == [0] + [3 * BS] * 5
     # a lookup with a limit of its own (vLLM 0.33's aux-output connector; 0.32 has no such argument)
     if "max_cache_hit_length" in inspect.signature(KVCacheManager.get_computed_blocks).parameters:
         r = Request(request_id="f", prompt_token_ids=list(prompt), pooling_params=None,
                     sampling_params=SamplingParams(max_tokens=4), block_hasher=hasher)
         assert whole.kv.get_computed_blocks(r, 2 * BS)[1] == 2 * BS
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_whole_prompt_hits_keep_vllms_block_accounting(hasher, seed):
+    """Random samples of prompts of whole and part blocks arriving over steps, some in the step that
+    computes their prompt, with frees and evictions: every hit is vLLM's or all but the last token, and
+    once all requests end and the copies' retained blocks are released (as the scheduler does after the
+    copying step), every block is free again: no reference taken on a sibling's block is lost."""
+    rng = random.Random(seed)
+    side, plain = Side(hasher, 80, memo=False), Side(hasher, 80, memo=False)
+    memo = CacheHitMemo.install(side.kv)
+    lengths = [rng.choice([2, 3, 5]) * BS + rng.choice([0, 0, 1, 9]) for _ in range(4)]
+    prompts = [[rng.randrange(300, 32000) for _ in range(n)] for n in lengths]
+    pending = []  # this step's requests: computed when the next step starts
+    for step in range(300):
+        if rng.random() < 0.3:
+            for r in pending:
+                r.num_computed_tokens = r.num_tokens
+            pending.clear()
+            side.kv.new_step_starts()
+            copies, retained = side.kv.take_kv_cache_block_copies()
+            side.kv.block_pool.free_blocks(retained)
+        live = sorted(side.requests)
+        if rng.random() < 0.5 or not live:
+            tokens = rng.choice(prompts)
+            for k in range(rng.choice([1, 3])):
+                rid = f"r{step}.{k}"
+                got = side.admit(rid, tokens, None, computed=False)
+                want = plain.admit(rid, tokens, None, computed=False)
+                if got[1] is None or want[1] is None:
+                    continue
+                assert got[0] in (want[0], len(tokens) - 1), (got[0], want[0], len(tokens))
+                pending.append(side.requests[rid])
+                plain.requests[rid].num_computed_tokens = plain.requests[rid].num_tokens
+        elif live:
+            rid = rng.choice(live)
+            if rid in plain.requests:
+                plain.free(rid)
+            r = side.requests[rid]
+            if r in pending:
+                pending.remove(r)
+            side.free(rid)
+    for rid in list(side.requests):
+        side.free(rid)
+    side.kv.block_pool.free_blocks(side.kv.take_kv_cache_block_copies()[1])
+    assert memo.whole_prompt_hits > 10
+    assert side.kv.block_pool.get_num_free_blocks() == side.kv.block_pool.num_gpu_blocks - 1
 
 
 def test_installed_only_where_vllms_lookup_is_the_plain_walk():

@@ -17,19 +17,21 @@ of vLLM's lookup: one KV-cache group of full attention, hashes of whole blocks, 
 no context parallelism.
 
 A whole-prompt hit. vLLM caps a lookup one token short of the request (its last token is computed
-again for the logits), and its hits are whole blocks, so a prompt whose length is a multiple of the
-block size and which is cached in full (every sample of one prompt after the first) recomputes its
-whole last block: 16 tokens of full forward for each of n samples, more than the prompt itself for a
-1K prompt with n=1024. Where the lookup is vLLM's default one, the memo looks up the request's every
-block and, when all of them are cached, reports all but the last token computed. vLLM 0.32+ takes such
-a sub-block hit as it takes any (`SingleTypeKVCacheManager._partial_hit_reqs`): the request gets a
-private copy of its last block (the scheduler's `kv_cache_block_copies`, copied by the worker before
-the step's forward) and computes its last token only, into that copy; its reported cached tokens are
-then all but one. Not where that last block was cached in the step being scheduled: its keys and
-values are written by this step's forward, after the copy would run (vLLM's walk may hand a request
-such blocks because a step writes every layer's keys and values before it reads them; a copy made
-before the forward would be of an empty block). The block pool's `cache_full_blocks` notes the blocks
-cached in a step, and the manager's `new_step_starts` forgets them.
+again for the logits), and its hits are whole blocks, so a request whose prompt is cached computes again
+the tokens of its last block: up to 16 tokens of full forward for each of n samples, more than the
+prompt itself for a 1K prompt with n=1024. Where the lookup is vLLM's default one, the memo looks the
+request's every whole block up and, when all are cached, takes its last block too: the cached one if
+the prompt is whole blocks, else the partly filled last block of a sibling (a live request with the same
+tokens, no multimodal input, that computed them in an earlier step: the n samples of one prompt), and
+reports all but the last token computed. vLLM 0.32+ takes such a sub-block hit as it takes any
+(`SingleTypeKVCacheManager._partial_hit_reqs`): the request gets a private copy of that block (the
+scheduler's `kv_cache_block_copies`, copied by the worker before the step's forward) and computes its
+last token only, into that copy; its reported cached tokens are then all but one. Never from a block
+this step's forward writes (the copy runs before it): a cached block must not have been cached in the
+step being scheduled (vLLM's walk may hand a request such blocks, because a step writes every layer's
+keys and values before it reads them), so the block pool's `cache_full_blocks` notes the blocks cached
+in a step and the manager's `new_step_starts` forgets them; a sibling must have computed its tokens in
+an earlier step (vLLM counts a request's computed tokens when it has scheduled the step).
 """
 
 from __future__ import annotations
@@ -37,6 +39,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vllm_relay.hooks._patch import swap
+
+
+# A request's siblings looked at for the partly filled block: the last few requests of its prompt that
+# compute their own (a request that takes a sibling's is not kept: the siblings found stay).
+SIBLINGS = 4
 
 
 @dataclass
@@ -63,18 +70,24 @@ class CacheHitMemo:
         self.size = size
         self.hits = 0  # lookups that reused a remembered block
         self.reused_blocks = 0  # blocks not looked up again
-        self.whole_prompt_hits = 0  # requests found cached to their last token
+        self.whole_prompt_hits = 0  # requests handed all but their last token as computed
         self._hits: list[_Hit] = []  # most recent last
         self._get_computed_blocks = manager.get_computed_blocks  # vLLM's, bound to the manager
         self._new_step_starts = manager.new_step_starts
         self._cache_full_blocks = self._pool.cache_full_blocks
-        self._whole = 0  # the tokens of the request whose default lookup runs now, if whole blocks
+        self._request = None  # the request whose default lookup runs now
+        self._took_tail = False  # and whether it took a sibling's partly filled block
+        # The requests looked up so, by the hash of their last whole block (siblings of later ones):
+        # the last `SIBLINGS` of each of the last `size` * 8 prompts.
+        self._recent: dict = {}
+        self._tails = not manager.enable_kv_cache_events  # (vLLM's events would describe a sibling's block)
         self._fresh: set[int] = set()  # ids of the blocks cached in the step being scheduled
 
     @classmethod
     def install(cls, manager, whole_prompts: bool = True) -> CacheHitMemo | None:
         """Wrap `manager` (the scheduler's `KVCacheManager`) where its lookup is the plain walk; with
-        `whole_prompts`, a request cached in full computes its last token only (module docstring)."""
+        `whole_prompts`, a request whose prompt was computed computes its last token only (module
+        docstring)."""
         if not applies(manager):
             return None
         memo = cls(manager)
@@ -98,26 +111,55 @@ class CacheHitMemo:
         """vLLM's, whose lookup (`find_longest_cache_hit`, below) may then reach the request's last
         block: only for vLLM's default limit (none given; 0.33 passes one positionally or by name)."""
         limit = args[0] if args else kwargs.get("max_cache_hit_length")
-        n = request.num_tokens
-        if limit is not None or n == 0 or n % self.block_size:
+        if limit is not None or request.num_tokens < self.block_size:
             return self._get_computed_blocks(request, *args, **kwargs)
-        self._whole = n
+        self._request, self._took_tail = request, False
         try:
             return self._get_computed_blocks(request, *args, **kwargs)
         finally:
-            self._whole = 0
+            self._request = None
+            if request.block_hashes and not self._took_tail:  # it computes its own last block: a sibling
+                key = request.block_hashes[request.num_tokens // self.block_size - 1]
+                siblings = self._recent.pop(key, [])
+                siblings.append(request)
+                self._recent[key] = siblings[-SIBLINGS:]  # (most recent prompt last)
+                if len(self._recent) > 8 * self.size:
+                    del self._recent[next(iter(self._recent))]
 
     def find_longest_cache_hit(self, block_hashes, max_cache_hit_length: int) -> tuple[tuple[list], int, int]:
-        whole = self._whole and max_cache_hit_length == self._whole - 1  # vLLM's cap: all but the last token
-        if not whole:
+        request, bs = self._request, self.block_size
+        n = request.num_tokens if request is not None else 0
+        if max_cache_hit_length != n - 1:  # not vLLM's cap of the request being looked up
             return self._lookup(block_hashes, max_cache_hit_length)
-        (blocks,), length, uncached = self._lookup(block_hashes, self._whole)
-        if length < self._whole:
-            return (blocks,), length, uncached  # what the cap would give: at most all but the last block
-        if blocks[-1].block_id in self._fresh:  # written by this step's forward: vLLM's hit
-            return (blocks[:-1],), length - self.block_size, uncached
-        self.whole_prompt_hits += 1  # every block cached and written: all but the last token computed
-        return (blocks,), length - 1, uncached
+        (blocks,), length, uncached = self._lookup(block_hashes, n)  # every whole block
+        if length < n // bs * bs:
+            return (blocks,), length, uncached  # what the cap gives: not every whole block is cached
+        if n % bs == 0:
+            if blocks[-1].block_id in self._fresh:  # written by this step's forward: vLLM's hit
+                return (blocks[:-1],), length - bs, uncached
+        elif (tail := self._sibling_tail(request, block_hashes, len(blocks))) is not None:
+            blocks, self._took_tail = [*blocks, tail], True
+        else:
+            return (blocks,), length, uncached
+        self.whole_prompt_hits += 1  # all but the last token computed: a sub-block hit
+        return (blocks,), n - 1, uncached
+
+    def _sibling_tail(self, request, block_hashes, k: int):
+        """The block after the first `k` of a live request with `request`'s tokens (the same first `k`
+        block hashes, then the same tokens), which computed them in an earlier step; None if none."""
+        if not self._tails or request.mm_features or request.prompt_embeds is not None:
+            return None
+        n, start = request.num_tokens, k * self.block_size
+        tokens = request.all_token_ids[start:n]
+        owned = self._manager.req_to_blocks
+        for other in reversed(self._recent.get(block_hashes[k - 1], ())):
+            blocks = owned.get(other.request_id)
+            if (blocks is None or len(blocks) <= k or other.num_computed_tokens < n or other.mm_features
+                    or other.prompt_embeds is not None or other.block_hashes[:k] != block_hashes[:k]
+                    or other.all_token_ids[start:n] != tokens or blocks[k].is_null):
+                continue
+            return blocks[k]
+        return None
 
     def _lookup(self, block_hashes, max_cache_hit_length: int) -> tuple[tuple[list], int, int]:
         bs = self.block_size

@@ -53,8 +53,8 @@ COUNTERS = {
     ),
     "vllm_relay_whole_prompt_hits": (
         "whole_prompt_hits",
-        "Requests found in the prefix cache to their last token, which computed that token only "
-        "(into a copy of their last block; vLLM alone computes that block again).",
+        "Requests whose prompt was computed before (the n samples of a prompt), which computed its last "
+        "token only (into a copy of their last block; vLLM alone computes that block's tokens again).",
     ),
     "vllm_relay_chat_mismatches": (
         "chat_mismatches",
