@@ -215,6 +215,7 @@ def test_whole_prompt_hits_keep_vllms_block_accounting(hasher, seed):
     lengths = [rng.choice([2, 3, 5]) * BS + rng.choice([0, 0, 1, 9]) for _ in range(4)]
     prompts = [[rng.randrange(300, 32000) for _ in range(n)] for n in lengths]
     pending = []  # this step's requests: computed when the next step starts
+    resets = 0
     for step in range(300):
         if rng.random() < 0.3:
             for r in pending:
@@ -235,7 +236,7 @@ def test_whole_prompt_hits_keep_vllms_block_accounting(hasher, seed):
                 assert got[0] in (want[0], len(tokens) - 1), (got[0], want[0], len(tokens))
                 pending.append(side.requests[rid])
                 plain.requests[rid].num_computed_tokens = plain.requests[rid].num_tokens
-        elif live:
+        elif rng.random() < 0.9:
             rid = rng.choice(live)
             if rid in plain.requests:
                 plain.free(rid)
@@ -243,10 +244,19 @@ def test_whole_prompt_hits_keep_vllms_block_accounting(hasher, seed):
             if r in pending:
                 pending.remove(r)
             side.free(rid)
+        else:  # everything ends, then the prefix cache is reset: no sibling is taken from before it
+            for rid in live:
+                side.free(rid)
+            for rid in list(plain.requests):
+                plain.free(rid)
+            pending.clear()
+            side.kv.block_pool.free_blocks(side.kv.take_kv_cache_block_copies()[1])
+            assert side.kv.reset_prefix_cache() and plain.kv.reset_prefix_cache()
+            resets += 1
     for rid in list(side.requests):
         side.free(rid)
     side.kv.block_pool.free_blocks(side.kv.take_kv_cache_block_copies()[1])
-    assert memo.whole_prompt_hits > 10
+    assert memo.whole_prompt_hits > 10 and resets
     assert side.kv.block_pool.get_num_free_blocks() == side.kv.block_pool.num_gpu_blocks - 1
 
 

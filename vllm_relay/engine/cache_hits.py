@@ -78,8 +78,10 @@ class CacheHitMemo:
         self._request = None  # the request whose default lookup runs now
         self._took_tail = False  # and whether it took a sibling's partly filled block
         # The requests looked up so, by the hash of their last whole block (siblings of later ones):
-        # the last `SIBLINGS` of each of the last `size` * 8 prompts.
+        # the last `SIBLINGS` of each of the last `size` * 8 prompts; forgotten when the prefix cache is
+        # reset (vLLM makes a new cache map, once no request holds a block: for new weights, say).
         self._recent: dict = {}
+        self._recent_map = self._pool.cached_block_hash_to_block
         self._tails = not manager.enable_kv_cache_events  # (vLLM's events would describe a sibling's block)
         self._fresh: set[int] = set()  # ids of the blocks cached in the step being scheduled
 
@@ -118,6 +120,8 @@ class CacheHitMemo:
             return self._get_computed_blocks(request, *args, **kwargs)
         finally:
             self._request = None
+            if self._recent_map is not self._pool.cached_block_hash_to_block:  # reset since
+                self._recent, self._recent_map = {}, self._pool.cached_block_hash_to_block
             if request.block_hashes and not self._took_tail:  # it computes its own last block: a sibling
                 key = request.block_hashes[request.num_tokens // self.block_size - 1]
                 siblings = self._recent.pop(key, [])
@@ -147,7 +151,8 @@ class CacheHitMemo:
     def _sibling_tail(self, request, block_hashes, k: int):
         """The block after the first `k` of a live request with `request`'s tokens (the same first `k`
         block hashes, then the same tokens), which computed them in an earlier step; None if none."""
-        if not self._tails or request.mm_features or request.prompt_embeds is not None:
+        if (not self._tails or request.mm_features or request.prompt_embeds is not None
+                or self._recent_map is not self._pool.cached_block_hash_to_block):  # (a reset since)
             return None
         n, start = request.num_tokens, k * self.block_size
         tokens = request.all_token_ids[start:n]
