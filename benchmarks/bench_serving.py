@@ -43,14 +43,13 @@ import json
 import os
 import random
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import in_sglang_env, model_config  # noqa: E402
+from common import check_config, free_port, gpu_share, model_config, start_server, wait_healthy  # noqa: E402
 
 
 def parse_args():
@@ -94,96 +93,6 @@ def make_workload(args):
         return r.choice(systems) + own
 
     return systems, request
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-CONFIGS = ("default", "relay", "relay-plain", "sglang")
-
-
-def check_config(config: str) -> None:
-    if config not in CONFIGS:
-        raise ValueError(f"unknown config {config!r}: one of {', '.join(CONFIGS)}")
-
-
-def gpu_share(args, n_servers: int) -> str | None:
-    """Each server's --gpu-memory-utilization when several share the GPU (None: vLLM's default, or the
-    user's own in --server-args)."""
-    if n_servers == 1 or "--gpu-memory-utilization" in args.server_args:
-        return None
-    return f"{0.88 / n_servers:.2f}"
-
-
-def server_command(args, config, systems, port, gpu: bool, share: str | None = None) -> list[str]:
-    """The server's command line for one configuration (`share`: its --gpu-memory-utilization)."""
-    check_config(config)
-    if config == "sglang":
-        cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", args.model,
-               "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "m",
-               "--context-length", str(args.max_model_len), "--random-seed", str(args.seed),
-               "--load-format", "dummy", "--sampling-backend", "pytorch",
-               *args.sglang_server_args.split()]
-        return in_sglang_env(args, cmd + (["--mem-fraction-static", share] if share is not None else []))
-    entry = ["-m", "vllm.entrypoints.cli.main", "serve", args.model] if gpu else \
-            ["-m", "vllm.entrypoints.openai.api_server", "--model", args.model]
-    cmd = [sys.executable, *entry, "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "m",
-           "--max-model-len", str(args.max_model_len), "--seed", str(args.seed), *args.server_args.split()]
-    if gpu:
-        cmd += ["--load-format", "dummy"]
-    if share is not None:
-        cmd += ["--gpu-memory-utilization", share]
-    if config.startswith("relay"):
-        cmd += ["--attention-backend", "relay"]
-    if config == "relay":
-        relay = {"system_prompts": {f"s{i}": ids for i, ids in enumerate(systems)}, "max_prompts": len(systems),
-                 "max_prompt_tokens": max(map(len, systems))}
-        cmd += ["--additional-config", json.dumps({"relay": relay})]
-    return cmd
-
-
-def server_env(config: str) -> dict | None:
-    """A relay server's environment as docs/serving.md configures it: `VLLM_PLUGINS=relay` loads relay's
-    endpoint plugin (its routes, /metrics series and chat middleware) beside the general one; a
-    VLLM_PLUGINS of the caller's own is kept. None (the caller's environment) for the others."""
-    if not config.startswith("relay") or "VLLM_PLUGINS" in os.environ:
-        return None
-    return {**os.environ, "VLLM_PLUGINS": "relay"}
-
-
-def start_server(args, config, systems, port, log_path, share=None):
-    cmd = server_command(args, config, systems, port, _has_gpu(), share)
-    log = open(log_path, "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                            env=server_env(config))
-    return proc, log
-
-
-def _has_gpu() -> bool:
-    try:
-        import torch
-
-        return torch.cuda.is_available()
-    except Exception:  # noqa: BLE001
-        return False
-
-
-async def wait_healthy(session, base, proc, timeout):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode} during start-up")
-        try:
-            async with session.get(f"{base}/health") as r:
-                if r.status == 200:
-                    return
-        except Exception:  # noqa: BLE001 - not up yet
-            pass
-        await asyncio.sleep(1)
-    raise RuntimeError("server did not become healthy")
 
 
 async def one_request(session, base, prompt, output_len):

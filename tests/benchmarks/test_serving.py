@@ -1,4 +1,5 @@
-"""benchmarks/bench_serving.py: each configuration's server command line."""
+"""benchmarks/bench_serving.py: each configuration's server command line (benchmarks/common.py), the rounds'
+order and merge, and the server's phase means."""
 
 import asyncio
 import json
@@ -10,6 +11,7 @@ import pytest
 from tests.benchmarks import load
 
 bench = load("bench_serving")
+common = load("common")
 
 
 def args(*extra):
@@ -26,14 +28,14 @@ def value(cmd, flag):
 
 def test_relay_registers_the_system_prompts_and_relay_plain_registers_nothing():
     systems = [[1, 7, 9], [1, 5]]
-    relay = bench.server_command(args(), "relay", systems, 8000, gpu=False)
+    relay = common.server_command(args(), "relay", systems, 8000, gpu=False)
     assert value(relay, "--attention-backend") == "relay"
     cfg = json.loads(value(relay, "--additional-config"))["relay"]
     assert cfg == {"system_prompts": {"s0": [1, 7, 9], "s1": [1, 5]}, "max_prompts": 2, "max_prompt_tokens": 3}
-    plain = bench.server_command(args(), "relay-plain", systems, 8000, gpu=True)
+    plain = common.server_command(args(), "relay-plain", systems, 8000, gpu=True)
     assert value(plain, "--attention-backend") == "relay" and "--additional-config" not in plain
     assert value(plain, "--load-format") == "dummy" and plain[plain.index("serve") + 1] == "/m"
-    default = bench.server_command(args(), "default", systems, 8000, gpu=False)
+    default = common.server_command(args(), "default", systems, 8000, gpu=False)
     assert "--attention-backend" not in default and value(default, "--port") == "8000"
     assert default[-2:] == ["--foo", "1"]
 
@@ -42,11 +44,11 @@ def test_relay_servers_load_relays_endpoint_plugin(monkeypatch):
     """Relay's servers run as docs/serving.md configures them, with `VLLM_PLUGINS=relay` (its routes and
     /metrics series); the others in the caller's environment, and a caller's own VLLM_PLUGINS is kept."""
     monkeypatch.delenv("VLLM_PLUGINS", raising=False)
-    assert bench.server_env("relay")["VLLM_PLUGINS"] == "relay"
-    assert bench.server_env("relay-plain")["VLLM_PLUGINS"] == "relay"
-    assert bench.server_env("default") is None and bench.server_env("sglang") is None
+    assert common.server_env("relay")["VLLM_PLUGINS"] == "relay"
+    assert common.server_env("relay-plain")["VLLM_PLUGINS"] == "relay"
+    assert common.server_env("default") is None and common.server_env("sglang") is None
     monkeypatch.setenv("VLLM_PLUGINS", "relay,other")
-    assert bench.server_env("relay") is None
+    assert common.server_env("relay") is None
 
 
 def test_sglang_serves_the_same_model_in_its_environment_without_vllms_arguments(tmp_path):
@@ -58,7 +60,7 @@ def test_sglang_serves_the_same_model_in_its_environment_without_vllms_arguments
     env = tmp_path / "env.sh"
     env.write_text("export SGLANG_SEEN=yes\n")
     a = args("--sglang-env", str(env), "--sglang-server-args", "--attention-backend fa3", "--seed", "5")
-    cmd = bench.server_command(a, "sglang", [[1, 2]], 8100, gpu=True, share="0.44")
+    cmd = common.server_command(a, "sglang", [[1, 2]], 8100, gpu=True, share="0.44")
     launcher = cmd[cmd.index("sglang.launch_server") - 2:]
     assert launcher[:3] == [sys.executable, "-m", "sglang.launch_server"]
     assert value(cmd, "--model-path") == "/m"
@@ -73,7 +75,7 @@ def test_sglang_serves_the_same_model_in_its_environment_without_vllms_arguments
 
 def test_an_unknown_config_is_refused_by_name():
     with pytest.raises(ValueError, match="unknown config 'relay_plain'"):
-        bench.server_command(args(), "relay_plain", [[1]], 0, gpu=False)
+        common.server_command(args(), "relay_plain", [[1]], 0, gpu=False)
 
 
 def test_server_phase_means_from_a_metrics_page():
@@ -111,13 +113,13 @@ def test_server_phase_means_from_a_metrics_page():
 
 
 def test_servers_sharing_the_gpu_get_equal_memory_shares_unless_the_user_set_one():
-    assert bench.gpu_share(args(), 1) is None
-    assert bench.gpu_share(args(), 2) == "0.44" and bench.gpu_share(args(), 3) == "0.29"
+    assert common.gpu_share(args(), 1) is None
+    assert common.gpu_share(args(), 2) == "0.44" and common.gpu_share(args(), 3) == "0.29"
     mine = args("--server-args", "--gpu-memory-utilization 0.3")
-    assert bench.gpu_share(mine, 2) is None
-    cmd = bench.server_command(args(), "relay", [[1, 2]], 8000, gpu=True, share="0.44")
+    assert common.gpu_share(mine, 2) is None
+    cmd = common.server_command(args(), "relay", [[1, 2]], 8000, gpu=True, share="0.44")
     assert value(cmd, "--gpu-memory-utilization") == "0.44"
-    assert "--gpu-memory-utilization" not in bench.server_command(args(), "relay", [[1, 2]], 8000, gpu=True)
+    assert "--gpu-memory-utilization" not in common.server_command(args(), "relay", [[1, 2]], 8000, gpu=True)
 
 
 def test_rounds_merge_into_per_rate_medians_and_keep_each_round():
