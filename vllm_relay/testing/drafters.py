@@ -92,12 +92,13 @@ def build_mtp_model(name: str, path: str | Path, seed: int = SEED) -> Path:
     path = build_tokenizer(path, seed=seed, model_max_length=spec["max_position_embeddings"], **pad)
     config = _llama_config(path, "Qwen2ForCausalLM", **spec)
     config.num_nextn_predict_layers = 1
-    _write_generation_config(config, path)
     if not shape:
         torch.manual_seed(seed)
         transformers.Qwen2ForCausalLM(config).save_pretrained(path, safe_serialization=True)
-    config.architectures = ["MiMoForCausalLM"]  # (after the model's save, which names its own class)
+    # After the model's save, which names its own class and writes a generation config of its own.
+    config.architectures = ["MiMoForCausalLM"]
     config.save_pretrained(path)
+    _write_generation_config(config, path)
     if shape:
         return path
     one_layer = transformers.Qwen2Config(**{**config.to_dict(), "num_hidden_layers": 1, "layer_types": None})
