@@ -115,14 +115,14 @@ class CacheHitMemo:
         limit = args[0] if args else kwargs.get("max_cache_hit_length")
         if limit is not None or request.num_tokens < self.block_size:
             return self._get_computed_blocks(request, *args, **kwargs)
+        if self._recent_map is not self._pool.cached_block_hash_to_block:  # the prefix cache was reset
+            self._recent, self._recent_map = {}, self._pool.cached_block_hash_to_block
         self._request, self._took_tail = request, False
         try:
             return self._get_computed_blocks(request, *args, **kwargs)
         finally:
             self._request = None
-            if self._recent_map is not self._pool.cached_block_hash_to_block:  # reset since
-                self._recent, self._recent_map = {}, self._pool.cached_block_hash_to_block
-            if request.block_hashes and not self._took_tail:  # it computes its own last block: a sibling
+            if self._has_siblings(request) and not self._took_tail:  # it computes its own last block
                 key = request.block_hashes[request.num_tokens // self.block_size - 1]
                 siblings = self._recent.pop(key, [])
                 siblings.append(request)
@@ -148,20 +148,25 @@ class CacheHitMemo:
         self.whole_prompt_hits += 1  # all but the last token computed: a sub-block hit
         return (blocks,), n - 1, uncached
 
+    def _has_siblings(self, request) -> bool:
+        """Whether `request` may take a sibling's partly filled block, or be such a sibling: whole blocks
+        hashed, token ids alone (no multimodal input or embeddings)."""
+        return (self._tails and bool(request.block_hashes) and not request.mm_features
+                and request.prompt_embeds is None)
+
     def _sibling_tail(self, request, block_hashes, k: int):
         """The block after the first `k` of a live request with `request`'s tokens (the same first `k`
         block hashes, then the same tokens), which computed them in an earlier step; None if none."""
-        if (not self._tails or request.mm_features or request.prompt_embeds is not None
-                or self._recent_map is not self._pool.cached_block_hash_to_block):  # (a reset since)
+        if not self._has_siblings(request):
             return None
         n, start = request.num_tokens, k * self.block_size
         tokens = request.all_token_ids[start:n]
         owned = self._manager.req_to_blocks
-        for other in reversed(self._recent.get(block_hashes[k - 1], ())):
+        for other in reversed(self._recent.get(block_hashes[k - 1], ())):  # (all `_has_siblings`)
             blocks = owned.get(other.request_id)
-            if (blocks is None or len(blocks) <= k or other.num_computed_tokens < n or other.mm_features
-                    or other.prompt_embeds is not None or other.block_hashes[:k] != block_hashes[:k]
-                    or other.all_token_ids[start:n] != tokens or blocks[k].is_null):
+            if (blocks is None or len(blocks) <= k or other.num_computed_tokens < n
+                    or other.block_hashes[:k] != block_hashes[:k] or other.all_token_ids[start:n] != tokens
+                    or blocks[k].is_null):
                 continue
             return blocks[k]
         return None
