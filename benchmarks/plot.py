@@ -25,6 +25,11 @@ Reads every *.json of each folder given, and each file given, and writes:
                            "e2e_ms": {"p50": float, "p99": float},
                            "req_per_s": float}, ...]}}        # achieved; one row per rate
 
+- ``requests_per_s_p<P>.png``: from the same files, one bar per system (no system prompt, relay,
+  vLLM's default, SGLang: configs ``noprefix``, ``relay``, ``default``, ``sglang``) and model at each
+  system-prompt length P > 0 where a model has two of them; each bar the median over the files.
+
+``--figures`` picks which of the three kinds to write (default: all).
 Other JSON (accuracy, kernel benchmarks) is ignored. A plot without data is skipped with a message
 saying what is missing; the script fails only on a file that claims a shape and breaks it.
 """
@@ -45,7 +50,14 @@ LATENCIES = (
     ("tpot_ms", "time per output token (ms)"),
     ("e2e_ms", "end-to-end latency (ms)"),
 )
-COLORS = {"relay": "tab:blue", "default": "tab:orange", "noprefix": "tab:gray"}
+COLORS = {"relay": "tab:blue", "default": "tab:orange", "noprefix": "tab:gray", "sglang": "tab:green"}
+SYSTEMS = (  # config in a throughput file, bar label
+    ("noprefix", "no system prompt (vLLM default)"),
+    ("relay", "relay"),
+    ("default", "vLLM default (prefix caching)"),
+    ("sglang", "SGLang (radix cache)"),
+)
+FIGURES = ("throughput", "systems", "serving")
 
 
 def model_label(path: str) -> str:
@@ -179,6 +191,59 @@ def plot_throughput(files: list[tuple[Path, dict]], out: Path, png: str = THROUG
     return path
 
 
+def system_bars(files: list[tuple[Path, dict]]) -> dict[int, dict[str, dict[str, float]]]:
+    """{P: {model: {config: requests/s}}} for P > 0 and the configs of SYSTEMS, each the median over
+    the files giving it; a model with fewer than two systems at P is left out."""
+    values: dict[int, dict[str, dict[str, list[float]]]] = {}
+    for _path, data in files:
+        P = int(data["args"]["prefix_len"])
+        model = model_label(data["args"]["model"])
+        for config, _ in SYSTEMS:
+            if P > 0 and config in data and rps(data[config]) is not None:
+                values.setdefault(P, {}).setdefault(model, {}).setdefault(config, []).append(rps(data[config]))
+    bars = {
+        P: {m: {c: statistics.median(v) for c, v in configs.items()} for m, configs in models.items()
+            if len(configs) > 1}
+        for P, models in values.items()
+    }
+    return {P: models for P, models in sorted(bars.items()) if models}
+
+
+def plot_systems(files: list[tuple[Path, dict]], out: Path) -> list[Path | None]:
+    """``requests_per_s_p<P>.png``: bars of each system's requests/s, grouped by model."""
+    bars = system_bars(files)
+    if not bars:
+        print("[plot] skip requests_per_s_p<P>.png: no system-prompt length with two systems of one model")
+        return [None]
+    import matplotlib.pyplot as plt
+
+    paths = []
+    for P, models in bars.items():
+        width = 0.8 / max(len(m) for m in models.values())
+        fig, ax = plt.subplots(figsize=(2.2 + 2.4 * len(models), 4))
+        labelled = set()
+        for j, systems in enumerate(models.values()):  # a model's bars centred on its tick
+            present = [(c, label) for c, label in SYSTEMS if c in systems]
+            for i, (config, label) in enumerate(present):
+                x, y = j + (i - (len(present) - 1) / 2) * width, systems[config]
+                ax.bar(x, y, width, color=COLORS[config], label=None if config in labelled else label)
+                ax.annotate(f"{y:.1f}", (x, y), textcoords="offset points", xytext=(0, 2), ha="center", fontsize=8)
+                labelled.add(config)
+        ax.set_xticks(range(len(models)), list(models))
+        ax.set_xlim(-0.6, len(models) - 0.4)
+        ax.set_ylabel("throughput (requests/s)")
+        ax.set_title(f"Requests behind one {P}-token system prompt", fontsize=10)
+        ax.set_ylim(0, 1.25 * max(max(m.values()) for m in models.values()))
+        ax.grid(alpha=0.3, axis="y")
+        ax.legend(fontsize=8, loc="upper right", ncols=2)
+        fig.tight_layout()
+        path = out / f"requests_per_s_p{P}.png"
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
 def check_serving(path: Path, data: dict) -> None:
     for name, rows in data["configs"].items():
         if not isinstance(rows, list) or not rows:
@@ -227,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--results", type=Path, nargs="+", default=[RESULTS],
                    help="folders (every *.json in each) and JSON files")
     p.add_argument("--out", type=Path, help="default: the first results folder (or the first file's folder)")
+    p.add_argument("--figures", nargs="+", choices=FIGURES, default=list(FIGURES), help="which kinds to write")
     args = p.parse_args(argv)
     first = args.results[0]
     out = args.out or (first if first.is_dir() else first.parent)
@@ -235,13 +301,16 @@ def main(argv: list[str] | None = None) -> int:
 
     matplotlib.use("Agg")
     throughput, serving = load(args.results)
-    written = plot_throughputs(throughput, out)
-    if not serving:
+    written = plot_throughputs(throughput, out) if "throughput" in args.figures else []
+    if "systems" in args.figures:
+        written += plot_systems(throughput, out)
+    if "serving" in args.figures and not serving:
         print(
             f'[plot] skip the latency plots: no serving benchmark JSON ({{"model", "configs": ...}}) '
             "among the results given"
         )
-    written += [plot_serving(path, data, out) for path, data in serving]
+    if "serving" in args.figures:
+        written += [plot_serving(path, data, out) for path, data in serving]
     for png in filter(None, written):
         print(f"[plot] wrote {png}")
     return 0

@@ -86,3 +86,45 @@ def test_a_broken_serving_file_names_what_it_lacks(tmp_path):
     (tmp_path / "bad.json").write_text(json.dumps(data))
     with pytest.raises(ValueError, match=r"bad.json: configs\['relay'\] row 4.0 lacks \['tpot_ms.p99'\]"):
         plot.main(["--results", str(tmp_path)])
+
+
+def test_system_bars_are_medians_per_model_at_each_prompt_length(tmp_path, capsys):
+    files = {
+        "a.json": throughput_file("llama-3-8b-shape", 2048, True, relay=70.0, default=42.0, noprefix=71.0),
+        "b.json": throughput_file("llama-3-8b-shape", 2048, True, relay=72.0, default=40.0, sglang=33.0),
+        "c.json": throughput_file("llama-3-8b-shape", 2048, True, relay=69.0, default=44.0, sglang=31.0),
+        "d.json": throughput_file("llama-2-7b-shape", 2048, True, relay=42.0, noprefix=43.0),
+        "e.json": throughput_file("llama-2-7b-shape", 8192, True, relay=35.0),  # one system at 8192: no bars
+        "f.json": throughput_file("llama-2-7b-shape", 0, True, noprefix=43.0, noprefix_relay=43.5),  # P=0: none
+    }
+    for name, data in files.items():
+        (tmp_path / name).write_text(json.dumps(data))
+    bars = plot.system_bars(plot.load(tmp_path)[0])
+    assert bars == {2048: {"llama-3-8b-shape": {"relay": 70.0, "default": 42.0, "noprefix": 71.0, "sglang": 32.0},
+                           "llama-2-7b-shape": {"relay": 42.0, "noprefix": 43.0}}}
+    assert plot.main(["--results", str(tmp_path), "--figures", "systems"]) == 0
+    assert (tmp_path / "requests_per_s_p2048.png").read_bytes().startswith(PNG)
+    assert not (tmp_path / "requests_per_s_p8192.png").exists()
+    assert not list(tmp_path.glob("throughput_vs_prompt_len_*.png"))  # not asked for
+
+
+def test_the_readmes_picture_is_drawn_from_its_files(tmp_path):
+    """The command in the picture's folder README, run again, gives the bars its table states."""
+    folder = BENCH / "results" / "2026-12-05_h200_vllm033_headline"
+    readme = (folder / "README.md").read_text()
+    paths = []
+    for line in readme.split("```bash")[1].split("```")[0].split():
+        if line.startswith("$R/") and line.endswith(".json"):
+            head, _, tail = line[3:].partition("{")
+            names = [head + alt + tail.split("}")[1] for alt in tail.split("}")[0].split(",")] if tail else [head]
+            paths += [BENCH / "results" / n for n in names]
+    assert len(paths) == 6 and all(p.exists() for p in paths)
+    bars = plot.system_bars(plot.load(paths)[0])[2048]
+    rows = {line.split("|")[1].strip().split("`")[1]: line.split("|")[2:6] for line in readme.splitlines()
+            if line.startswith("| `llama")}
+    for model, cells in rows.items():
+        for (config, _), cell in zip(plot.SYSTEMS, cells):
+            stated = cell.strip().strip("*")
+            assert (f"{bars[model][config]:.2f}" if config in bars[model] else "") == stated, (model, config)
+    assert plot.main(["--results", *map(str, paths), "--figures", "systems", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "requests_per_s_p2048.png").read_bytes().startswith(PNG)
