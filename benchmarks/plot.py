@@ -5,15 +5,13 @@
 
 Reads every *.json of each folder given, and each file given, and writes:
 
-- ``throughput_vs_prompt_len_<model>.png``: requests/s against the system-prompt length P, for relay
-  and vLLM's default, with the no-system-prompt ceiling, one per model. From `bench_throughput.py`
-  files (``{"args": {"prefix_len": P, "model": ...}, CONFIG: {"single": {"requests_per_s": ...}}}``,
-  or the older flat ``CONFIG: {"requests_per_s": ...}``, used only for models without newer files): configs
-  ``relay`` and ``default`` at P = args.prefix_len; ``noprefix-relay`` and ``noprefix`` (the same
-  requests without the shared prefix) are relay and vLLM's default at P = 0 (the latter only when
-  vLLM's default has other points); ``noprefix`` is also the ceiling line. A configuration's value in
-  one file is the median of its runs (``runs_requests_per_s``, else ``requests_per_s``); where several
-  files give one point (or the ceiling), the plot shows the median over the files.
+- ``requests_per_s.png``: a group of bars per model and system-prompt length P, a bar per system: the
+  same requests with no system prompt on vLLM's default, relay, vLLM's default (its prefix cache) and
+  SGLang (its radix cache). From `bench_throughput.py` files (``{"args": {"prefix_len": P, "model":
+  ...}, CONFIG: {"single": {"requests_per_s": ...}}}``, or the older flat ``CONFIG: {"requests_per_s":
+  ...}``), configs ``noprefix``, ``relay``, ``default`` and ``sglang``. A configuration's value in one
+  file is the median of its runs (``runs_requests_per_s``, else ``requests_per_s``); a bar is the
+  median over the files that give it. Groups with one bar are left out.
 - ``<name>.png`` for each serving-benchmark file ``<name>.json``: TTFT, TPOT and end-to-end latency
   (p50 solid, p99 dashed) and achieved requests/s against the Poisson request rate, one line per
   configuration. Expected shape::
@@ -25,13 +23,9 @@ Reads every *.json of each folder given, and each file given, and writes:
                            "e2e_ms": {"p50": float, "p99": float},
                            "req_per_s": float}, ...]}}        # achieved; one row per rate
 
-- ``requests_per_s_p<P>.png``: from the same files, one bar per system (no system prompt, relay,
-  vLLM's default, SGLang: configs ``noprefix``, ``relay``, ``default``, ``sglang``) and model at each
-  system-prompt length P > 0 where a model has two of them; each bar the median over the files.
-
-``--figures`` picks which of the three kinds to write (default: all).
-Other JSON (accuracy, kernel benchmarks) is ignored. A plot without data is skipped with a message
-saying what is missing; the script fails only on a file that claims a shape and breaks it.
+``--figures`` picks the kinds to write (default: both). Other JSON (accuracy, kernel benchmarks) is
+ignored. A plot without data is skipped with a message saying what is missing; the script fails only
+on a file that claims a shape and breaks it.
 """
 
 from __future__ import annotations
@@ -44,7 +38,7 @@ import sys
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
-THROUGHPUT_PNG = "throughput_vs_prompt_len.png"
+THROUGHPUT_PNG = "requests_per_s.png"
 LATENCIES = (
     ("ttft_ms", "time to first token (ms)"),
     ("tpot_ms", "time per output token (ms)"),
@@ -57,7 +51,7 @@ SYSTEMS = (  # config in a throughput file, bar label
     ("default", "vLLM default (prefix caching)"),
     ("sglang", "SGLang (radix cache)"),
 )
-FIGURES = ("throughput", "systems", "serving")
+FIGURES = ("throughput", "serving")
 
 
 def model_label(path: str) -> str:
@@ -99,149 +93,50 @@ def load(results: Path | list[Path]) -> tuple[list[tuple[Path, dict]], list[tupl
     return throughput, serving
 
 
-def by_model(files: list[tuple[Path, dict]]) -> dict[str, list[tuple[Path, dict]]]:
-    """Throughput files per model; a model's newer (per-workload) files replace its flat ones."""
-    groups: dict[str, list[tuple[Path, dict]]] = {}
-    for path, data in files:
-        groups.setdefault(model_label(data["args"]["model"]), []).append((path, data))
-    for label, group in groups.items():
-        newer = [(p, d) for p, d in group if any(isinstance(v, dict) and "single" in v for v in d.values())]
-        if newer:
-            groups[label] = newer
-    return groups
-
-
-def throughput_points(
-    files: list[tuple[Path, dict]],
-) -> tuple[dict[str, dict[int, float]], float | None, str]:
-    """({"relay"|"default": {P: requests/s}}, ceiling requests/s or None, workload label); medians
-    over the files where several give one point."""
-    values: dict[str, dict[int, list[float]]] = {"relay": {}, "default": {}}
-    ceiling, workloads = [], set()
+def throughput_bars(files: list[tuple[Path, dict]]) -> dict[tuple[str, int], dict[str, float]]:
+    """{(model, P): {config: requests/s}} for the configs of SYSTEMS, each the median over the files
+    giving it, sorted by model and P; a group with one system is left out."""
+    values: dict[tuple[str, int], dict[str, list[float]]] = {}
     for _path, data in files:
-        a = data["args"]
-        P = int(a["prefix_len"])
-        workloads.add(
-            f"{model_label(a['model'])}, {a.get('input_len', '?')} in / {a.get('output_len', '?')} out"
-        )
-        for config, (name, at) in {
-            "relay": ("relay", P),
-            "default": ("default", P),
-            "noprefix-relay": ("relay", 0),
-        }.items():
+        group = (model_label(data["args"]["model"]), int(data["args"]["prefix_len"]))
+        for config, _ in SYSTEMS:
             if config in data and rps(data[config]) is not None:
-                values[name].setdefault(at, []).append(rps(data[config]))
-        if "noprefix" in data and rps(data["noprefix"]) is not None:
-            ceiling.append(rps(data["noprefix"]))
-    series = {name: {at: statistics.median(v) for at, v in points.items()} for name, points in values.items()}
-    median = statistics.median(ceiling) if ceiling else None
-    if median is not None and series["default"]:  # vLLM's default with no system prompt is the ceiling
-        series["default"][0] = median
-    return series, median, "; ".join(sorted(workloads))
+                values.setdefault(group, {}).setdefault(config, []).append(rps(data[config]))
+    return {g: {c: statistics.median(v) for c, v in configs.items()}
+            for g, configs in sorted(values.items()) if len(configs) > 1}
 
 
-def plot_throughputs(files: list[tuple[Path, dict]], out: Path) -> list[Path | None]:
-    """One throughput plot per model: ``throughput_vs_prompt_len_<model>.png``."""
-    groups = sorted(by_model(files).items())
+def plot_throughput(files: list[tuple[Path, dict]], out: Path) -> Path | None:
+    """``requests_per_s.png``: each group's bars, centred on its tick."""
+    groups = throughput_bars(files)
     if not groups:
-        return [plot_throughput([], out)]
-    return [plot_throughput(group, out, f"throughput_vs_prompt_len_{label}.png") for label, group in groups]
-
-
-def plot_throughput(files: list[tuple[Path, dict]], out: Path, png: str = THROUGHPUT_PNG) -> Path | None:
-    series, ceiling, workload = throughput_points(files)
-    if not any(len(points) > 1 for points in series.values()):
-        print(
-            f"[plot] skip {png}: no bench_throughput.py results with relay or default at two "
-            f"system-prompt lengths"
-        )
+        print(f"[plot] skip {THROUGHPUT_PNG}: no bench_throughput.py results with two systems at one model "
+              "and system-prompt length")
         return None
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for name, label in (("relay", "relay"), ("default", "vLLM default (prefix caching)")):
-        points = sorted(series[name].items())
-        if points:
-            xs, ys = zip(*points)
-            ax.plot(xs, ys, "o-", color=COLORS[name], label=label)
-            for x, y in points:  # the higher of the two values at x labelled above, the lower below
-                above = y >= max(other.get(x, y) for other in series.values())
-                ax.annotate(
-                    f"{y:.1f}",
-                    (x, y),
-                    textcoords="offset points",
-                    xytext=(8, 6 if above else -13),
-                    fontsize=8,
-                )
-    if ceiling is not None:
-        ax.axhline(
-            ceiling, color=COLORS["noprefix"], linestyle="--", label=f"no system prompt ({ceiling:.1f})"
-        )
-    ax.set_xlabel("system-prompt length P (tokens)")
+    width = 0.8 / max(len(systems) for systems in groups.values())
+    fig, ax = plt.subplots(figsize=(2.2 + 2.4 * len(groups), 4))
+    labelled = set()
+    for j, systems in enumerate(groups.values()):
+        present = [(c, label) for c, label in SYSTEMS if c in systems]
+        for i, (config, label) in enumerate(present):
+            x, y = j + (i - (len(present) - 1) / 2) * width, systems[config]
+            ax.bar(x, y, width, color=COLORS[config], label=None if config in labelled else label)
+            ax.annotate(f"{y:.1f}", (x, y), textcoords="offset points", xytext=(0, 2), ha="center", fontsize=8)
+            labelled.add(config)
+    ax.set_xticks(range(len(groups)), [f"{model}\nP = {P}" for model, P in groups])
+    ax.set_xlim(-0.6, len(groups) - 0.4)
+    ax.set_ylim(0, 1.25 * max(max(systems.values()) for systems in groups.values()))
     ax.set_ylabel("throughput (requests/s)")
-    ax.set_title(f"Throughput vs system-prompt length ({workload} tokens per request)", fontsize=10)
-    ax.set_xlim(left=0)
-    ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="lower left")
+    ax.set_title("Requests behind one system prompt of P tokens", fontsize=10)
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8, loc="upper right", ncols=2)
     fig.tight_layout()
-    path = out / png
+    path = out / THROUGHPUT_PNG
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
-
-
-def system_bars(files: list[tuple[Path, dict]]) -> dict[int, dict[str, dict[str, float]]]:
-    """{P: {model: {config: requests/s}}} for P > 0 and the configs of SYSTEMS, each the median over
-    the files giving it; a model with fewer than two systems at P is left out."""
-    values: dict[int, dict[str, dict[str, list[float]]]] = {}
-    for _path, data in files:
-        P = int(data["args"]["prefix_len"])
-        model = model_label(data["args"]["model"])
-        for config, _ in SYSTEMS:
-            if P > 0 and config in data and rps(data[config]) is not None:
-                values.setdefault(P, {}).setdefault(model, {}).setdefault(config, []).append(rps(data[config]))
-    bars = {
-        P: {m: {c: statistics.median(v) for c, v in configs.items()} for m, configs in models.items()
-            if len(configs) > 1}
-        for P, models in values.items()
-    }
-    return {P: models for P, models in sorted(bars.items()) if models}
-
-
-def plot_systems(files: list[tuple[Path, dict]], out: Path) -> list[Path | None]:
-    """``requests_per_s_p<P>.png``: bars of each system's requests/s, grouped by model."""
-    bars = system_bars(files)
-    if not bars:
-        print("[plot] skip requests_per_s_p<P>.png: no system-prompt length with two systems of one model")
-        return [None]
-    import matplotlib.pyplot as plt
-
-    paths = []
-    for P, models in bars.items():
-        width = 0.8 / max(len(m) for m in models.values())
-        fig, ax = plt.subplots(figsize=(2.2 + 2.4 * len(models), 4))
-        labelled = set()
-        for j, systems in enumerate(models.values()):  # a model's bars centred on its tick
-            present = [(c, label) for c, label in SYSTEMS if c in systems]
-            for i, (config, label) in enumerate(present):
-                x, y = j + (i - (len(present) - 1) / 2) * width, systems[config]
-                ax.bar(x, y, width, color=COLORS[config], label=None if config in labelled else label)
-                ax.annotate(f"{y:.1f}", (x, y), textcoords="offset points", xytext=(0, 2), ha="center", fontsize=8)
-                labelled.add(config)
-        ax.set_xticks(range(len(models)), list(models))
-        ax.set_xlim(-0.6, len(models) - 0.4)
-        ax.set_ylabel("throughput (requests/s)")
-        ax.set_title(f"Requests behind one {P}-token system prompt", fontsize=10)
-        ax.set_ylim(0, 1.25 * max(max(m.values()) for m in models.values()))
-        ax.grid(alpha=0.3, axis="y")
-        ax.legend(fontsize=8, loc="upper right", ncols=2)
-        fig.tight_layout()
-        path = out / f"requests_per_s_p{P}.png"
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        paths.append(path)
-    return paths
 
 
 def check_serving(path: Path, data: dict) -> None:
@@ -301,9 +196,7 @@ def main(argv: list[str] | None = None) -> int:
 
     matplotlib.use("Agg")
     throughput, serving = load(args.results)
-    written = plot_throughputs(throughput, out) if "throughput" in args.figures else []
-    if "systems" in args.figures:
-        written += plot_systems(throughput, out)
+    written = [plot_throughput(throughput, out)] if "throughput" in args.figures else []
     if "serving" in args.figures and not serving:
         print(
             f'[plot] skip the latency plots: no serving benchmark JSON ({{"model", "configs": ...}}) '

@@ -40,29 +40,6 @@ def throughput_file(model, P, nested, **rps):
             **{config.replace("_", "-"): entry(v) for config, v in rps.items()}}
 
 
-def test_throughput_plots_per_model_newer_files_first(tmp_path, capsys):
-    files = {
-        # llama-2: an older flat file is replaced by the newer per-workload ones.
-        "old.json": throughput_file("llama-2-7b-shape", 2048, False, default=1.0, relay=2.0),
-        "new_2048.json": throughput_file("llama-2-7b-shape", 2048, True, default=14.0, relay=40.0, noprefix=45.0),
-        "new_8192.json": throughput_file("llama-2-7b-shape", 8192, True, default=5.0, relay=35.0, noprefix=43.0),
-        "l3.json": throughput_file("llama-3-8b-shape", 2048, True, default=44.0, relay=60.0, noprefix=80.0,
-                                   noprefix_relay=79.0),
-    }
-    for name, data in files.items():
-        (tmp_path / name).write_text(json.dumps(data))
-    assert plot.main(["--results", str(tmp_path)]) == 0
-    for model in ("llama-2-7b-shape", "llama-3-8b-shape"):
-        png = tmp_path / f"throughput_vs_prompt_len_{model}.png"
-        assert png.read_bytes().startswith(PNG) and png.stat().st_size > 10_000
-    groups = plot.by_model(plot.load(tmp_path)[0])
-    series, ceiling, workload = plot.throughput_points(groups["llama-2-7b-shape"])
-    assert series["relay"] == {2048: 40.0, 8192: 35.0} and series["default"] == {2048: 14.0, 8192: 5.0, 0: 44.0}
-    assert ceiling == 44.0 and workload == "llama-2-7b-shape, 128 in / 256 out"
-    series, ceiling, _ = plot.throughput_points(groups["llama-3-8b-shape"])
-    assert series["relay"] == {0: 79.0, 2048: 60.0} and ceiling == 80.0
-
-
 def test_serving_json_gives_a_latency_plot(tmp_path, capsys):
     (tmp_path / "serving_h200.json").write_text(json.dumps(serving()))
     assert plot.main(["--results", str(tmp_path)]) == 0
@@ -88,24 +65,25 @@ def test_a_broken_serving_file_names_what_it_lacks(tmp_path):
         plot.main(["--results", str(tmp_path)])
 
 
-def test_system_bars_are_medians_per_model_at_each_prompt_length(tmp_path, capsys):
+def test_throughput_bars_are_medians_per_model_and_prompt_length(tmp_path, capsys):
     files = {
         "a.json": throughput_file("llama-3-8b-shape", 2048, True, relay=70.0, default=42.0, noprefix=71.0),
         "b.json": throughput_file("llama-3-8b-shape", 2048, True, relay=72.0, default=40.0, sglang=33.0),
         "c.json": throughput_file("llama-3-8b-shape", 2048, True, relay=69.0, default=44.0, sglang=31.0),
-        "d.json": throughput_file("llama-2-7b-shape", 2048, True, relay=42.0, noprefix=43.0),
-        "e.json": throughput_file("llama-2-7b-shape", 8192, True, relay=35.0),  # one system at 8192: no bars
-        "f.json": throughput_file("llama-2-7b-shape", 0, True, noprefix=43.0, noprefix_relay=43.5),  # P=0: none
+        "d.json": throughput_file("llama-2-7b-shape", 8192, False, relay=35.0, noprefix=43.0),  # the older flat form
+        "e.json": throughput_file("llama-2-7b-shape", 2048, True, relay=42.0),  # one system: no group
+        "f.json": throughput_file("llama-2-7b-shape", 0, True, noprefix_relay=43.5),  # not a system: ignored
     }
     for name, data in files.items():
         (tmp_path / name).write_text(json.dumps(data))
-    bars = plot.system_bars(plot.load(tmp_path)[0])
-    assert bars == {2048: {"llama-3-8b-shape": {"relay": 70.0, "default": 42.0, "noprefix": 71.0, "sglang": 32.0},
-                           "llama-2-7b-shape": {"relay": 42.0, "noprefix": 43.0}}}
-    assert plot.main(["--results", str(tmp_path), "--figures", "systems"]) == 0
-    assert (tmp_path / "requests_per_s_p2048.png").read_bytes().startswith(PNG)
-    assert not (tmp_path / "requests_per_s_p8192.png").exists()
-    assert not list(tmp_path.glob("throughput_vs_prompt_len_*.png"))  # not asked for
+    bars = plot.throughput_bars(plot.load(tmp_path)[0])
+    assert bars == {("llama-2-7b-shape", 8192): {"relay": 35.0, "noprefix": 43.0},
+                    ("llama-3-8b-shape", 2048): {"relay": 70.0, "default": 42.0, "noprefix": 71.0, "sglang": 32.0}}
+    assert list(bars) == sorted(bars)
+    assert plot.main(["--results", str(tmp_path), "--figures", "throughput"]) == 0
+    png = tmp_path / plot.THROUGHPUT_PNG
+    assert png.read_bytes().startswith(PNG) and png.stat().st_size > 10_000
+    assert "latency plots" not in capsys.readouterr().out  # serving not asked for
 
 
 def test_the_readmes_picture_is_drawn_from_its_files(tmp_path):
@@ -119,12 +97,13 @@ def test_the_readmes_picture_is_drawn_from_its_files(tmp_path):
             names = [head + alt + tail.split("}")[1] for alt in tail.split("}")[0].split(",")] if tail else [head]
             paths += [BENCH / "results" / n for n in names]
     assert len(paths) == 6 and all(p.exists() for p in paths)
-    bars = plot.system_bars(plot.load(paths)[0])[2048]
+    bars = {model: systems for (model, _), systems in plot.throughput_bars(plot.load(paths)[0]).items()}
     rows = {line.split("|")[1].strip().split("`")[1]: line.split("|")[2:6] for line in readme.splitlines()
             if line.startswith("| `llama")}
     for model, cells in rows.items():
         for (config, _), cell in zip(plot.SYSTEMS, cells):
             stated = cell.strip().strip("*")
             assert (f"{bars[model][config]:.2f}" if config in bars[model] else "") == stated, (model, config)
-    assert plot.main(["--results", *map(str, paths), "--figures", "systems", "--out", str(tmp_path)]) == 0
-    assert (tmp_path / "requests_per_s_p2048.png").read_bytes().startswith(PNG)
+    assert {P for _, P in plot.throughput_bars(plot.load(paths)[0])} == {2048}
+    assert plot.main(["--results", *map(str, paths), "--figures", "throughput", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / plot.THROUGHPUT_PNG).read_bytes().startswith(PNG)
