@@ -67,7 +67,8 @@ def cached_prompt_requests(vocab: int) -> tuple[list[int], list[dict]]:
     """Prompts of 64 and 96 tokens (blocks of 32), one with a registered system prompt before its own
     64 tokens, and one of 70 tokens (its last block partly filled), each sampled once, then again as 3
     samples and a greedy request, which find the first one's tokens computed in an earlier step; last, 3
-    samples of new prompts of 64 and of 70 tokens, which find them computed by the same step."""
+    samples of new prompts of 64 and of 70 tokens, two of which find them computed by the same step
+    (and wait for it)."""
     rng = random.Random(11)
 
     def ids(n):
@@ -86,9 +87,9 @@ def cached_prompt_requests(vocab: int) -> tuple[list[int], list[dict]]:
                     {"steps": 0, "requests": fresh}]
 
 
-# a, b, c and s (its own 64 tokens): 3 samples and a greedy request each; none of d's and e's samples,
-# whose first sibling computes the prompt in the step that admits them
-WHOLE_PROMPT_HITS = 4 * 4
+# a, b, c and s (its own 64 tokens): 3 samples and a greedy request each; two of d's and of e's samples,
+# which wait a step while their first sibling computes the prompt
+WHOLE_PROMPT_HITS = 4 * 4 + 2 * 2
 
 
 def test_samples_of_a_cached_prompt_equal_vllms(tmp_path):

@@ -203,6 +203,49 @@ def test_a_prompt_cached_to_its_last_block_computes_its_last_token_into_a_copy(h
         assert whole.kv.get_computed_blocks(r, 2 * BS)[1] == 2 * BS
 
 
+def test_a_sibling_of_a_prompt_computed_in_this_step_waits_for_it(hasher):
+    """`waits_for_sibling`: a new request whose tokens a running sibling is scheduled to compute in this
+    step waits, then takes a whole-prompt hit; not where the sibling is not computing them now, its
+    tokens differ, the last block has one token to compute, or whole-prompt hits are off."""
+    from vllm.v1.request import RequestStatus
+
+    rng = random.Random(3)
+    side = Side(hasher, 64, memo=False)
+    memo = CacheHitMemo.install(side.kv)
+
+    def request(rid, tokens, **params):
+        return Request(request_id=rid, prompt_token_ids=list(tokens), pooling_params=None,
+                       sampling_params=SamplingParams(max_tokens=8, **params), block_hasher=side.hasher)
+
+    for n in (3 * BS + 9, 4 * BS):  # a partly filled last block; whole blocks
+        prompt = [rng.randrange(300, 32000) for _ in range(n)]
+        assert not memo.waits_for_sibling(request(f"x{n}", prompt))  # no sibling yet
+        side.admit(f"a{n}", prompt, None, computed=False)
+        first = side.requests[f"a{n}"]
+        assert not memo.waits_for_sibling(request(f"y{n}", prompt))  # a sibling not running
+        first.status = RequestStatus.RUNNING
+        assert memo.waits_for_sibling(request(f"b{n}", prompt))
+        other = prompt[:-3] + [t + 1 for t in prompt[-3:]]
+        assert not memo.waits_for_sibling(request(f"c{n}", other))  # other tokens in the last block
+        longer = prompt + [5]
+        assert not memo.waits_for_sibling(request(f"l{n}", longer))  # the sibling does not reach its end
+        assert not memo.waits_for_sibling(request(f"s{n}", prompt, skip_reading_prefix_cache=True))
+        side.kv.new_step_starts()
+        first.num_computed_tokens = n  # the step was scheduled
+        later = request(f"b{n}", prompt)
+        assert not memo.waits_for_sibling(later)
+        assert side.kv.get_computed_blocks(later)[1] == n - 1  # and now a whole-prompt hit
+    prompt = [rng.randrange(300, 32000) for _ in range(3 * BS + 1)]  # one token to compute either way
+    side.admit("o", prompt, None, computed=False)
+    side.requests["o"].status = RequestStatus.RUNNING
+    assert not memo.waits_for_sibling(request("o2", prompt))
+    plain = Side(hasher, 64, memo=True)  # the memo without whole-prompt hits
+    prompt = [rng.randrange(300, 32000) for _ in range(3 * BS + 9)]
+    plain.admit("p", prompt, None, computed=False)
+    plain.requests["p"].status = RequestStatus.RUNNING
+    assert not plain.memo.waits_for_sibling(request("p2", prompt))
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 def test_whole_prompt_hits_keep_vllms_block_accounting(hasher, seed):
     """Random samples of prompts of whole and part blocks arriving over steps, some in the step that

@@ -1,4 +1,4 @@
-"""Relay's scheduler: vLLM's `Scheduler` (and `AsyncScheduler`) with four methods that also call
+"""Relay's scheduler: vLLM's `Scheduler` (and `AsyncScheduler`) with five methods that also call
 the RelayEngine attached to it.
 
 vLLM builds the class that `SchedulerConfig.get_scheduler_cls()` names (its `scheduler_cls`, else
@@ -12,6 +12,9 @@ select relay keep vLLM's class: nothing here runs for them.
 - `schedule` / `update_from_output` / `_free_request`: count, hide fill outputs, finish fills,
   release prompts when their requests end (finished, aborted or failed); while prompts refill,
   their requests are kept out of `schedule`.
+- `_handle_blocked_waiting_request` (vLLM's test of whether a waiting request is scheduled in this
+  step): also no while a sibling computes its prompt in this step (`CacheHitMemo.waits_for_sibling`:
+  in the next it computes its last token only). Not with a KV connector (its own lookups).
 - `finish_requests`: aborts (by id, or of everything: pause(mode="abort"), shutdown) reach held
   requests too, and return them so their clients get the same finish; fills, which have no client,
   are left out of what it returns.
@@ -35,7 +38,7 @@ from vllm_relay.engine.requests import ENGINE_ATTR
 
 
 class RelaySchedulerMixin:
-    """The four methods; each runs vLLM's alone until a RelayEngine is attached (at start-up)."""
+    """The five methods; each runs vLLM's alone until a RelayEngine is attached (at start-up)."""
 
     def schedule(self, *args, **kwargs):
         relay = getattr(self, ENGINE_ATTR, None)
@@ -52,6 +55,13 @@ class RelaySchedulerMixin:
         if relay is not None:
             relay.on_outputs(outputs)
         return outputs
+
+    def _handle_blocked_waiting_request(self, request) -> bool:
+        if not super()._handle_blocked_waiting_request(request):
+            return False
+        relay = getattr(self, ENGINE_ATTR, None)
+        memo = relay.cache_hits if relay is not None else None
+        return memo is None or self.connector is not None or not memo.waits_for_sibling(request)
 
     def finish_requests(self, request_ids, finished_status):
         relay = getattr(self, ENGINE_ATTR, None)
