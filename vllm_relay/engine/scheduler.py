@@ -14,7 +14,7 @@ select relay keep vLLM's class: nothing here runs for them.
   their requests are kept out of `schedule`.
 - `_handle_blocked_waiting_request` (vLLM's test of whether a waiting request is scheduled in this
   step): also no while a sibling computes its prompt in this step (`CacheHitMemo.waits_for_sibling`:
-  in the next it computes its last token only). Not with a KV connector (its own lookups).
+  in the next it computes its last token only). Not with a KV or aux-output connector (their lookups).
 - `finish_requests`: aborts (by id, or of everything: pause(mode="abort"), shutdown) reach held
   requests too, and return them so their clients get the same finish; fills, which have no client,
   are left out of what it returns.
@@ -61,7 +61,9 @@ class RelaySchedulerMixin:
             return False
         relay = getattr(self, ENGINE_ATTR, None)
         memo = relay.cache_hits if relay is not None else None
-        return memo is None or self.connector is not None or not memo.waits_for_sibling(request)
+        if memo is None or self.connector is not None or self.aux_output_connector is not None:
+            return True  # (a connector's lookups are not the memo's)
+        return not memo.waits_for_sibling(request)
 
     def finish_requests(self, request_ids, finished_status):
         relay = getattr(self, ENGINE_ATTR, None)
