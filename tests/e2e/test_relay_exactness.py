@@ -158,19 +158,21 @@ def test_relay_serves_ngram_speculative_decoding_exactly(tmp_path):
     assert relay["draft_tokens"] > 200 and relay["accepted_tokens"] > relay["draft_tokens"] // 3, relay
 
 
-@pytest.mark.parametrize("method", ["eagle3", "mtp"])
-def test_relay_serves_drafter_models_exactly(tmp_path, method):
-    """A drafter model, one draft token a step: an EAGLE-3 head, or MiMo's MTP layer (in the target's
-    checkpoint). Its layer runs on relay and reads the registered prompts' pages; the prompts' shared
-    blocks end one token early, so the drafter's KV of their last token came from the prompt's next
-    token, as in a request's own prefill. Every draft token proposed for every request, step by step,
-    equals vLLM's with the same drafter, and so do the greedy outputs. (The drafter's weights are
-    random, so its drafts are mostly rejected: the drafts themselves are what the test compares, as the
-    outputs of speculative decoding are the target's whatever the drafts.)"""
+@pytest.mark.parametrize("method,tokens", [("eagle3", 1), ("mtp", 1), ("eagle3", 3), ("mtp", 2)])
+def test_relay_serves_drafter_models_exactly(tmp_path, method, tokens):
+    """A drafter model: an EAGLE-3 head of one or three draft tokens a step, or MiMo's MTP layer (in the
+    target's checkpoint) of one or two. Its layer runs on relay and reads the registered prompts' pages;
+    the prompts' shared blocks end one token early, so the drafter's KV of their last token came from
+    the prompt's next token, as in a request's own prefill; its passes after the first place their KV
+    by each request's own positions and read the prompts' pages too. Every draft token proposed for
+    every request, step by step, equals vLLM's with the same drafter, and so do the greedy outputs.
+    (The drafter's weights are random, so its drafts are mostly rejected: the drafts themselves are
+    what the test compares, as the outputs of speculative decoding are the target's whatever the
+    drafts.)"""
     model = get_model("tiny-llama-gqa" if method == "eagle3" else "tiny-mimo-mtp")
     vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
     systems, prompts, num_relay = workload(vocab, seed=5)
-    spec = {"method": method, "num_speculative_tokens": 1}
+    spec = {"method": method, "num_speculative_tokens": tokens}
     if method == "eagle3":
         spec["model"] = get_model("tiny-llama-gqa-eagle3")
     # No prompt chunked (vLLM's own drafts differ between a chunked and a whole prefill), the same for both.

@@ -61,22 +61,18 @@ DRAFTERS = {"eagle3": "EAGLE-3", "mtp": "MTP"}
 
 def drafter_unsupported(spec) -> str | None:
     """Why relay cannot serve this drafter model, or None. Served: EAGLE-3 heads and MTP layers
-    (drafters over the target's hidden states, vLLM's EAGLE family) proposing one token a step, on the
-    CPU (their layers on relay, `hooks.frontend.select_drafter_backend`; a registered prompt's shared
-    blocks end one token early, `validate.drafter_lookahead`)."""
+    (drafters over the target's hidden states, vLLM's EAGLE family) on the CPU, any number of draft
+    tokens a step (their layers on relay, `hooks.frontend.select_drafter_backend`; a registered prompt's
+    shared blocks end one token early, `validate.drafter_lookahead`; the passes after the first
+    `hooks.runner.DraftPositions`)."""
     from vllm.platforms import current_platform
 
     if spec.method not in DRAFTERS:
         return (f"speculative decoding with {spec.method} drafts (served: n-gram drafts, and EAGLE-3 and MTP "
-                "drafts of one token on the CPU)")
-    name = DRAFTERS[spec.method]
+                "drafts on the CPU)")
     if not current_platform.is_cpu():
-        return (f"speculative decoding with {name} drafts on the GPU (Model Runner V2's drafter does not "
-                "read the system prompts' pages yet; n-gram drafts are served)")
-    if spec.num_speculative_tokens != 1:
-        return (f"speculative decoding with num_speculative_tokens={spec.num_speculative_tokens} {name} "
-                "drafts (a drafter's steps after the first place their KV by positions, which relay shifts; "
-                "one draft token a step is served)")
+        return (f"speculative decoding with {DRAFTERS[spec.method]} drafts on the GPU (Model Runner V2's "
+                "drafter does not read the system prompts' pages yet; n-gram drafts are served)")
     return None
 
 
@@ -84,7 +80,7 @@ def check_engine() -> None:
     """Reject, at start-up, engine features relay does not compute exactly (model build time). The
     KV cache is the model's dtype or FP8 (which FP8 formats, the backend's `supports_kv_cache_dtype`
     says); speculative decoding with n-gram drafts (from the token ids, no drafter model) or, on the CPU,
-    one EAGLE-3 or MTP draft token a step; plain and M-RoPE positions (the latter shifted in every
+    EAGLE-3 or MTP drafts; plain and M-RoPE positions (the latter shifted in every
     section)."""
     from vllm.config import get_current_vllm_config
 
