@@ -11,8 +11,9 @@
 #   levels    levels found in the block tables, up to three deep, graphs and eager (about 4 min)
 #   sleep     sleep at levels 1 and 2, the prompts filled again after waking (about 6 min); sleep-1, sleep-2
 #   seeded    seeded samples against vLLM's, requests all at once and one per step (about 4 min)
-#   features  soft-capping, sinks, an FP8 KV cache and sliding windows against FLASH_ATTN with each on (four
-#             engines each, about 4-6 min each); features-softcap, -sinks, -fp8, -window: one each
+#   features  soft-capping, sinks, an FP8 KV cache, sliding windows, M-RoPE and images in shared prompts against
+#             FLASH_ATTN with each on (four engines each, about 4-6 min each); features-softcap, -sinks, -fp8,
+#             -window, -mrope, -images: one each
 #   ngram     n-gram speculative decoding against FLASH_ATTN with the same drafter (four engines, about 5 min)
 #   host      the host-side timings of tools/ (prompt hashing, prefix-cache lookup of n samples, detokenizer
 #             priming): vLLM's code against relay's, CPU only (about 1-2 min)

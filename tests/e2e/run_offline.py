@@ -4,7 +4,7 @@ Used by the e2e tests: each engine runs in a fresh process, as vLLM's CPU build 
 core and workers and two engines in one test process would share global state.
 Usage: python run_offline.py SPEC_JSON OUT_JSON, where SPEC_JSON holds
   {"engine": {LLM kwargs}, "prompts": [[token ids] or {"ids": [...], "cache_salt": s} or
-   {"ids": [...], "lora": [name, int id, adapter folder]}, ...],
+   {"ids": [...], "lora": [name, int id, adapter folder]} or {"ids": [...], "image": [h, w, seed]}, ...],
    "max_tokens": int or [int per prompt], "samples": [{"prompt": [ids], "n": k, "seed": s,
    "max_tokens": m}, ...] (optional: seeded sampling, every sample with its top-5 logprobs),
    "first": {"prompts": [...], "max_tokens": int} (optional: a greedy batch run before the rest,
@@ -121,6 +121,13 @@ def tokens_prompt(p):
 
     if isinstance(p, dict) and "cache_salt" in p:
         return TokensPrompt(prompt_token_ids=p["ids"], cache_salt=p["cache_salt"])
+    if isinstance(p, dict) and "image" in p:  # [height, width, seed]: random pixels
+        import numpy as np
+        from PIL import Image
+
+        h, w, seed = p["image"]
+        pixels = np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8)
+        return TokensPrompt(prompt_token_ids=p["ids"], multi_modal_data={"image": Image.fromarray(pixels)})
     return TokensPrompt(prompt_token_ids=p["ids"] if isinstance(p, dict) else p)
 
 

@@ -158,6 +158,52 @@ def run_with_feature(label: str, name: str, extra: dict, seed: int, max_tokens: 
     return runs
 
 
+def image_prompts(model: str) -> list[dict]:
+    """Samples of prompts that begin with an image (Qwen2.5-VL's vision tokens, 224 x 224 pixels: 64
+    image tokens) and 96 words: two images with the same words, six questions each, and two text
+    prompts with those words alone. vLLM's prefix cache shares an image's blocks only among the prompts
+    of that image (its hash is in theirs)."""
+    import random
+
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model)
+    start, pad, end = tok.convert_tokens_to_ids(["<|vision_start|>", "<|image_pad|>", "<|vision_end|>"])
+    rng = random.Random(9)
+
+    def words(n):
+        return [rng.randrange(8, 3072) for _ in range(n)]
+
+    shared = words(96)
+    prompts = [{"ids": [start, pad, end, *shared, *words(rng.randrange(12, 40))], "image": [224, 224, seed]}
+               for seed in (1, 2) for _ in range(6)]
+    return prompts + [{"ids": shared + words(20)} for _ in range(2)]
+
+
+def test_features_images_in_shared_prompts_on_cuda_against_flash(tmp_path):
+    """M-RoPE with images: the samples of an image's prompts share its blocks (vLLM's prefix cache, the
+    image's hash in the block hashes), relay reads them as levels it found in the block tables (no
+    position shift: the cache holds the keys as vLLM placed them), and two images under the same words
+    never share. Relay within the rule against FLASH_ATTN, with full CUDA graphs and eagerly."""
+    model = get_model("tiny-qwen2.5-vl")
+    base = {"model": model, "dtype": "bfloat16", "max_model_len": 512, "max_num_batched_tokens": 256,
+            "limit_mm_per_prompt": {"image": 1, "video": 0}}
+    spec = {"prompts": image_prompts(model), "max_tokens": 16, "vl": True}
+    runs, _ = run_four(spec, base, {"relay": {"shared_path": "always"}}, tmp_path)
+    relay, eager, flash, triton = runs["relay"], runs["eager"], runs["flash"], runs["triton"]
+    relay_same, relay_err = divergence(relay["outputs"], flash["outputs"])
+    ref_same, ref_err = divergence(triton["outputs"], flash["outputs"])
+    eager_same, eager_err = divergence(eager["outputs"], flash["outputs"])
+    print(f"images: relay vs FA: {relay_same:.0%} identical, max diff {relay_err:.3g}; relay eager vs FA: "
+          f"{eager_same:.0%}, {eager_err:.3g}; TRITON vs FA: {ref_same:.0%}, {ref_err:.3g}")
+    bound = logprob_bound(ref_err)
+    assert relay_err <= bound and eager_err <= bound, (relay_err, eager_err, ref_err)
+    assert tie_margin(relay["outputs"], flash["outputs"]) <= tie_bound(ref_err)
+    stats = relay["worker_stats"]
+    print("images: worker stats", stats)
+    assert stats["shared_tokens"] > 0 and stats["level_groups"] > 0, stats
+
+
 @pytest.mark.parametrize("feature", list(FEATURES))
 def test_features_on_cuda_against_flash(feature, tmp_path):
     """Soft-capping, sinks, an FP8 KV cache, sliding windows (in every other layer: those read no

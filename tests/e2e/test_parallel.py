@@ -2,7 +2,7 @@
 
 Tensor parallelism: every rank holds its own KV heads of the system-prompt store (the tiny GQA model
 has 2 KV heads: one per rank at TP=2, each replicated on two ranks at TP=4) and captures them during
-fills; the engine core routes and tags once for all ranks. Data parallelism: vLLM 0.26 runs a dense
+fills; the engine core routes and tags once for all ranks. Data parallelism: vLLM runs a dense
 model's DP ranks as independent engine cores, each with its own RelayEngine, start-up fills and
 counters; an AsyncLLM balances requests over them. The same mixed workload as the exactness test
 (two system prompts, ordinary requests, chunked prefill) must give identical greedy tokens and top-5

@@ -1,6 +1,6 @@
 """Data parallelism's wave bookkeeping with relay, on vLLM's own DPEngineCoreProc methods.
 
-Under data parallelism vLLM 0.26 runs dense models as independent engine cores (no waves; each
+Under data parallelism vLLM runs dense models as independent engine cores (no waves; each
 has its own RelayEngine), and MoE models on `DPEngineCoreProc`, whose ranks step together while
 any has work: a request sent to paused engines makes the front end (or, for a request of an
 already-completed wave, the engine itself) start a wave on every rank. A run-time fill comes from

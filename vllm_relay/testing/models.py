@@ -159,6 +159,11 @@ VL_SHAPE_MODELS = {
     ),
 }
 VL_ENGINE = {"limit_mm_per_prompt": {"image": 0, "video": 0}}  # text only: no image processor is made
+# Qwen2.5-VL's image processor, as its checkpoints configure it (images need torchvision: the GPU host's).
+VL_IMAGE_PROCESSOR = {"image_processor_type": "Qwen2VLImageProcessor", "processor_class": "Qwen2_5_VLProcessor",
+                      "min_pixels": 3136, "max_pixels": 12845056, "patch_size": 14, "temporal_patch_size": 2,
+                      "merge_size": 2, "image_mean": [0.48145466, 0.4578275, 0.40821073],
+                      "image_std": [0.26862954, 0.26130258, 0.27577711]}
 
 # EAGLE-3 heads (a drafter model: one decoder layer over the token's embedding and three of the target's
 # hidden states), random weights: name -> the tiny model it drafts for.
@@ -260,6 +265,7 @@ def build_vl_model(name: str, path: str | Path, seed: int = SEED) -> Path:
         torch.manual_seed(seed)
         Qwen2_5_VLForConditionalGeneration(config).save_pretrained(path, safe_serialization=True)
     _write_generation_config(config.text_config, path)
+    (path / "preprocessor_config.json").write_text(json.dumps(VL_IMAGE_PROCESSOR, indent=2))
     return path
 
 
