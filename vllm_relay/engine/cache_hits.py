@@ -152,15 +152,10 @@ class CacheHitMemo:
             return False
         from vllm.v1.request import RequestStatus
 
-        hashes, tokens = request.block_hashes[:k], request.all_token_ids[k * bs:n]
-        owned = self._manager.req_to_blocks
-        for other in self._recent.get(hashes[-1], ()):
-            # running, not yet counted to `n`, and given slots to `n`: being scheduled to it now
-            if (other.status == RequestStatus.RUNNING and other.num_computed_tokens < n
-                    and len(owned.get(other.request_id) or ()) * bs >= n
-                    and other.block_hashes[:k] == hashes and other.all_token_ids[k * bs:n] == tokens):
-                return True
-        return False
+        # running, not yet counted to `n`, and given slots to `n`: being scheduled to it now
+        return any(other.status == RequestStatus.RUNNING and other.num_computed_tokens < n
+                   and len(blocks or ()) * bs >= n
+                   for other, blocks in self._siblings(request, request.block_hashes, k))
 
     def find_longest_cache_hit(self, block_hashes, max_cache_hit_length: int) -> tuple[tuple[list], int, int]:
         request, bs = self._request, self.block_size
@@ -187,21 +182,27 @@ class CacheHitMemo:
                 and request.prompt_embeds is None)
 
     def _sibling_tail(self, request, block_hashes, k: int):
-        """The block after the first `k` of a live request with `request`'s tokens (the same first `k`
-        block hashes, then the same tokens), which computed them in an earlier step; None if none."""
+        """The block after the first `k` of a live sibling of `request` which computed its tokens in an
+        earlier step; None if none."""
         if not self._has_siblings(request):
             return None
+        n = request.num_tokens
+        for other, blocks in self._siblings(request, block_hashes, k):
+            if (blocks is not None and len(blocks) > k and other.num_computed_tokens >= n
+                    and not blocks[k].is_null):
+                return blocks[k]
+        return None
+
+    def _siblings(self, request, block_hashes, k: int):
+        """The requests kept as siblings (`_recent`, all `_has_siblings`) with `request`'s tokens: the same
+        first `k` block hashes (its whole blocks), then the same tokens; most recent first, each with the
+        blocks it holds (None: none)."""
         n, start = request.num_tokens, k * self.block_size
         tokens = request.all_token_ids[start:n]
         owned = self._manager.req_to_blocks
-        for other in reversed(self._recent.get(block_hashes[k - 1], ())):  # (all `_has_siblings`)
-            blocks = owned.get(other.request_id)
-            if (blocks is None or len(blocks) <= k or other.num_computed_tokens < n
-                    or other.block_hashes[:k] != block_hashes[:k] or other.all_token_ids[start:n] != tokens
-                    or blocks[k].is_null):
-                continue
-            return blocks[k]
-        return None
+        for other in reversed(self._recent.get(block_hashes[k - 1], ())):
+            if other.block_hashes[:k] == block_hashes[:k] and other.all_token_ids[start:n] == tokens:
+                yield other, owned.get(other.request_id)
 
     def _lookup(self, block_hashes, max_cache_hit_length: int) -> tuple[tuple[list], int, int]:
         bs = self.block_size
