@@ -205,8 +205,10 @@ def test_a_prompt_cached_to_its_last_block_computes_its_last_token_into_a_copy(h
 
 def test_a_sibling_of_a_prompt_computed_in_this_step_waits_for_it(hasher):
     """`waits_for_sibling`: a new request whose tokens a running sibling is scheduled to compute in this
-    step waits, then takes a whole-prompt hit; not where the sibling is not computing them now, its
-    tokens differ, the last block has one token to compute, or whole-prompt hits are off."""
+    step waits, then takes a whole-prompt hit; not where the sibling is not computing them now, computes
+    only its last block (it took a hit: the same hit is there for the new request now, and waiting for
+    it would admit a group's siblings one a step), its tokens differ, the last block has one token to
+    compute, or whole-prompt hits are off."""
     from vllm.v1.request import RequestStatus
 
     rng = random.Random(3)
@@ -230,6 +232,11 @@ def test_a_sibling_of_a_prompt_computed_in_this_step_waits_for_it(hasher):
         longer = prompt + [5]
         assert not memo.waits_for_sibling(request(f"l{n}", longer))  # the sibling does not reach its end
         assert not memo.waits_for_sibling(request(f"s{n}", prompt, skip_reading_prefix_cache=True))
+        first.num_computed_tokens = (n - 1) // BS * BS  # a sibling that took a hit to its last block
+        assert not memo.waits_for_sibling(request(f"h{n}", prompt))  # (the same hit is there now)
+        first.num_computed_tokens = (n - 1) // BS * BS - 1
+        assert memo.waits_for_sibling(request(f"k{n}", prompt))
+        first.num_computed_tokens = 0
         side.kv.new_step_starts()
         first.num_computed_tokens = n  # the step was scheduled
         later = request(f"b{n}", prompt)

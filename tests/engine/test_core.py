@@ -85,12 +85,15 @@ def make_core(model_path, relay=None, tokenizer=False, backend="relay", batched_
     return core
 
 
-def step(core):
-    """One engine step with a fake model: every request past its prompt samples token 5."""
+def step(core, scheduled: list | None = None):
+    """One engine step with a fake model: every request past its prompt samples token 5. `scheduled`
+    collects each step's tokens by request."""
     from vllm.v1.outputs import ModelRunnerOutput
 
     sched = core.scheduler
     out = sched.schedule()
+    if scheduled is not None:
+        scheduled.append(dict(out.num_scheduled_tokens))
     rids = list(out.num_scheduled_tokens)
     done = [sched.requests[r].num_computed_tokens >= sched.requests[r].num_prompt_tokens for r in rids]
     mro = ModelRunnerOutput(req_ids=rids, req_id_to_index={r: i for i, r in enumerate(rids)},

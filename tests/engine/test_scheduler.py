@@ -72,3 +72,22 @@ def test_attach_refuses_a_relay_engine_without_relay_scheduler(model_path, monke
                                          "core runs vllm.v1.core.sched.scheduler.Scheduler"):
         make_core(model_path)
     check(object.__new__(RelayScheduler))  # relay's passes
+
+
+@pytest.mark.parametrize("length", [3 * 16 + 9, 4 * 16])  # a partly filled last block; whole blocks
+def test_samples_of_one_prompt_wait_one_step_then_are_admitted_together(model_path, length):  # noqa: F811
+    """Six requests of one prompt arriving together: the first computes it, the others wait that step
+    (`CacheHitMemo.waits_for_sibling`) and are all admitted in the next one, each computing its last
+    token only (a whole-prompt hit). A sibling that took such a hit makes no later one wait."""
+    from tests.engine.test_core import ecr, step, submit
+
+    core = make_core(model_path, relay={"system_prompts": {}}, batched_tokens=512)
+    prompt = [300 + (7 * i) % 997 for i in range(length)]
+    for i in range(6):
+        submit(core, ecr(f"s{i}", prompt, max_tokens=3))
+    scheduled = []
+    for _ in range(2):
+        step(core, scheduled)
+    assert scheduled[0] == {"s0": length}
+    assert scheduled[1] == {"s0": 1, **{f"s{i}": 1 for i in range(1, 6)}}
+    assert core.scheduler.kv_cache_manager.coordinator.find_longest_cache_hit.__self__.whole_prompt_hits == 5

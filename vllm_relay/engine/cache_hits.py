@@ -141,9 +141,11 @@ class CacheHitMemo:
 
     def waits_for_sibling(self, request) -> bool:
         """Whether `request`, about to be looked up, should wait a step: a sibling (the same tokens) is
-        scheduled in this step to its last token, and so computes the block `request` would compute
-        again; after the step `request` takes a whole-prompt hit. Only where it saves tokens: its last
-        block holds two or more (a block for a prompt of whole blocks)."""
+        scheduled in this step to its last token from before its last block, and so computes the blocks
+        `request` would compute again; after the step `request` takes a whole-prompt hit. Only where it
+        saves tokens: its last block holds two or more (a block for a prompt of whole blocks). Not for a
+        sibling that took a hit to its last block itself: `request` can take the same hit now (else
+        the group's siblings would be admitted one a step, each waiting for the one before)."""
         n, bs = request.num_tokens, self.block_size
         k = n // bs  # whole blocks
         if (not self._whole or k == 0 or n - (n - 1) // bs * bs < 2 or request.num_computed_tokens
@@ -152,8 +154,10 @@ class CacheHitMemo:
             return False
         from vllm.v1.request import RequestStatus
 
-        # running, not yet counted to `n`, and given slots to `n`: being scheduled to it now
-        return any(other.status == RequestStatus.RUNNING and other.num_computed_tokens < n
+        # running, not yet counted past the last block's start, and given slots to `n`: being scheduled
+        # to its end now, from before its last block
+        last = (n - 1) // bs * bs
+        return any(other.status == RequestStatus.RUNNING and other.num_computed_tokens < last
                    and len(blocks or ()) * bs >= n
                    for other, blocks in self._siblings(request, request.block_hashes, k))
 
