@@ -34,7 +34,8 @@ def make_state(monkeypatch, num_groups=1, level_group=0):
 
     monkeypatch.setattr(DefaultModelState, "__init__", base_init)
     levels = []  # the steps the runner's relay planner was asked to find levels in
-    planners = [NS(levels_for=levels.append, levels=g == level_group, kv_group=g) for g in range(num_groups)]
+    planners = [NS(levels_for=levels.append, levels=True, window=0 if g == level_group else 64, kv_group=g)
+                for g in range(num_groups)]
     monkeypatch.setattr(model_state.workers, "planners",
                         lambda attn_groups: planners if attn_groups is GROUPS else [])
     config = NS(additional_config={"relay": {"max_prompts": 3, "max_prompt_tokens": 4 * PAGE}},
@@ -113,7 +114,7 @@ def test_a_batch_of_the_same_rows_keeps_its_arrays_and_a_reused_index_does_not(s
 
 def test_two_kv_cache_groups_each_fill_pages_and_the_levels_from_one_groups_table(monkeypatch):
     """A model with sliding-window layers (group 0 here) and full-attention ones (group 1): a fill's
-    pages are recorded in both groups, and the step's table is the level group's."""
+    pages are recorded in both groups, the step's table is the level group's, and it holds both."""
     state = make_state(monkeypatch, num_groups=2, level_group=1)
     index = {"plain": 0, "fill": 1}
     reqs = [new_req("plain", [7, 8]), new_req("fill", [10, 11, 12], RelayTag(1, 2 * PAGE, fill=True))]
@@ -125,6 +126,8 @@ def test_two_kv_cache_groups_each_fill_pages_and_the_levels_from_one_groups_tabl
     step = state.step
     assert step.level_group == 1 and state.levels_asked == [step]
     assert step.block_table[:, :3].tolist() == [[27, 28, 0], [30, 31, 32]]
+    # every group's table too (the window group's planner checks the levels against its own)
+    assert [t[:, :3].tolist() for t in step.tables] == [[[7, 8, 0], [10, 11, 12]], [[27, 28, 0], [30, 31, 32]]]
     assert state.pages.pages[:, 1, :2].tolist() == [[10, 11], [30, 31]]
 
 

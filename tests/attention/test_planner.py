@@ -119,13 +119,16 @@ class World:
         return relay_step.RelayStep(len(self.batch), int(q_lens.sum()), slots, shift, q_lens,
                                     self.block_table.numpy(), self.own_lens.numpy().copy(), pages=self.pages)
 
-    def reference(self):
+    def reference(self, window=0):
+        """Each token's attention over [its slot's prompt ; its own KV], causal; with `window`, from its
+        position less window - 1 on."""
         out, row, scale = torch.zeros(self.q.shape), 0, D ** -0.5
         for (slot, _, ql, _, _), (k, v) in zip(self.batch, self.own):
             if slot >= 0:
                 k, v = torch.cat([self.sys[slot][0], k]), torch.cat([self.sys[slot][1], v])
+            first = torch.arange(ql) + k.shape[0] - ql - (window - 1) if window else None
             out[row: row + ql], _ = attention_ref(self.q[row: row + ql].cpu(), k.to(self.dtype), v.to(self.dtype),
-                                                  scale, causal=True)
+                                                  scale, causal=True, first=first)
             row += ql
         return out
 
@@ -143,14 +146,15 @@ def as_relay_plan(plan, cm, force_level=False):
     return RelayPlan(context, [plan.level] if run else [])
 
 
-def run_and_check(world, plan, cm, q=None, force_level=False):
+def run_and_check(world, plan, cm, q=None, force_level=False, window=0):
     q = world.q if q is None else q
     out = torch.full_like(q, float("nan"))
+    context = {"window_size": (window - 1, 0)} if window else None  # as the backends pass a window
     relay_attention(q, world.k_cache, world.v_cache, as_relay_plan(plan, cm, force_level), out, D ** -0.5,
-                    varlen_attention_torch)
+                    varlen_attention_torch, context_kwargs=context)
     n = world.q.shape[0]
     assert not out[:n].isnan().any()
-    torch.testing.assert_close(out[:n].float().cpu(), world.reference(), atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(out[:n].float().cpu(), world.reference(window), atol=2e-5, rtol=2e-5)
 
 
 def random_batch(rng, n):
@@ -402,6 +406,49 @@ def test_layers_that_read_no_level_read_their_groups_slot_pages_in_front():
     assert not plan.run_level
     run_and_check(world, plan, cm)
     assert planner.stats["level_groups"] == 0 and planner.stats["prefix_requests"] == 3
+
+
+@pytest.mark.parametrize("window", [5, 40, 130])
+@pytest.mark.parametrize("seed", range(3))
+def test_window_layers_read_each_level_from_each_rows_window_on(window, seed, monkeypatch):
+    """A planner of sliding-window layers reads the step's levels (found in another group's tables) from
+    each level row's first visible key on: exact against attention over [slot prompt ; own KV] within the
+    window, on random batches (windows shorter than a page, inside a prompt, past most levels). Its group's
+    table is checked against the levels' (`window_level_rows`): where a row's block ids inside its window
+    differ from the level's, the group reads no level in the step, exactly still."""
+    monkeypatch.setitem(planner_module.MIN_SAVED_TOKENS, ("cpu", True), 64)
+    rng = np.random.default_rng(seed)
+    world = World(random_batch(rng, int(rng.integers(4, 14))), torch.float32, "cpu", seed)
+    world.pages = relay_step.SlotPages.for_config(RelayConfig(max_prompts=3, max_prompt_tokens=128), BLOCK,
+                                                  num_groups=2)
+    for group in (0, 1):  # both groups' pages: the same cache in this world
+        for slot, n in enumerate(SLOT_PAGES):
+            world.pages.record(group, slot, world.slot_table[slot, :n].tolist())
+    step = world.step()
+    step.tables = [step.block_table, step.block_table]
+    make_planner(shared_path="always").levels_for(step)  # the level group's planner (group 0)
+    planner = RelayPlanner(vllm_config(shared_path="always"), SimpleNamespace(block_size=BLOCK), "cpu",
+                           window=window)
+    planner.kv_group = 1
+    cm = world.cm()
+    plan = planner.plan(cm, step)
+    run_and_check(world, plan, cm, window=window)
+    if step.tree is not None:
+        assert plan.run_level and planner.stats["level_groups"] == step.tree.num_groups
+    own = [r for r in range(step.tree.num_groups) if step.tree.pages[r]] if step.tree is not None else []
+    if own:  # a block id inside the window of a row of a level of own pages, changed in group 1's table
+        g = own[0]
+        members = np.flatnonzero((step.tree.row_groups == g).any(axis=1))
+        other = step.tables[1].copy()
+        r, start = members[-1], step.tree.start[g]
+        other[r, start: start + step.tree.pages[g]] += 1000  # one member's ids of the level's own pages
+        step.tables = [step.block_table, other]
+        planner = RelayPlanner(vllm_config(shared_path="always"), SimpleNamespace(block_size=BLOCK), "cpu",
+                               window=10_000)  # every row sees the whole level: every page compared
+        planner.kv_group = 1
+        plan = planner.plan(cm, step)
+        assert len(members) >= 2 and not plan.run_level and planner.stats["level_groups"] == 0
+        run_and_check(world, plan, cm, window=10_000)
 
 
 def test_eager_steps_with_little_sharing_plan_no_levels():

@@ -40,12 +40,16 @@ def test_worker_stats_sum_every_planner_and_count_zero_without_one():
     assert set(empty) == set(STATS) and not any(empty.values())
 
 
-def test_each_planner_learns_its_kv_cache_group_and_the_first_that_may_run_levels_finds_them():
+def test_each_planner_learns_its_kv_cache_group_and_a_full_attention_one_finds_the_levels():
     """Two KV-cache groups (a model's sliding-window layers, then its full-attention ones): each planner is
-    told its group's index, and the levels are found by the first planner whose layers may read them."""
+    told its group's index, and the levels are found by the first planner of full-attention layers (a
+    window group's tables hold each row's blocks from its window on only); by a window group's when every
+    layer has a window; by none when no layer may read levels."""
     window, full = planner({}), planner({})
-    window.levels, full.levels = False, True
+    window.levels, window.window, full.levels, full.window = True, 64, True, 0
     found = workers.planners([*groups([SimpleNamespace(planner=window)]), *groups([SimpleNamespace(planner=full)])])
     assert found == [window, full] and (window.kv_group, full.kv_group) == (0, 1)
     assert workers.level_planner(found) is full
+    assert workers.level_planner([window]) is window
+    window.levels = False
     assert workers.level_planner([window]) is None

@@ -203,12 +203,14 @@ def test_features_images_in_shared_prompts_on_cuda_against_flash(tmp_path):
 
 @pytest.mark.parametrize("feature", list(FEATURES))
 def test_features_on_cuda_against_flash(feature, tmp_path):
-    """Soft-capping, sinks, an FP8 KV cache, sliding windows (in every other layer: those read no
-    level) and M-RoPE (text prompts): relay within the rule above against FLASH_ATTN with the feature
-    on, with full CUDA graphs and eagerly."""
+    """Soft-capping, sinks, an FP8 KV cache, sliding windows (in every other layer: those read each level
+    from each row's window on, through ops/window_level.py's kernel) and M-RoPE (text prompts): relay
+    within the rule above against FLASH_ATTN with the feature on, with full CUDA graphs and eagerly."""
     name, extra = FEATURES[feature]
     stats = run_with_feature(feature, name, extra, 3, 16, tmp_path)["relay"]["worker_stats"]
     assert stats["level_graph_steps"] > 0 and stats["shared_tokens"] > 0, stats
+    if feature == "window":  # the window layers read the levels too: no request on the prefix path
+        assert stats["prefix_requests"] == 0, stats
 
 
 def test_ngram_speculative_decoding_on_cuda_against_flash(tmp_path):

@@ -45,11 +45,12 @@ def fusion_ref(o_sys, lse_sys, o_ctx, lse_ctx):
     return out, torch.logsumexp(lse, dim=0)
 
 
-def attention_ref(q, k, v, scale, causal, softcap=0.0, sinks=None):
+def attention_ref(q, k, v, scale, causal, softcap=0.0, sinks=None, first=None):
     """Dense attention of one sequence in fp32, one head at a time.
 
     q: [L, Hq, D]; k, v: [K, Hkv, D]. Causal is bottom-right aligned: query i sees keys
-    j <= K - L + i. Rows that see no key give o = 0, lse = -inf. `softcap` > 0 caps the scaled
+    j <= K - L + i. `first` (int [L]): query i sees no key before first[i] either (a sliding window).
+    Rows that see no key give o = 0, lse = -inf. `softcap` > 0 caps the scaled
     scores to softcap * tanh(s / softcap). `sinks` [Hq]: each head's sink, one more logit in every
     row's softmax with a zero value (a row that sees no key then has lse = its sink).
     Returns (o float32 [L, Hq, D], lse float32 [Hq, L]).
@@ -63,6 +64,8 @@ def attention_ref(q, k, v, scale, causal, softcap=0.0, sinks=None):
     allowed = torch.ones(L, K, dtype=torch.bool)
     if causal:
         allowed = torch.arange(K)[None, :] <= (torch.arange(L)[:, None] + K - L)
+    if first is not None:
+        allowed = allowed & (torch.arange(K)[None, :] >= torch.as_tensor(first).long()[:, None])
     for h in range(Hq):
         kh = k[:, h * Hkv // Hq].float()
         vh = v[:, h * Hkv // Hq].float()

@@ -130,7 +130,7 @@ def test_out_is_written_in_place():
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    ({"window_size": (8, 0)}, "window_size"),
+    ({"window_size": (8, 4)}, "window_size"),
     ({"q_descale": torch.ones(1, 4)}, "q_descale"),
     ({"alibi_slopes": torch.ones(4)}, "alibi_slopes"),
     ({"cu_seqlens_k": torch.zeros(2, dtype=torch.int32)}, "cu_seqlens_k"),
@@ -189,3 +189,49 @@ def test_batched_decodes_read_separate_caches_too():
     packed = varlen_attention_torch(k=k_cache, v=v_cache, **kwargs)
     separate = varlen_attention_torch(k=k_cache.contiguous(), v=v_cache.contiguous(), **kwargs)
     torch.testing.assert_close(separate, packed)
+
+
+@pytest.mark.parametrize("scenario", ["decode_mixed", "chunked", "prefill"])
+@pytest.mark.parametrize("left", [0, 5, 40])
+def test_sliding_window(scenario, left):
+    """FlashAttention's causal window (left, 0): query i sees keys K - L + i - left .. K - L + i."""
+    torch.manual_seed(left)
+    lens = SCENARIOS[scenario]
+    q = torch.randn(sum(ql for ql, _ in lens), 8, 64)
+    ks = [torch.randn(kl, 2, 64) for _, kl in lens]
+    vs = [torch.randn(kl, 2, 64) for _, kl in lens]
+    k_cache, v_cache, table, seqused = make_paged_cache(ks, vs, 16, torch.float32)
+    cu = cu_seqlens([ql for ql, _ in lens])
+    out, lse = varlen_attention_torch(q=q, k=k_cache, v=v_cache, cu_seqlens_q=cu, seqused_k=seqused, causal=True,
+                                      block_table=table, return_softmax_lse=True, window_size=(left, 0))
+    for b, (ql, kl) in enumerate(lens):
+        rows = slice(int(cu[b]), int(cu[b + 1]))
+        first = torch.arange(ql) + kl - ql - left
+        ref_o, ref_lse = attention_ref(q[rows], ks[b], vs[b], 64 ** -0.5, True, first=first)
+        assert_close(out[rows], ref_o, torch.float32, msg=f"request {b}")
+        torch.testing.assert_close(lse[:, rows], ref_lse, atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("scenario", ["decode_mixed", "chunked"])
+def test_key_start_per_row(scenario):
+    """`key_start`: each query row's first visible key (a sliding-window layer's level), rows that see
+    none (past their keys) zero with lse -inf, non-causal as a level is called."""
+    torch.manual_seed(3)
+    lens = SCENARIOS[scenario]
+    T = sum(ql for ql, _ in lens)
+    q = torch.randn(T, 4, 64)
+    ks = [torch.randn(kl, 4, 64) for _, kl in lens]
+    vs = [torch.randn(kl, 4, 64) for _, kl in lens]
+    k_cache, v_cache, table, seqused = make_paged_cache(ks, vs, 16, torch.float32)
+    cu = cu_seqlens([ql for ql, _ in lens])
+    key_start = torch.randint(-3, max(kl for _, kl in lens) + 2, (T,), dtype=torch.int32)
+    out, lse = varlen_attention_torch(q=q, k=k_cache, v=v_cache, cu_seqlens_q=cu, seqused_k=seqused, causal=False,
+                                      block_table=table, return_softmax_lse=True, key_start=key_start)
+    empty = 0
+    for b, (ql, kl) in enumerate(lens):
+        rows = slice(int(cu[b]), int(cu[b + 1]))
+        ref_o, ref_lse = attention_ref(q[rows], ks[b], vs[b], 64 ** -0.5, False, first=key_start[rows])
+        assert_close(out[rows], ref_o, torch.float32, msg=f"request {b}")
+        torch.testing.assert_close(lse[:, rows], ref_lse, atol=1e-4, rtol=1e-5)
+        empty += int((key_start[rows] >= kl).sum())
+    assert empty > 0  # the case of a row that sees no key was drawn

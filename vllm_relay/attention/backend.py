@@ -31,16 +31,17 @@ from vllm.v1.kv_cache_interface import is_quantized_kv_cache
 from vllm_relay.attention import step as relay_step
 from vllm_relay.attention.common import (
     any_sinks,
-    any_window,
     check_engine,
     check_layer,
     layer_impls,
     log_active,
     logger,
+    window_of,
 )
 from vllm_relay.attention.planner import RelayPlanner
 from vllm_relay.ops import RelayPlan, force_one_split, graph_split_cap, relay_attention
 from vllm_relay.ops.split_schedule import FA3_DYNAMIC_SPLIT_BATCHES
+from vllm_relay.ops.window_level import window_level_attention
 
 
 class RelayAttentionBackend(FlashAttentionBackend):
@@ -58,7 +59,7 @@ class RelayAttentionBackend(FlashAttentionBackend):
 
     @classmethod
     def supports_sliding_window(cls) -> bool:
-        return True  # window layers read no level (`RelayPlanner.levels`): FlashAttention's own call
+        return True  # window layers read each level from each row's window on (`RelayPlanner.window`)
 
     @classmethod
     def supports_mm_prefix(cls) -> bool:
@@ -85,7 +86,8 @@ class RelayMetadataBuilder(FlashAttentionMetadataBuilder):
         # FP8 queries where the layers quantize them (FlashAttention's choice, per its version).
         quantized_q = self.fp8 and any(getattr(impl, "supports_quant_query_input", False) for impl in impls)
         self.planner = RelayPlanner(vllm_config, kv_cache_spec, device, num_layers=len(layer_names),
-                                    joint=not any_sinks(impls), levels=not any_window(impls),
+                                    joint=not any_sinks(impls), window=window_of(impls),
+                                    level_fn=window_level_attention,
                                     query_dtype=current_platform.fp8_dtype() if quantized_q else None)
         self.capturing = (False, False)  # (with the levels, unsplit)
         if self.use_full_cuda_graph and self.aot_schedule:
@@ -125,7 +127,7 @@ class RelayMetadataBuilder(FlashAttentionMetadataBuilder):
                            or (plan.graph and (unsplit if capture else step.graph_unsplit))):
             splits = 1  # (FA3 would split every sequence alike, the tokens' too; or unsplit)
         level.call["num_splits"] = splits
-        if plan.run_level or plan.graph:
+        if (plan.run_level or plan.graph) and not self.planner.window:  # (a window's levels: no FA call)
             sched = self._schedule_level(level.call, splits, fast_build)
             if sched is not None:
                 # The graph's levels unsplit this step (rules.graph_one_split), where the
@@ -214,7 +216,9 @@ class RelayAttentionImpl(FlashAttentionImpl):
                          sinks)
         # Soft-capping in every call (0: none), sinks in the context call only (ops/relay_attention.py).
         self.attn_kwargs = {"fa_version": self.vllm_flash_attn_version, "softcap": self.logits_soft_cap}
-        self.context_kwargs = None if self.sinks is None else {"s_aux": self.sinks}
+        self.context_kwargs = {} if self.sinks is None else {"s_aux": self.sinks}
+        if tuple(self.sliding_window) != (-1, -1):  # the context call's window (the levels': each row's key start)
+            self.context_kwargs["window_size"] = self.sliding_window
         self.fp8_dtype = current_platform.fp8_dtype() if is_quantized_kv_cache(kv_cache_dtype) else None
         log_active(f"cuda-flash-attn-{self.vllm_flash_attn_version} (vllm.vllm_flash_attn)")
 

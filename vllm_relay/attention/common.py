@@ -29,10 +29,18 @@ def any_sinks(impls) -> bool:
     return any(getattr(impl, "sinks", None) is not None for impl in impls)
 
 
-def any_window(impls) -> bool:
-    """Whether any of these attention implementations has a sliding window (vLLM's FlashAttention
-    keeps `(-1, -1)` for none, its CPU backend -1): such layers read no level (`RelayPlanner.levels`)."""
-    return any(getattr(impl, "sliding_window", None) not in (None, -1, (-1, -1)) for impl in impls)
+def window_of(impls) -> int:
+    """The sliding window of these attention implementations (one KV-cache group's layers) in tokens, 0
+    for none: vLLM's FlashAttention keeps `(W - 1, 0)` (`(-1, -1)`: none), its CPU backend W (-1: none).
+    Layers of one group with different windows are refused (their levels' key starts would differ)."""
+    windows = set()
+    for impl in impls:
+        w = getattr(impl, "sliding_window", None)
+        windows.add(0 if w in (None, -1, (-1, -1)) else w[0] + 1 if isinstance(w, (tuple, list)) else int(w))
+    if len(windows) > 1:
+        raise NotImplementedError(f"vllm-relay: layers of one KV-cache group with different sliding windows "
+                                  f"({sorted(windows)})")
+    return windows.pop() if windows else 0
 
 
 def check_layer(backend: str, *, alibi_slopes, attn_type, kv_sharing_target_layer_name=None) -> None:

@@ -31,7 +31,7 @@ from vllm_relay.attention import step as relay_step
 from vllm_relay.attention.common import (
     FP8_KV,
     any_sinks,
-    any_window,
+    window_of,
     check_engine,
     check_layer,
     layer_impls,
@@ -95,7 +95,7 @@ class RelayCPUBackend(CPUAttentionBackend):
 
     @classmethod
     def supports_sliding_window(cls) -> bool:
-        return True  # window layers read no level (`RelayPlanner.levels`)
+        return True  # window layers read each level from each row's window on (`RelayPlanner.window`)
 
     @classmethod
     def supports_non_causal(cls) -> bool:
@@ -118,7 +118,7 @@ class RelayCPUMetadataBuilder(CPUAttentionMetadataBuilder):
         apply_worker()
         impls = layer_impls(vllm_config, layer_names)
         self.planner = RelayPlanner(vllm_config, kv_cache_spec, device, num_layers=len(layer_names),
-                                    joint=not any_sinks(impls), levels=not any_window(impls))
+                                    joint=not any_sinks(impls), window=window_of(impls))
         log_active(f"cpu (vLLM's CPU attention kernel, isa {self.isa}; the shared levels in torch)")
 
     def build(self, common_prefix_len, common_attn_metadata, fast_build: bool = False):
@@ -164,8 +164,6 @@ class RelayCPUImpl(CPUAttentionBackendImpl):
                 k_scale=layer._k_scale_float, v_scale=layer._v_scale_float,
                 kv_cache_dtype=self.kv_cache_dtype)
             return output
-        if self.sliding_window != -1:
-            raise RuntimeError("vllm-relay: a sliding-window layer was planned levels")  # its planner plans none
         if not torch_views_match(layer.isa, query.dtype, block_size, self.head_size, self.kv_cache_dtype):
             raise RuntimeError(f"vllm-relay: the shared levels cannot read vLLM's CPU KV cache with ISA "
                                f"{layer.isa!r} and cache dtype {self.kv_cache_dtype!r} (an unknown block "
@@ -176,6 +174,8 @@ class RelayCPUImpl(CPUAttentionBackendImpl):
         if fp8 is not None:
             k, v = k.view(fp8), v.view(fp8)
             extra.update(k_descale=layer._k_scale_float, v_descale=layer._v_scale_float)
-        context = None if self.sinks is None else {"s_aux": self.sinks}
+        context = {} if self.sinks is None else {"s_aux": self.sinks}
+        if self.sliding_window != -1:  # the context call's window (the levels': each row's key start)
+            context["window_size"] = (self.sliding_window - 1, 0)
         relay_attention(query[:n], k, v, plan, output[:n], self.scale, varlen_attention_torch, extra, context)
         return output

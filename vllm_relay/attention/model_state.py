@@ -142,14 +142,15 @@ class RelayModelState(DefaultModelState):
                 n = min(int(self.fill_pages[r]), int(blocks.count[r]))
                 self.pages.record(blocks.group, int(self.fill_slot[r]), blocks.table[r, :n])
         counts = batch.num_scheduled_tokens[:num_reqs].astype(np.int32)
-        table = seq_lens = None
+        table = seq_lens = tables = None
         level_group = -1 if self.planner is None else self.planner.kv_group
         if self.auto_levels and level_group >= 0:  # the rows' blocks so far, in batch order
-            blocks = self.blocks[level_group]
-            table = blocks.table[idx, : max(1, int(blocks.count[idx].max(initial=0)))]
+            tables = [blocks.table[idx, : max(1, int(blocks.count[idx].max(initial=0)))]
+                      for blocks in self.blocks]
+            table = tables[level_group]
             seq_lens = (req_states.num_computed_tokens_np[idx] + counts).astype(np.int32)
         self.step = relay_step.RelayStep(num_reqs, int(batch.num_tokens), rows[1], rows[2], counts, table,
-                                         seq_lens, pages=self.pages, level_group=level_group)
+                                         seq_lens, pages=self.pages, level_group=level_group, tables=tables)
         if self.planner is not None:
             self.planner.levels_for(self.step)
 

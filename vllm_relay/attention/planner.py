@@ -37,6 +37,7 @@ from vllm_relay.attention.rules import (
     joint_tokens,
 )
 from vllm_relay.attention.staging import Staged, StagingBuffer, same_key
+from vllm_relay.attention.windows import WindowRows
 from vllm_relay.config import RelayConfig
 from vllm_relay.ops import SharedLevel, prefix_block_table
 from vllm_relay.ops.joint import joint_capacity, joint_layout
@@ -66,7 +67,8 @@ class RelayPlanner:
 
     def __init__(self, vllm_config, kv_cache_spec, device, num_layers: int = 1, *, joint: bool = True,
                  joint_rows: int | None = None, graph_levels: int = GRAPH_LEVELS, one_split: bool = True,
-                 chunk_levels: bool = False, query_dtype: torch.dtype | None = None, levels: bool = True) -> None:
+                 chunk_levels: bool = False, query_dtype: torch.dtype | None = None, levels: bool = True,
+                 window: int = 0, level_fn=None) -> None:
         """The keywords are the measured rules' choices (`rules.py`), which every engine runs; tests
         set them to check the other forms, which compute the same attention:
         `joint` a decode step's levels and context in one call (else two), `joint_rows` the query rows of
@@ -75,7 +77,9 @@ class RelayPlanner:
         a graph's levels unsplit when their rows fill the GPU (`rules.graph_one_split`; else FA3's
         split every step), `chunk_levels` a prompt chunk that fills its own query tiles reads levels too.
         `query_dtype`: the queries' dtype when the backend quantizes them (FP8), else the model's.
-        `levels`: whether the layers may read levels (not with a sliding window: docs/architecture.md)."""
+        `levels`: whether the layers may read levels. `window`: the layers' sliding window in tokens (0:
+        none): each level row reads the level from its first visible key on (`key_start` in the level's
+        call, ops/window_rows.py), with `level_fn` (None: the backend's own), and no joint call."""
         cfg = RelayConfig.from_vllm(vllm_config.additional_config)
         model, sched, comp = vllm_config.model_config, vllm_config.scheduler_config, vllm_config.compilation_config
         hq = model.get_num_attention_heads(vllm_config.parallel_config)
@@ -93,6 +97,8 @@ class RelayPlanner:
         self.current: relay_step.RelayStep | None = None
         self.shared_path = cfg.shared_path
         self.levels = levels
+        self.window = window
+        self.level_fn = level_fn
         self.kv_group = 0  # the KV-cache group of its layers (set by `attention.workers.planners`)
         self.chunk_levels = chunk_levels
         self.auto_levels = cfg.auto_levels
@@ -115,7 +121,7 @@ class RelayPlanner:
         self.max_rows = max_reqs * self.max_depth  # level rows a graph holds (decodes: a token each)
         self.max_level_rows = max_tokens * self.max_depth  # any step's (prompt chunks: all their tokens)
         # A decode step's levels and context in one call (`joint`): its level sequences, at most.
-        self.joint = joint
+        self.joint = joint and not window  # (the context's window and the levels' key starts: two calls)
         self.joint_rows = joint_rows
         tokens = self.max_reqs if self.joint else 0  # the joint call's rows and sequences past the levels'
         least_per = joint_tokens(1, self.gqa, self.joint_rows)  # the fewest tokens a level sequence holds
@@ -148,6 +154,7 @@ class RelayPlanner:
         self.level_table: torch.Tensor | None = None
         self.jlens = torch.zeros(G + max_reqs, dtype=torch.int32, device=self.device)
         self._level_lens, self.ctx_lens = self.jlens[:G], self.jlens[G:]
+        self.window_rows = WindowRows(window, self.page_size, self.max_level_rows, self.device) if window else None
         self.stats = dict.fromkeys(STATS, 0)
         self._last = None  # (row facts, tree) of the last decode step, while reusable
         self._staged: Staged | None = None  # the last plan's staged part, while reusable
@@ -262,6 +269,8 @@ class RelayPlanner:
             if not step.levels_planned:
                 self.levels_for(step)
             tree = step.tree
+        elif step is not None and self.levels and self.window and step.levels_planned:
+            tree = step.tree  # a window group's layers read the levels of another group's tables
         if not graph and tree is None and not (step.req_slot >= 0).any():
             return None  # nothing shared, nothing registered: vLLM's own tables, no work
         # Levels run eagerly when found; in a full graph, when vLLM replays the graph with them.
@@ -286,6 +295,7 @@ class RelayPlanner:
                 raise RuntimeError(f"vllm-relay: a full-graph step with levels must hold one token per request "
                                    f"({B} requests, {T} tokens): its graph runs the levels and contexts as one call")
             staged = self._stage_plan(cm, step, tree, B, T, graph, key, joint)
+        keys = self.window_rows.keys(cm.seq_lens, staged.rows) if self.window else None
         self._staged = staged if key is not None else None
         ctx_table, ctx_lens = self.ctx_table[:B], self.ctx_lens[:B]
         prefix_block_table(cm.block_table_tensor[:B], cm.seq_lens[:B], self.ctx_front[:B], self.ctx_slot[:B],
@@ -314,14 +324,19 @@ class RelayPlanner:
                         max_seqlen_q=T if graph else staged.max_group_rows,
                         max_seqlen_k=graph_len if graph else staged.max_group_len,
                         block_table=self.level_table[G - groups: G])
+            if keys is not None:
+                call["key_start"] = keys
             count = self.cu[groups: groups + 1]
         row_index_view = self._row_index[: depth * T].view(depth, T)
+        fn = self.level_fn if self.window else None
         if rows <= self.q_buf.shape[0]:  # persistent buffers (graphs need them)
             level = SharedLevel(perm=self.perm[:rows], row_index=row_index_view, call=call,
                                 q_buf=self.q_buf[:rows], out_buf=self.out_buf[:rows],
-                                num_rows=count if self.device.type == "cuda" else None, ctx_start=ctx_start)
+                                num_rows=count if self.device.type == "cuda" else None, ctx_start=ctx_start,
+                                attn_fn=fn)
         else:  # an eager step with long prompt chunks: buffers of its own
-            level = SharedLevel(perm=self.perm[:rows], row_index=row_index_view, call=call, ctx_start=ctx_start)
+            level = SharedLevel(perm=self.perm[:rows], row_index=row_index_view, call=call, ctx_start=ctx_start,
+                                attn_fn=fn)
         run_level = (capture and with_level) or staged.num_rows > 0
         return StepPlan(context, level, run_level=run_level, graph=graph and with_level, one_split=staged.one_split,
                         joint=staged.joint_tokens > 0)
@@ -350,13 +365,20 @@ class RelayPlanner:
         query_start = cm.query_start_loc_cpu.numpy()
         if tree is not None:
             n = step.num_reqs
+            perm, cu, row_index = level_rows(tree, query_start[:n], T, step.q_lens)
+            level_row = tree.row
+            if self.window:
+                level_row = self.window_rows.stage(step, tree, perm, cu, query_start[: n + 1], self.kv_group)
+            if level_row is None:  # the window group's tables differ from the levels' (ops/window_rows.py)
+                return self._stage_plan(cm, step, None, B, T, graph, key, joint)
             ctx_front[:n] = np.where(self._can_share(step), tree.row_front, ctx_front[:n])
             ctx_skip[:n] = tree.row_skip
-            perm, cu, row_index = level_rows(tree, query_start[:n], T, step.q_lens)
             if not graph:  # the fusion loops over the depth this step has (a graph: over max_depth)
                 row_index = row_index[: max(1, int((row_index >= 0).any(axis=1).sum()))]
         else:
             perm, cu, row_index = np.zeros(0, np.int32), np.zeros(1, np.int32), np.full((1, T), -1, np.int32)
+            if self.window:
+                self.window_rows.clear()
         G = tree.num_groups if tree is not None else 0
         depth = self.max_depth if graph else row_index.shape[0]
         rows, groups = self.graph_capacity(T) if graph else (perm.shape[0], G)
@@ -366,7 +388,7 @@ class RelayPlanner:
         lens = np.zeros(groups, dtype=np.int32)
         if tree is not None:
             lens[:G] = (tree.front + tree.pages) * self.page_size
-        facts = None if tree is None else (tree.row, tree.start, own, tree.front, tree.slot)
+        facts = None if tree is None else (level_row, tree.start, own, tree.front, tree.slot)
         group_sizes, num_rows, per = np.diff(cu), perm.shape[0], 0
         if joint:  # the levels in sequences of `per` rows, then the tokens (ops/joint.py)
             per = joint_tokens(T, self.gqa, self.joint_rows)

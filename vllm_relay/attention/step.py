@@ -53,6 +53,9 @@ class RelayStep:
     pages: SlotPages | None = None
     # The KV-cache group whose block table `block_table` is and `tree` indexes (-1: none).
     level_group: int = 0
+    # Every KV-cache group's host block table, as `block_table` (a sliding-window group's planner checks
+    # the levels against its own: ops/window_rows.py); None where no levels are found.
+    tables: list[np.ndarray] | None = None
 
 
 def slot_shape(cfg, page_size: int) -> tuple[int, int]:
@@ -170,10 +173,11 @@ def prepare(runner, num_scheduled_tokens: np.ndarray, pages: SlotPages, page_siz
         for group, block_ids in enumerate(runner.requests[rows.ids[i]].block_ids):
             pages.record(group, slot, block_ids[:n])
     counts = num_scheduled_tokens[:num_reqs].astype(np.int32)
-    tables = None
+    tables = every = None
     if auto_levels and level_group >= 0:  # vLLM's host block table of that group
         tables = (batch.block_table.block_tables[level_group].block_table.np,
                   (batch.num_computed_tokens_cpu[:num_reqs] + counts).astype(np.int32))
+        every = [table.block_table.np for table in batch.block_table.block_tables]
     elif not rows.fills and not (rows.req_slot >= 0).any():
         return None
     total = int(counts.sum())
@@ -185,4 +189,4 @@ def prepare(runner, num_scheduled_tokens: np.ndarray, pages: SlotPages, page_siz
         if getattr(runner, "uses_mrope", False):  # a routed request is text: (p, p, p) in M-RoPE's sections
             runner.mrope_positions.gpu[:, :total] += moved
     return RelayStep(num_reqs, total, rows.req_slot, rows.req_shift, counts, *(tables or (None, None)),
-                     pages=pages, level_group=level_group)
+                     pages=pages, level_group=level_group, tables=every)

@@ -1,7 +1,7 @@
 """A worker's relay planners, found where vLLM keeps them: on the relay metadata builders of the
 model runner's attention groups (`attn_groups`, the V1 runner's and Model Runner V2's alike). The
-step's levels are found by one planner (`level_planner`: the first that may run levels) in its
-KV-cache group's tables; every planner's stats are summed (the engine's `relay_worker_stats`)."""
+step's levels are found by one planner (`level_planner`) in its KV-cache group's tables, and read by
+every planner; every planner's stats are summed (the engine's `relay_worker_stats`)."""
 
 from __future__ import annotations
 
@@ -38,9 +38,12 @@ def _planners(indexed_groups) -> list[RelayPlanner]:
 
 
 def level_planner(found: list[RelayPlanner]) -> RelayPlanner | None:
-    """The planner that finds each step's levels: the first whose layers may read levels (None: no
-    layer may, every layer has a sliding window)."""
-    return next((planner for planner in found if planner.levels), None)
+    """The planner that finds each step's levels: the first of full-attention layers that may read
+    levels, else the first of sliding-window ones (a model with windows in every layer; a window
+    group's tables hold each row's blocks from its window on only, so a full group's are the ones to
+    search), None when no layer may read levels."""
+    may = [planner for planner in found if planner.levels]
+    return next((planner for planner in may if not planner.window), may[0] if may else None)
 
 
 def worker_stats(worker) -> dict:

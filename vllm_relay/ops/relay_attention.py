@@ -55,6 +55,8 @@ class SharedLevel:
         ctx_start: when set (int32 [1]), a joint level: `perm` gathers the level rows and then every
             token (from row ctx_start on), `call` also holds a sequence per token over its own
             pages (ops/joint.py), and the context call is not made: the plan's `context` is unused.
+        attn_fn: the level call's function when not `relay_attention`'s: a sliding-window layer's
+            levels, whose `call` holds each row's first visible key (`key_start`, ops/window_level.py).
     """
 
     perm: torch.Tensor
@@ -64,6 +66,7 @@ class SharedLevel:
     out_buf: torch.Tensor | None = None
     num_rows: torch.Tensor | None = None
     ctx_start: torch.Tensor | None = None
+    attn_fn: object | None = None
 
 
 @dataclass
@@ -177,5 +180,6 @@ def _level_call(q, k_cache, v_cache, level: SharedLevel, softmax_scale, attn_fn,
         q_level = src.index_select(0, level.perm)
     if src is not q:
         q_level = q_level.view(q.dtype)
-    return attn_fn(q=q_level, k=k_cache, v=v_cache, out=level.out_buf, softmax_scale=softmax_scale, causal=False,
-                   return_softmax_lse=True, **level.call, **extra, **_descales(descale, level.call, k_cache))
+    fn = level.attn_fn or attn_fn
+    return fn(q=q_level, k=k_cache, v=v_cache, out=level.out_buf, softmax_scale=softmax_scale, causal=False,
+              return_softmax_lse=True, **level.call, **extra, **_descales(descale, level.call, k_cache))

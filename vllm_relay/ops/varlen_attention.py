@@ -63,9 +63,9 @@ def varlen_attention_torch(q, k_cache=None, v_cache=None, cu_seqlens_q=None, seq
 
     Pass arguments by keyword. FlashAttention's names `k=` and `v=` are accepted for `k_cache` and
     `v_cache`; FlashAttention-only tuning keywords (fa_version, scheduler_metadata, num_splits,
-    q_descale left None, window_size=None or (-1, -1), ...) are accepted and ignored. Features that
-    would change the result and are not computed here (sliding window, ALiBi, non-paged
-    `cu_seqlens_k`) raise NotImplementedError.
+    q_descale left None, ...) are accepted and ignored. Features that would change the result and are
+    not computed here (ALiBi, non-paged `cu_seqlens_k`, a window that is not causal) raise
+    NotImplementedError.
 
     Args:
         q: queries, shape [Tq, Hq, D], fp16/bf16/fp32, last dim contiguous.
@@ -87,6 +87,10 @@ def varlen_attention_torch(q, k_cache=None, v_cache=None, cu_seqlens_q=None, seq
         softcap: logit soft-capping, scores `softcap * tanh(s / softcap)` (0: none), as FlashAttention.
         s_aux: attention sinks, one logit per query head [Hq]: a key every row sees that has no value
             (FlashAttention's `s_aux`): it joins each row's softmax denominator and its LSE.
+        window_size: FlashAttention's (left, right) sliding window, with `causal` only: query i also sees
+            no key before K - L + i - left (None or left -1: no window).
+        key_start: int [Tq], each query row's first visible key (the keys before it are outside its
+            sliding window): the shared level of a sliding-window layer (ops/window_level.py).
 
     Returns:
         `out` [Tq, Hq, D] in q's dtype, or `(out, lse)` with `return_softmax_lse`. Computed in fp32.
@@ -104,6 +108,8 @@ def varlen_attention_torch(q, k_cache=None, v_cache=None, cu_seqlens_q=None, seq
     descale = tuple(_descale(kwargs.pop(name, None), name) for name in ("k_descale", "v_descale"))
     softcap = float(kwargs.pop("softcap", 0) or 0)
     sinks = kwargs.pop("s_aux", None)
+    left = _window_left(kwargs.pop("window_size", None), causal)
+    key_start = kwargs.pop("key_start", None)
     _check_unsupported(kwargs)
     _check_args(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, out)
     if k_cache.dtype in FP8_DTYPES:  # gathered as bytes (index_select has no float8 kernels), read scaled
@@ -129,8 +135,9 @@ def varlen_attention_torch(q, k_cache=None, v_cache=None, cu_seqlens_q=None, seq
     block_size = k_cache.shape[1]
     # One query and some keys (decode): all such requests at once; the others one by one.
     decode = [b for b, k_len in enumerate(k_lens) if cu[b + 1] - cu[b] == 1 and k_len > 0]
+    first = _first_keys(key_start, cu, k_lens, left, causal, q.device)  # [Tq] or None
     if len(decode) > 1:
-        _decode_batch(q, *kv, decode, cu, k_lens, block_table, scale, softcap, sinks, out, lse)
+        _decode_batch(q, *kv, decode, cu, k_lens, block_table, scale, softcap, sinks, out, lse, first)
     else:
         decode = []
     batched = set(decode)
@@ -152,9 +159,12 @@ def varlen_attention_torch(q, k_cache=None, v_cache=None, cu_seqlens_q=None, seq
             c1 = min(q_len, c0 + chunk)
             qc = q[q_start + c0: q_start + c1].float().reshape(c1 - c0, Hkv, group, D)
             s = _cap(torch.einsum("qhgd,khd->hgqk", qc, k) * scale, softcap)  # [Hkv, g, C, K]
+            keys = torch.arange(k_len, device=q.device)[None, :]
             if causal:
                 rows = torch.arange(c0, c1, device=q.device)[:, None] + (k_len - q_len)
-                s = s.masked_fill(torch.arange(k_len, device=q.device)[None, :] > rows, float("-inf"))
+                s = s.masked_fill(keys > rows, float("-inf"))
+            if first is not None:
+                s = s.masked_fill(keys < first[q_start + c0: q_start + c1, None], float("-inf"))
             row_lse = _logsumexp(s, None if sinks is None else sinks[:, :, None])  # [Hkv, g, C]
             p = torch.exp(s - row_lse.masked_fill(row_lse == float("-inf"), 0.0)[..., None])
             o = torch.einsum("hgqk,khd->qhgd", p, v).reshape(c1 - c0, Hq, D)
@@ -172,8 +182,9 @@ def _gather_blocks(k_cache, v_cache, table, k_len):
     return k, v
 
 
-def _decode_batch(q, k_cache, v_cache, reqs, cu, k_lens, block_table, scale, softcap, sinks, out, lse) -> None:
-    """Requests `reqs`, one query each (it sees all of its keys), as batched matmuls over their KV
+def _decode_batch(q, k_cache, v_cache, reqs, cu, k_lens, block_table, scale, softcap, sinks, out, lse,
+                  first=None) -> None:
+    """Requests `reqs`, one query each (its keys from `first`'s on, else all), as batched matmuls over their KV
     gathered padded to the longest of a chunk (the padding masked): a few torch calls per chunk
     instead of a few per request. Chunks hold requests of similar lengths, within the limits."""
     block_size, Hkv, D = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
@@ -199,14 +210,44 @@ def _decode_batch(q, k_cache, v_cache, reqs, cu, k_lens, block_table, scale, sof
         # Per KV head: batched matmuls over strided views of the gathered blocks (no permuted copy).
         s = torch.stack([torch.bmm(qc[:, h], k[:, :, h].transpose(1, 2)) for h in range(Hkv)], 1)
         s = _cap(s * scale, softcap)
-        pad = torch.arange(k_max, device=q.device)[None, :] >= used[:, None]
+        keys = torch.arange(k_max, device=q.device)[None, :]
+        pad = keys >= used[:, None]
+        if first is not None:
+            pad |= keys < first[rows][:, None]
         s = s.masked_fill(pad[:, None, None, :], float("-inf"))  # [n, Hkv, g, K]
-        row_lse = _logsumexp(s, sinks)  # [n, Hkv, g]: every row sees at least one key
-        p = torch.exp(s - row_lse[..., None])
+        row_lse = _logsumexp(s, sinks)  # [n, Hkv, g]: -inf for a row that sees no key
+        p = torch.exp(s - row_lse.masked_fill(row_lse == float("-inf"), 0.0)[..., None])
         o = torch.stack([torch.bmm(p[:, h], v[:, :, h]) for h in range(Hkv)], 1)  # [n, Hkv, g, D]
         out[rows] = o.reshape(n, Hq, D).to(out.dtype)
         lse[:, rows] = row_lse.reshape(n, Hq).T
         i = j
+
+
+def _window_left(window, causal: bool) -> int:
+    """The keys a query sees before itself (-1: all), from FlashAttention's `window_size`."""
+    if window is None or tuple(window) == (-1, -1):
+        return -1
+    left, right = (int(x) for x in window)
+    if not causal or left < 0 or right not in (0, -1):
+        raise NotImplementedError(f"varlen_attention_torch: window_size={tuple(window)} with causal={causal} "
+                                  "(a causal window (left, 0) only)")
+    return left
+
+
+def _first_keys(key_start, cu, k_lens, left: int, causal: bool, device) -> torch.Tensor | None:
+    """Each query row's first visible key [Tq] (`key_start`, a sliding window's first key), or None when
+    every row sees its keys from the first."""
+    if key_start is None and left < 0:
+        return None
+    first = torch.zeros(cu[-1], dtype=torch.long, device=device)
+    if key_start is not None:
+        first = torch.maximum(first, key_start[: cu[-1]].long())
+    if left >= 0:
+        for b, k_len in enumerate(k_lens):
+            q_len = cu[b + 1] - cu[b]
+            rows = torch.arange(q_len, device=device) + (k_len - q_len)  # each query's last key
+            first[cu[b]: cu[b + 1]] = torch.maximum(first[cu[b]: cu[b + 1]], rows - left)
+    return first
 
 
 _IGNORED_NONE = ("alibi_slopes", "cu_seqlens_k", "q_v", "q_descale", "mask_mod", "aux_tensors",
@@ -217,9 +258,6 @@ def _check_unsupported(kwargs: dict) -> None:
     for name in _IGNORED_NONE:
         if kwargs.get(name) is not None:
             raise NotImplementedError(f"varlen_attention_torch: {name} is not supported")
-    window = kwargs.get("window_size")
-    if window is not None and tuple(window) != (-1, -1):
-        raise NotImplementedError(f"varlen_attention_torch: window_size={window} is not supported")
     if kwargs.get("dropout_p"):
         raise NotImplementedError("varlen_attention_torch: dropout_p is not supported")
 

@@ -1,0 +1,249 @@
+"""vllm_relay/ops/window_level.py: a sliding-window layer's shared level (each row from its own first
+visible key on), the Triton kernel and its torch twin against a dense fp32 reference written here.
+
+The paged caches are filled with NaN wherever no key of a group lives (unused blocks, the blocks of a
+group wholly before its rows' first visible keys) and table entries past a group's keys are garbage
+(other groups' blocks, -7, 10**6): a kernel that reads a key no row sees shows as NaN or a fault."""
+
+import pytest
+import torch
+
+from tests.ops.reference import DTYPES, assert_close, interpreter_on, on_grid
+from vllm_relay.ops.window_level import window_level_attention, window_level_attention_torch
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+NEEDS_TRITON = pytest.mark.skipif(DEVICE == "cpu" and not interpreter_on(),
+                                  reason="needs CUDA or TRITON_INTERPRET=1")
+IMPLS = [pytest.param(window_level_attention_torch, id="torch"),
+         pytest.param(window_level_attention, id="triton", marks=NEEDS_TRITON)]
+PAD_ROWS = 3  # rows past cu_seqlens_q[G]: garbage queries, outputs that must keep their sentinel
+SENTINEL = 7.0
+
+# Groups as (key_start of each row, seqused_k): key starts negative, 0, mid-block, at a block boundary,
+# len - 1, len and past it (rows that see nothing); groups with 1, 3 and 17 rows; 0, 1, 15, 16, 33 and
+# 200 keys (block size 16).
+GROUPS = [
+    ([-4, 0, 17], 33),
+    ([5], 0),  # no keys at all
+    ([37, 48, 199, 200, 250, -1, 0, 63, 64, 100, 128, 150, 190, 191, 192, 77, 120], 200),
+    ([0], 1),
+    ([14, 15, 3], 15),
+    ([16], 16),  # sees nothing: its only key is before its first
+]
+SMALL = [([-4, 0, 17], 33), ([5], 0), ([30, 14, 15], 47), ([0], 1)]
+
+
+def dense_ref(q, k, v, first, scale, softcap):
+    """Each row's attention over keys first[r] .. K - 1 of its group, in fp32, one head at a time.
+
+    q: [R, Hq, D]; k, v: [K, Hkv, D] fp32 (dense, in key order); first: int [R]. A row that sees no key:
+    o = 0, lse = -inf. Returns (o [R, Hq, D], lse [Hq, R])."""
+    R, Hq, D = q.shape
+    K, Hkv = k.shape[0], k.shape[1]
+    o = torch.zeros(R, Hq, D)
+    lse = torch.full((Hq, R), float("-inf"))
+    seen = torch.arange(K)[None, :] >= torch.as_tensor(first).long()[:, None]  # [R, K]
+    for h in range(Hq):
+        kh, vh = k[:, h // (Hq // Hkv)], v[:, h // (Hq // Hkv)]
+        s = (q[:, h].float() @ kh.T) * scale
+        if softcap:
+            s = softcap * torch.tanh(s / softcap)
+        s = s.masked_fill(~seen, float("-inf"))
+        for r in range(R):
+            if seen[r].any():
+                w = torch.softmax(s[r][seen[r]], dim=0)
+                o[r, h] = w @ vh[seen[r]]
+                lse[h, r] = torch.logsumexp(s[r][seen[r]], dim=0)
+    return o, lse
+
+
+def build(groups, h_kv, group, d, block_size, dtype, fp8=None, scales=(1.0, 1.0), layout="stacked"):
+    """Inputs of one call and what the reference needs. K/V are dense per group, scattered into a paged
+    cache through a random table (shuffled physical blocks); with `fp8` the cache holds K / k_scale and
+    V / v_scale in that dtype, the dense K/V are the values it holds (on its grid, times the scale).
+
+    layout: "stacked", k = kv[:, 0] of a [blocks, 2, bs, Hkv, D] tensor; "packed", K and V side by side
+    in the last dim of [blocks, bs, Hkv, 2 D] (vLLM's FlashAttention allocation)."""
+    hq = h_kv * group
+    rows = [len(ks) for ks, _ in groups]
+    n = sum(rows)
+    q = torch.randn(n + PAD_ROWS, hq, d)
+    q[n:] = float("nan")
+    ks, vs, firsts = [], [], []
+    for starts, k_len in groups:
+        k, v = torch.randn(k_len, h_kv, d), torch.randn(k_len, h_kv, d)
+        if fp8 is not None:
+            k, v = on_grid(k, scales[0], fp8), on_grid(v, scales[1], fp8)
+        else:
+            k, v = k.to(dtype).float(), v.to(dtype).float()
+        ks.append(k)
+        vs.append(v)
+        firsts.append(torch.tensor(starts, dtype=torch.int32))
+    nblk = [(k.shape[0] + block_size - 1) // block_size for k in ks]
+    total = sum(nblk) + 4
+    cache_dtype = fp8 or dtype
+    if layout == "stacked":
+        kv = torch.full((total, 2, block_size, h_kv, d), float("nan")).to(cache_dtype)
+        k_cache, v_cache = kv[:, 0], kv[:, 1]
+    else:
+        kv = torch.full((total, block_size, h_kv, 2 * d), float("nan")).to(cache_dtype)
+        k_cache, v_cache = kv[..., :d], kv[..., d:]
+    width = max(nblk) + 2
+    ids = torch.randperm(total)
+    table = torch.randint(0, total, (len(groups), width), dtype=torch.int32)  # past the end: garbage
+    table[:, -1] = torch.tensor([-7, 10**6] * len(groups), dtype=torch.int32)[: len(groups)]
+    pos = 0
+    for g, (k, v) in enumerate(zip(ks, vs, strict=True)):
+        mine = ids[pos: pos + nblk[g]]
+        pos += nblk[g]
+        table[g, : nblk[g]] = mine.int()
+        for i, blk in enumerate(mine.tolist()):
+            lo, hi = i * block_size, min(k.shape[0], (i + 1) * block_size)
+            kb, vb = (k[lo:hi] / scales[0], v[lo:hi] / scales[1]) if fp8 is not None else (k[lo:hi], v[lo:hi])
+            k_cache[blk, : hi - lo] = kb.to(cache_dtype)
+            v_cache[blk, : hi - lo] = vb.to(cache_dtype)
+        # Blocks wholly before every row's first key: garbage (a window group may have freed them).
+        before = min(max(int(firsts[g].min()), 0) // block_size, nblk[g])
+        table[g, :before] = torch.tensor([-7, 10**6, total - 1], dtype=torch.int32)[torch.arange(before) % 3]
+    key_start = torch.cat(firsts + [torch.tensor([-3, 10**6, 0][:PAD_ROWS], dtype=torch.int32)])
+    cu = torch.zeros(len(groups) + 1, dtype=torch.int32)
+    cu[1:] = torch.tensor(rows).cumsum(0)
+    seqused = torch.tensor([k.shape[0] for k in ks], dtype=torch.int32)
+    args = {"q": q.to(dtype), "k": k_cache, "v": v_cache, "cu_seqlens_q": cu, "seqused_k": seqused,
+            "block_table": table, "key_start": key_start}
+    args = {name: x.to(DEVICE) for name, x in args.items()}
+    args["max_seqlen_q"] = max(rows) + 2  # an upper bound, as a CUDA graph's
+    return args, ks, vs, firsts
+
+
+def check(impl, groups, h_kv, group, d, dtype, block_size=16, softcap=0.0, fp8=None, scales=(1.0, 1.0),
+          descale=None, layout="stacked"):
+    """One call of `impl` against `dense_ref`, every group; rows past cu_seqlens_q[G] untouched."""
+    args, ks, vs, firsts = build(groups, h_kv, group, d, block_size, dtype, fp8, scales, layout)
+    n = sum(len(s) for s, _ in groups)
+    scale = d ** -0.5 * (4.0 if softcap else 1.0)  # with a cap: scores large enough that it bends them
+    out = torch.full(args["q"].shape, SENTINEL, dtype=dtype, device=DEVICE)
+    got, lse = impl(**args, **(descale or {}), softmax_scale=scale, out=out, causal=False,
+                    return_softmax_lse=True, softcap=softcap, fa_version=3, scheduler_metadata=None,
+                    num_splits=0, max_seqlen_k=200, window_size=(-1, -1), alibi_slopes=None)
+    assert got is out
+    assert lse.dtype == torch.float32 and lse.shape == (args["q"].shape[1], n + PAD_ROWS)
+    assert not got[:n].isnan().any() and not lse[:, :n].isnan().any()
+    assert (got[n:] == SENTINEL).all(), "rows past cu_seqlens_q[G] must be left as they are"
+    assert (lse[:, n:] == float("-inf")).all()
+    q = args["q"].cpu().float()
+    r0 = 0
+    for g, (k, v, first) in enumerate(zip(ks, vs, firsts, strict=True)):
+        r1 = r0 + first.numel()
+        ref_o, ref_lse = dense_ref(q[r0:r1], k, v, first, scale, softcap)
+        assert_close(got[r0:r1], ref_o, dtype, msg=f"group {g}")
+        torch.testing.assert_close(lse[:, r0:r1].cpu(), ref_lse, atol=1e-4, rtol=1e-5, msg=f"group {g} lse")
+        empty = first >= k.shape[0]
+        assert (got[r0:r1].cpu()[empty] == 0).all() and (lse[:, r0:r1].cpu()[:, empty] == float("-inf")).all()
+        r0 = r1
+    return got, lse
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("h_kv, group, d", [(2, 5, 80), (1, 4, 64), (3, 1, 64)],
+                         ids=["gqa5-d80", "gqa4", "mha"])
+def test_matches_dense_reference(impl, dtype, h_kv, group, d):
+    check(impl, GROUPS, h_kv, group, d, dtype)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_softcap(impl, dtype):
+    check(impl, SMALL, 2, 2, 64, dtype, softcap=5.0)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_packed_kv_layout(impl):
+    """K and V side by side in the last dim (head stride 2 D): the caches' strides are used as given."""
+    check(impl, SMALL, 2, 3, 64, torch.float16, layout="packed")
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("fp8, dtype", [(torch.float8_e4m3fn, torch.bfloat16),
+                                        (torch.float8_e5m2, torch.float32)], ids=["e4m3-bf16", "e5m2-fp32"])
+def test_fp8_cache_read_with_its_scales(impl, fp8, dtype):
+    """An FP8 cache read as value * scale: k_descale a tensor expanded to [G, Hkv] (as relay passes it),
+    v_descale a float."""
+    scales = (0.37, 1.9)
+    k_descale = torch.tensor(scales[0], device=DEVICE).reshape(1, 1).expand(len(GROUPS), 2)
+    check(impl, GROUPS, 2, 5, 80, dtype, fp8=fp8, scales=scales,
+          descale={"k_descale": k_descale, "v_descale": scales[1]})
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_fp8_queries(impl):
+    """FP8 queries (q_descale) over an FP8 cache: the values they hold times their scales; out in bf16."""
+    args, ks, vs, firsts = build(SMALL, 1, 4, 64, 16, torch.float32, torch.float8_e4m3fn, (0.5, 0.25))
+    q = on_grid(args["q"].cpu(), 0.3)
+    args["q"] = (q / 0.3).to(torch.float8_e4m3fn).to(DEVICE)
+    scales = {"q_descale": 0.3, "k_descale": 0.5, "v_descale": 0.25}
+    descale = {name: torch.tensor([x], device=DEVICE) for name, x in scales.items()}
+    out, lse = impl(**args, softmax_scale=0.125, **descale)
+    assert out.dtype == torch.bfloat16
+    r0 = 0
+    for k, v, first in zip(ks, vs, firsts, strict=True):
+        r1 = r0 + first.numel()
+        ref_o, ref_lse = dense_ref(q[r0:r1], k, v, first, 0.125, 0.0)
+        assert_close(out[r0:r1], ref_o, torch.bfloat16)
+        torch.testing.assert_close(lse[:, r0:r1].cpu(), ref_lse, atol=1e-4, rtol=1e-5)
+        r0 = r1
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_allocates_and_returns_out_alone(impl):
+    args, ks, vs, firsts = build(SMALL, 1, 2, 64, 16, torch.float16)
+    out = impl(**args, softmax_scale=None, return_softmax_lse=False)
+    assert isinstance(out, torch.Tensor) and out.dtype == torch.float16 and out.shape == args["q"].shape
+    ref_o, _ = dense_ref(args["q"][:3].cpu().float(), ks[0], vs[0], firsts[0], 64 ** -0.5, 0.0)
+    assert_close(out[:3], ref_o, torch.float16)
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="CPU tensors only")
+def test_cpu_without_the_interpreter_takes_the_torch_twin(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    args, *_ = build(SMALL, 1, 2, 64, 16, torch.float32)
+    got, got_lse = window_level_attention(**args, softmax_scale=0.1)
+    want, want_lse = window_level_attention_torch(**args, softmax_scale=0.1)
+    assert torch.equal(got, want) and torch.equal(got_lse, want_lse)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_refuses_what_would_change_the_result(impl):
+    args, *_ = build(SMALL, 1, 2, 64, 16, torch.float32)
+    for bad in ({"causal": True}, {"window_size": (127, 0)}, {"alibi_slopes": torch.zeros(2)}):
+        with pytest.raises(NotImplementedError):
+            impl(**args, softmax_scale=0.1, **bad)
+    with pytest.raises(ValueError, match="FP8 KV cache only"):
+        impl(**args, softmax_scale=0.1, k_descale=0.5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("group, d", [(8, 128), (4, 256), (1, 96)])
+def test_cuda_head_sizes(group, d):
+    check(window_level_attention, GROUPS, 2, group, d, torch.bfloat16)
+
+
+@pytest.mark.gpu
+def test_cuda_graph_replays_new_lengths_and_key_starts():
+    """Captured once, replayed with other lengths and first keys (the launch reads them on the device)."""
+    args, *_ = build(GROUPS, 2, 4, 128, 16, torch.bfloat16)
+    out = torch.zeros_like(args["q"])
+    kw = dict(args, softmax_scale=0.1, out=out)
+    window_level_attention(**kw)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _, lse = window_level_attention(**kw)
+    for shift in (0, 5, 40):
+        args["key_start"].add_(shift)
+        args["seqused_k"].sub_(torch.clamp(args["seqused_k"], max=shift // 5))
+        graph.replay()
+        want_o, want_lse = window_level_attention_torch(**dict(kw, out=None))
+        n = int(args["cu_seqlens_q"][-1])
+        assert_close(out[:n], want_o[:n], torch.bfloat16)
+        torch.testing.assert_close(lse[:, :n], want_lse[:, :n], atol=1e-4, rtol=1e-5)

@@ -1,0 +1,389 @@
+"""The shared level of a sliding-window layer: a level's pages read once for all its rows, each row
+from its own first visible key on.
+
+A shared level is a run of KV pages several query rows read in common (`relay_attention.py`): group g
+owns rows cu_seqlens_q[g]:cu_seqlens_q[g+1], and reads keys 0 .. seqused_k[g] - 1 of its block table
+non-causally (every key of a level precedes every query that reads it). In a sliding-window layer of W
+tokens the query at position p sees keys p - W + 1 .. p only, so a row sees a suffix of the level: its
+first visible key is its position minus W plus one, relative to the level's first key (`key_start`,
+`window_rows.py`). Below 0 the row sees the whole level, at or past its end none of it.
+
+    row r of group g sees keys j with  key_start[r] <= j < seqused_k[g]
+
+`window_level_attention` is FlashAttention's `flash_attn_varlen_func` as called for a level (paged,
+non-causal, returning the natural-log LSE) with that one keyword more. Its Triton kernel packs the GQA
+heads of one KV head and a few rows of one group into the M dimension of a tile, so each K/V tile is
+loaded once for all of them; a program's key loop starts at the smallest first key of its rows (the
+pages before it are never read: in a window layer's KV-cache group they may be freed, or the null
+block) and ends at the group's last key. A row that sees no key gets out = 0 and lse = -inf
+(FlashAttention-3's convention). `window_level_attention_torch` is its torch twin (the CPU path and
+the kernel's test twin), computed in fp32 from each group's keys gathered explicitly.
+"""
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from vllm_relay.ops.relay_fusion import _interpreted
+
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_BLOCK_N = 64  # keys a tile
+
+
+# The metadata tensors are slices of the planner's persistent buffers starting at rows that move with
+# the step (`prefix_table.py` says what a pointer's alignment costs): they are read an element at a time,
+# so no pointer is specialized on its alignment and one compiled variant serves every step.
+_POINTERS = ["cu_ptr", "seqused_ptr", "bt_ptr", "key_start_ptr", "k_scale_ptr", "v_scale_ptr", "q_scale_ptr"]
+
+
+# Reductions spelled as `tl.max`, `tl.min` and `tl.sum` spell them, with their combine functions: those
+# three are @jit functions of triton.language that Triton's interpreter can call only when TRITON_INTERPRET
+# was set before triton was imported (the tests set it later), and it runs these combines as numpy's own
+# reductions.
+@triton.jit
+def _max(x, axis: tl.constexpr):
+    return tl.reduce(x, axis, tl.standard._elementwise_max)
+
+
+@triton.jit
+def _min(x, axis: tl.constexpr):
+    return tl.reduce(x, axis, tl.standard._elementwise_min)
+
+
+@triton.jit
+def _sum(x, axis: tl.constexpr):
+    return tl.reduce(x, axis, tl.standard._sum_combine)
+
+
+@triton.jit
+def _dot(a, b, PRECISION: tl.constexpr, IN_FP32: tl.constexpr):
+    """a @ b with an fp32 accumulator. IN_FP32: with the operands' values in fp32 (exact from bf16): the
+    interpreter multiplies bf16 operands as the integers that hold them (Triton 3.9)."""
+    if IN_FP32:
+        c = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    else:
+        c = tl.dot(a, b, input_precision=PRECISION)
+    return c
+
+
+@triton.jit(do_not_specialize=["stride_bt"], do_not_specialize_on_alignment=_POINTERS)
+def _window_level_kernel(
+    q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, cu_ptr, seqused_ptr, bt_ptr, key_start_ptr,
+    q_scale_ptr, k_scale_ptr, v_scale_ptr, q_scale, k_scale, v_scale, softmax_scale, softcap,
+    stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+    stride_ot, stride_oh, stride_lh, stride_bt,
+    GROUP: tl.constexpr,  # query heads per KV head
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,  # tokens a page
+    BLOCK_M: tl.constexpr,  # (row, head) pairs a tile: ROWS rows x GROUP heads, padded
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    SCALES_ON_DEVICE: tl.constexpr,  # q/k/v scales read from their pointers (else the float arguments)
+    SOFTCAP: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr,
+):
+    # Program (g, kv head, tile): rows tile * ROWS .. of group g, the GROUP query heads of this KV head
+    # each; element m of the tile's M dimension is (row m // GROUP, head m % GROUP).
+    ROWS: tl.constexpr = BLOCK_M // GROUP
+    g = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    first_row = tl.program_id(2) * ROWS
+    row_lo = tl.load(cu_ptr + g)
+    num_rows = tl.load(cu_ptr + g + 1) - row_lo
+    if first_row >= num_rows:
+        return
+    m = tl.arange(0, BLOCK_M)
+    local = first_row + m // GROUP
+    m_valid = (m < ROWS * GROUP) & (local < num_rows)
+    row = (row_lo + local).to(tl.int64)
+    head = (kv_head * GROUP + m % GROUP).to(tl.int64)
+    d = tl.arange(0, BLOCK_D)
+    d_mask = d < HEAD_DIM
+
+    hi = tl.load(seqused_ptr + g)
+    first = tl.load(key_start_ptr + row, mask=m_valid, other=0)
+    first = tl.where(m_valid, first, hi)
+    # Keys before the tile's smallest first key are seen by none of its rows: neither loaded nor looped.
+    lo = tl.maximum(_min(first, 0), 0)
+
+    if SCALES_ON_DEVICE:  # per-tensor scales: the first element of each (an expanded view is fine)
+        q_scale = tl.load(q_scale_ptr).to(tl.float32)
+        k_scale = tl.load(k_scale_ptr).to(tl.float32)
+        v_scale = tl.load(v_scale_ptr).to(tl.float32)
+    CDT: tl.constexpr = out_ptr.dtype.element_ty  # the dot's inputs (FP8 values convert exactly)
+    q = tl.load(q_ptr + row[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
+                mask=m_valid[:, None] & d_mask[None, :], other=0.0).to(CDT)
+    qk_scale = softmax_scale * q_scale * k_scale
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max, log2 units
+    l_i = tl.full([BLOCK_M], 0.0, tl.float32)
+    acc = tl.full([BLOCK_M, BLOCK_D], 0.0, tl.float32)
+    bt_row = bt_ptr + g.to(tl.int64) * stride_bt
+    for start in range((lo // BLOCK_N) * BLOCK_N, hi, BLOCK_N):
+        n = start + tl.arange(0, BLOCK_N)
+        n_mask = (n >= lo) & (n < hi)  # table entries outside may be garbage: never followed
+        blk = tl.load(bt_row + n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
+        slot = (n % BLOCK_SIZE).to(tl.int64)
+        kv_mask = n_mask[None, :] & d_mask[:, None]
+        k = tl.load(k_ptr + blk[None, :] * stride_kb + slot[None, :] * stride_ks + kv_head * stride_kh
+                    + d[:, None], mask=kv_mask, other=0.0).to(CDT)  # [BLOCK_D, BLOCK_N]
+        s = _dot(q, k, DOT_PRECISION, DOT_IN_FP32) * qk_scale
+        if SOFTCAP:  # softcap * tanh(s / softcap), in a form that neither overflows nor cancels
+            x = s / softcap
+            e = tl.exp2(-2.0 * 1.4426950408889634 * tl.abs(x))
+            t = (1.0 - e) / (1.0 + e)
+            s = softcap * tl.where(x < 0, -t, t)
+        s = s * 1.4426950408889634
+        seen = (n[None, :] >= first[:, None]) & (n[None, :] < hi)
+        s = tl.where(seen, s, float("-inf"))
+        m_new = tl.maximum(m_i, _max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no key seen yet: avoid (-inf) - (-inf)
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + _sum(p, 1)
+        v = tl.load(v_ptr + blk[:, None] * stride_vb + slot[:, None] * stride_vs + kv_head * stride_vh
+                    + d[None, :], mask=n_mask[:, None] & d_mask[None, :], other=0.0).to(CDT)
+        acc = acc * alpha[:, None] + _dot(p.to(CDT), v, DOT_PRECISION, DOT_IN_FP32)
+        m_i = m_new
+
+    seen_any = l_i > 0
+    o = acc * (v_scale / tl.where(seen_any, l_i, 1.0))[:, None]
+    tl.store(out_ptr + row[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :], o.to(CDT),
+             mask=m_valid[:, None] & d_mask[None, :])
+    lse = tl.where(seen_any, (m_i + tl.log2(tl.where(seen_any, l_i, 1.0))) * 0.6931471805599453,
+                   float("-inf"))
+    tl.store(lse_ptr + head * stride_lh + row, lse, mask=m_valid)
+
+
+def _launch_config(max_rows: int, group: int, head_dim: int):
+    """(BLOCK_M, BLOCK_D, num_warps): tiles of ROWS = BLOCK_M // group rows x group heads, BLOCK_M a power
+    of two >= 16 (tl.dot's smallest M) holding at least one row; up to 64 (ROWS * group) pairs when the
+    groups have rows enough to fill them. A decode level (one row a request, often a few requests) fills
+    a tile with GQA heads alone at group >= 16."""
+    block_m = min(64, triton.next_power_of_2(max(1, max_rows * group)))
+    block_m = max(16, block_m, triton.next_power_of_2(group))
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    num_warps = 4 if block_m * block_d <= 64 * 128 else 8
+    return block_m, block_d, num_warps
+
+
+def window_level_attention(q, k, v, cu_seqlens_q, seqused_k, block_table, key_start, max_seqlen_q,
+                           softmax_scale, out=None, causal=False, return_softmax_lse=True, softcap=0.0,
+                           k_descale=None, v_descale=None, q_descale=None, **ignored):
+    """Attention of groups of rows over their level's paged keys, each row from its first visible key on.
+
+    FlashAttention's `flash_attn_varlen_func` keywords as a level is called with (pass them by keyword),
+    plus `key_start`. Runs the Triton kernel on CUDA tensors (and on CPU ones under TRITON_INTERPRET=1),
+    else the torch twin. No host synchronization: the launch can be captured in a CUDA graph.
+
+    Args:
+        q: [N, Hq, D] queries, fp16/bf16/fp32 (or FP8 with `q_descale`), last dim contiguous. Rows at or
+            past cu_seqlens_q[G] may hold anything: they are neither read nor written.
+        k, v: paged caches [num_blocks, block_size, Hkv, D] (FlashAttention's layout; any strides with a
+            contiguous last dim), q's dtype or an FP8 cache (float8_e4m3fn / float8_e5m2) read as
+            `value * k_descale` / `value * v_descale`. Query head h reads KV head h // (Hq // Hkv).
+        cu_seqlens_q: int32 [G + 1]: group g owns rows cu_seqlens_q[g]:cu_seqlens_q[g+1].
+        seqused_k: int32 [G]: the keys of group g (0: its rows see none).
+        block_table: int32 [G, W]: key j of group g is in block block_table[g, j // block_size], at
+            j % block_size. Entries for keys before the smallest key_start of the group's rows, or at
+            or past seqused_k[g], may hold anything: they are never read.
+        key_start: int32 [N] (or longer): row r's first visible key; <= 0 for all, >= seqused_k for none.
+        max_seqlen_q: int, at least any group's rows (sizes the grid: fixed under a CUDA graph).
+        softmax_scale: float.
+        out: optional [N, Hq, D] output, written in place (rows past cu_seqlens_q[G] untouched); q's
+            dtype (with FP8 queries: fp16/bf16/fp32, bf16 when allocated here).
+        causal: must be False (a level precedes its rows).
+        return_softmax_lse: also return the LSE.
+        softcap: scores `softcap * tanh(s * softmax_scale / softcap)` (0: none), as FlashAttention.
+        k_descale, v_descale, q_descale: per-tensor scales of an FP8 cache (and FP8 queries): a float, or
+            a tensor holding one value (e.g. [G, Hkv] expanded from one), read on the device. q_descale
+            is for FP8 queries only, scaling them as the cache's scales do.
+        **ignored: FlashAttention's tuning keywords (fa_version, scheduler_metadata, num_splits,
+            max_seqlen_k); `window_size` must be None or (-1, -1) and `alibi_slopes`, `s_aux`,
+            `cu_seqlens_k` None (else NotImplementedError: the window is `key_start`).
+
+    Returns:
+        `out` [N, Hq, D], and with `return_softmax_lse` the natural-log LSE float32 [Hq, N] (allocated
+        with -inf: rows past cu_seqlens_q[G] keep it). A row that sees no key: out 0, lse -inf.
+
+    Example:
+        >>> out, lse = window_level_attention(  # doctest: +SKIP
+        ...     q=q_level, k=k_cache, v=v_cache, cu_seqlens_q=cu, seqused_k=lens, block_table=table,
+        ...     key_start=first_keys, max_seqlen_q=rows, softmax_scale=0.088, causal=False)
+    """
+    _check_args(q, k, v, cu_seqlens_q, seqused_k, block_table, key_start, out, causal, ignored,
+                (q_descale, k_descale, v_descale))
+    interpret = os.environ.get("TRITON_INTERPRET", "0") == "1"
+    if not q.is_cuda and not interpret:
+        return window_level_attention_torch(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, seqused_k=seqused_k,
+                                            block_table=block_table, key_start=key_start,
+                                            max_seqlen_q=max_seqlen_q, softmax_scale=softmax_scale, out=out,
+                                            causal=causal, return_softmax_lse=return_softmax_lse,
+                                            softcap=softcap, k_descale=k_descale, v_descale=v_descale,
+                                            q_descale=q_descale)
+    N, Hq, D = q.shape
+    Hkv = k.shape[2]
+    group = Hq // Hkv
+    if out is None:
+        out = torch.zeros(q.shape, dtype=_out_dtype(q), device=q.device)
+    lse = torch.full((Hq, N), float("-inf"), dtype=torch.float32, device=q.device)
+    G = seqused_k.shape[0]
+    max_rows = int(max_seqlen_q)
+    if G and max_rows > 0 and N:
+        block_m, block_d, num_warps = _launch_config(max_rows, group, D)
+        scales = (q_descale, k_descale, v_descale)
+        on_device = any(isinstance(x, torch.Tensor) for x in scales)
+        ptrs = [_scale_tensor(x, q) for x in scales] if on_device else [cu_seqlens_q] * 3
+        floats = [1.0] * 3 if on_device else [1.0 if x is None else float(x) for x in scales]
+        kernel = _window_level_kernel if q.is_cuda else _interpreted(_window_level_kernel)
+        grid = (G, Hkv, triton.cdiv(max_rows, block_m // group))
+        kernel[grid](
+            q, k, v, out, lse, cu_seqlens_q, seqused_k, block_table, key_start, *ptrs, *floats,
+            _scale(softmax_scale, D), float(softcap or 0.0),
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1),
+            v.stride(2), out.stride(0), out.stride(1), lse.stride(0), block_table.stride(0),
+            GROUP=group, HEAD_DIM=D, BLOCK_SIZE=k.shape[1], BLOCK_M=block_m, BLOCK_N=_BLOCK_N,
+            BLOCK_D=block_d, SCALES_ON_DEVICE=on_device, SOFTCAP=bool(softcap),
+            DOT_PRECISION="ieee" if out.dtype == torch.float32 else "tf32",
+            DOT_IN_FP32=not q.is_cuda and out.dtype == torch.bfloat16, num_warps=num_warps,
+            num_stages=2)
+    return (out, lse) if return_softmax_lse else out
+
+
+def _scale_tensor(x, like: torch.Tensor) -> torch.Tensor:
+    """A scale as a tensor on the device whose first element is read (a float: a one-element tensor)."""
+    if isinstance(x, torch.Tensor):
+        return x
+    return torch.full((1,), 1.0 if x is None else float(x), dtype=torch.float32, device=like.device)
+
+
+def _scale(softmax_scale, head_dim: int) -> float:
+    return head_dim ** -0.5 if softmax_scale is None else float(softmax_scale)
+
+
+def _out_dtype(q: torch.Tensor) -> torch.dtype:
+    return torch.bfloat16 if q.dtype in FP8_DTYPES else q.dtype
+
+
+def _scale_value(x) -> float:
+    """A per-tensor scale's value on the host (the torch twin): its first element."""
+    if x is None:
+        return 1.0
+    return float(x.reshape(-1)[0]) if isinstance(x, torch.Tensor) else float(x)
+
+
+def _gather(cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+    """The tokens of `blocks` of a paged cache, [len(blocks) * block_size, Hkv, D] (FP8 caches gathered as
+    bytes: index_select has no FP8 kernels)."""
+    if cache.dtype in FP8_DTYPES:
+        return cache.view(torch.uint8).index_select(0, blocks).view(cache.dtype).flatten(0, 1)
+    return cache.index_select(0, blocks).flatten(0, 1)
+
+
+def _read(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """`x` in fp32, an FP8 tensor times its scale."""
+    return x.float() * scale if x.dtype in FP8_DTYPES else x.float()
+
+
+def window_level_attention_torch(q, k, v, cu_seqlens_q, seqused_k, block_table, key_start, max_seqlen_q,
+                                 softmax_scale, out=None, causal=False, return_softmax_lse=True, softcap=0.0,
+                                 k_descale=None, v_descale=None, q_descale=None, **ignored):
+    """Torch implementation of `window_level_attention` (the CPU path and the kernel's test twin).
+
+    Same arguments and results; in fp32, one group at a time, its keys gathered from the block table.
+    Synchronizes with the host (it reads the lengths there).
+    """
+    _check_args(q, k, v, cu_seqlens_q, seqused_k, block_table, key_start, out, causal, ignored,
+                (q_descale, k_descale, v_descale))
+    N, Hq, D = q.shape
+    block_size, Hkv = k.shape[1], k.shape[2]
+    group = Hq // Hkv
+    if out is None:
+        out = torch.zeros(q.shape, dtype=_out_dtype(q), device=q.device)
+    lse = torch.full((Hq, N), float("-inf"), dtype=torch.float32, device=q.device)
+    q_scale, k_scale, v_scale = (_scale_value(x) for x in (q_descale, k_descale, v_descale))
+    cu, lens = cu_seqlens_q.tolist(), seqused_k.tolist()
+    for g, k_len in enumerate(lens):
+        r0, r1 = cu[g], cu[g + 1]
+        if r1 <= r0:
+            continue
+        first = key_start[r0:r1].long()
+        lo = max(int(first.min()), 0) // block_size * block_size  # keys before: seen by no row, never read
+        if k_len <= lo:
+            out[r0:r1] = 0
+            continue
+        blocks = block_table[g, lo // block_size: (k_len + block_size - 1) // block_size].long()
+        kg = _read(_gather(k, blocks)[: k_len - lo], k_scale)  # keys lo .. k_len - 1: [K, Hkv, D]
+        vg = _read(_gather(v, blocks)[: k_len - lo], v_scale)
+        qg = _read(q[r0:r1], q_scale).reshape(r1 - r0, Hkv, group, D)
+        s = torch.einsum("rhgd,khd->hgrk", qg, kg) * _scale(softmax_scale, D)  # [Hkv, group, R, K]
+        if softcap:
+            s = torch.tanh(s / softcap) * softcap
+        keys = torch.arange(lo, k_len, device=q.device)
+        s = s.masked_fill(keys[None, :] < first[:, None], float("-inf"))
+        row_lse = torch.logsumexp(s, dim=-1)  # -inf for a row that sees no key
+        p = torch.exp(s - row_lse.masked_fill(row_lse == float("-inf"), 0.0)[..., None])
+        o = torch.einsum("hgrk,khd->rhgd", p, vg).reshape(r1 - r0, Hq, D)
+        out[r0:r1] = o.to(out.dtype)
+        lse[:, r0:r1] = row_lse.reshape(Hq, r1 - r0)
+    return (out, lse) if return_softmax_lse else out
+
+
+_REFUSED = ("alibi_slopes", "s_aux", "cu_seqlens_k")
+
+
+def _check_args(q, k, v, cu_seqlens_q, seqused_k, block_table, key_start, out, causal, ignored,
+                descales) -> None:
+    name = "window_level_attention"
+    if causal:
+        raise NotImplementedError(f"{name}: causal=True (a level precedes its rows: non-causal only)")
+    window = ignored.get("window_size")
+    if window is not None and tuple(window) != (-1, -1):
+        raise NotImplementedError(f"{name}: window_size={tuple(window)} (the window is each row's key_start)")
+    for key in _REFUSED:
+        if ignored.get(key) is not None:
+            raise NotImplementedError(f"{name}: {key} is not supported")
+    if q.dim() != 3 or k.dim() != 4 or k.shape != v.shape or k.shape[3] != q.shape[2]:
+        raise ValueError(f"{name}: need q [N, Hq, D] and k, v [num_blocks, block_size, Hkv, D], got "
+                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if q.shape[1] % k.shape[2]:
+        raise ValueError(f"{name}: Hq={q.shape[1]} is not a multiple of Hkv={k.shape[2]}")
+    if q.dtype in FP8_DTYPES:
+        if descales[0] is None or k.dtype not in FP8_DTYPES:
+            raise ValueError(f"{name}: FP8 queries need q_descale and an FP8 cache")
+    elif q.dtype not in _FLOAT_DTYPES:
+        raise ValueError(f"{name}: q must be fp16/bf16/fp32 (or FP8 with q_descale), got {q.dtype}")
+    elif descales[0] is not None:
+        raise ValueError(f"{name}: q_descale applies to FP8 queries only")
+    if k.dtype != v.dtype or k.dtype not in (q.dtype, *FP8_DTYPES):
+        raise ValueError(f"{name}: KV dtypes {k.dtype}, {v.dtype}: need q's ({q.dtype}) or one FP8 dtype")
+    if k.dtype not in FP8_DTYPES and any(x is not None for x in descales[1:]):
+        raise ValueError(f"{name}: k_descale / v_descale apply to an FP8 KV cache only")
+    for x in descales:
+        if isinstance(x, torch.Tensor) and (x.device != q.device or x.numel() == 0):
+            raise ValueError(f"{name}: a scale tensor must hold a value on {q.device}, got "
+                             f"{tuple(x.shape)} on {x.device}")
+    for t, what in ((q, "q"), (k, "k"), (v, "v")):
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name}: {what} must have a contiguous last dim")
+    G = seqused_k.shape[0] if seqused_k.dim() == 1 else -1
+    if cu_seqlens_q.shape != (G + 1,) or block_table.dim() != 2 or block_table.shape[0] < G:
+        raise ValueError(f"{name}: need cu_seqlens_q [G + 1], seqused_k [G], block_table [G, W], got "
+                         f"{tuple(cu_seqlens_q.shape)}, {tuple(seqused_k.shape)}, {tuple(block_table.shape)}")
+    if key_start.dim() != 1 or key_start.shape[0] < q.shape[0]:
+        raise ValueError(f"{name}: key_start must be [N] = [{q.shape[0]}], got {tuple(key_start.shape)}")
+    for t, what in ((cu_seqlens_q, "cu_seqlens_q"), (seqused_k, "seqused_k"), (block_table, "block_table"),
+                    (key_start, "key_start")):
+        if t.dtype != torch.int32 or t.device != q.device:
+            raise ValueError(f"{name}: {what} must be int32 on {q.device}, got {t.dtype} on {t.device}")
+        if t.numel() > 1 and t.stride(-1) != 1:
+            raise ValueError(f"{name}: {what} must have a contiguous last dim")
+    if out is not None:
+        dtype_ok = out.dtype in _FLOAT_DTYPES if q.dtype in FP8_DTYPES else out.dtype == q.dtype
+        if out.shape != q.shape or out.stride(-1) != 1 or not dtype_ok:
+            raise ValueError(f"{name}: out must be {tuple(q.shape)} in q's dtype (fp16/bf16/fp32 for FP8 "
+                             f"queries) with a contiguous last dim, got {out.dtype} {tuple(out.shape)}")
