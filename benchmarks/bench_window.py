@@ -1,0 +1,133 @@
+"""One decode step of a sliding-window layer over a shared prompt, kernel level: relay against FlashAttention.
+
+Every request of a batch of B shares an S-token prompt and owns c tokens after it; the layer's window is W
+tokens (a request at position p sees keys p - W + 1 .. p). Two ops, bf16, block size 16, shuffled blocks:
+  relay   the prompt as one level, each request reading it from its window on (`ops/window_level.py`:
+          one call for all B rows, each with its first visible key), its own c tokens with FlashAttention's
+          window, the two merged by their LSEs (`relay_fusion`);
+  FA      FlashAttention's window over each request's whole table, as vLLM's backend calls it.
+Each op is captured in a CUDA graph and its replay timed with triton.testing.do_bench (median, L2
+flushed). GB/s count the fewest bytes each op must move (relay: the prompt's keys any window reaches,
+once, and each request's own; FA: each request's window). Shapes: Gemma-3-12B's window layers (16 query /
+8 KV heads, D=256, W=1024) and gpt-oss's (64 / 8, D=64, W=128).
+
+Usage: python3 benchmarks/bench_window.py [--quick] [--out DIR]   (writes window_ops.json, window_ops.md)
+"""
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+import triton
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from vllm_relay.ops import RelayPlan, SharedLevel, relay_attention  # noqa: E402
+from vllm_relay.ops.window_level import window_level_attention  # noqa: E402
+
+SHAPES = {"gemma-3-12b": (16, 8, 256, 1024), "gpt-oss": (64, 8, 64, 128)}  # Hq, Hkv, D, W
+BLOCK, DTYPE = 16, torch.bfloat16
+
+
+def time_graph(fn, rep: int) -> float:
+    """Median ms of `fn` replayed from a CUDA graph."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return triton.testing.do_bench(graph.replay, warmup=25, rep=rep, return_mode="median")
+
+
+def case(varlen, hq, hkv, d, w, B, S, c):
+    """The two ops of one decode step (closures) and their outputs."""
+    dev = "cuda"
+    n_sys, n_own = S // BLOCK, triton.cdiv(c, BLOCK)
+    kv = torch.randn(n_sys + B * n_own, BLOCK, hkv, 2 * d, device=dev, dtype=DTYPE)
+    k, v = kv[..., :d], kv[..., d:]
+    perm = torch.randperm(kv.shape[0], device=dev, dtype=torch.int32)
+    sys_blocks, own_blocks = perm[:n_sys], perm[n_sys:].view(B, n_own)
+    full = torch.cat([sys_blocks.expand(B, n_sys), own_blocks], dim=1).contiguous()
+    own = torch.randint(1, c + 1, (B,), device=dev, dtype=torch.int32)  # each request's own tokens so far
+    q = torch.randn(B, hq, d, device=dev, dtype=DTYPE)
+    scale, window = d ** -0.5, (w - 1, 0)
+    cu = torch.arange(B + 1, device=dev, dtype=torch.int32)
+    level = SharedLevel(
+        perm=torch.arange(B, device=dev, dtype=torch.int32), row_index=torch.arange(B, device=dev, dtype=torch.int32),
+        call=dict(cu_seqlens_q=torch.tensor([0, B], device=dev, dtype=torch.int32),
+                  seqused_k=torch.tensor([S], device=dev, dtype=torch.int32), max_seqlen_q=B, max_seqlen_k=S,
+                  block_table=sys_blocks[None].contiguous(), key_start=S + own - 1 - (w - 1)),
+        q_buf=torch.empty_like(q), out_buf=torch.empty_like(q), attn_fn=window_level_attention)
+    plan = RelayPlan(context=dict(cu_seqlens_q=cu, seqused_k=own, max_seqlen_q=1, max_seqlen_k=c,
+                                  block_table=own_blocks.contiguous()), shared=[level])
+    out_relay, out_fa = torch.empty_like(q), torch.empty_like(q)
+
+    def relay():
+        relay_attention(q, k, v, plan, out_relay, scale, varlen, attn_kwargs={"fa_version": 3},
+                        context_kwargs={"window_size": window})
+
+    def fa():
+        varlen(q=q, k=k, v=v, out=out_fa, cu_seqlens_q=cu, max_seqlen_q=1, seqused_k=S + own, max_seqlen_k=S + c,
+               softmax_scale=scale, causal=True, window_size=window, block_table=full, fa_version=3)
+
+    seen = (S - (S + own - w).clamp(min=0)).clamp(min=0)  # prompt keys each request's window reaches
+    kv_tok = 2 * hkv * d * 2
+    bytes_relay = 4 * B * hq * d + (int(seen.max()) + int(own.sum())) * kv_tok
+    bytes_fa = 2 * B * hq * d * 2 + int((S + own).clamp(max=w).sum()) * kv_tok
+    return relay, fa, out_relay, out_fa, bytes_relay, bytes_fa
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", default="/tmp/out")
+    p.add_argument("--quick", action="store_true", help="fewer batch sizes")
+    p.add_argument("--rep", type=int, default=100, help="do_bench repetition time per op, ms")
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("bench_window.py needs a CUDA GPU")
+    from vllm.vllm_flash_attn import flash_attn_varlen_func as varlen
+
+    torch.manual_seed(0)
+    x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    copy_gbs = 2 * x.numel() / triton.testing.do_bench(lambda: x.clone(), rep=200, return_mode="median") / 1e6
+    rows = []
+    for name, (hq, hkv, d, w) in SHAPES.items():
+        for B in ((64, 256) if args.quick else (32, 64, 128, 256)):
+            for S, c in ((2048, 64), (2048, 512), (8192, 64)):
+                relay, fa, out_relay, out_fa, b_relay, b_fa = case(varlen, hq, hkv, d, w, B, S, c)
+                relay()
+                fa()
+                err = (out_relay.float() - out_fa.float()).abs().max().item()
+                if not err < 3e-2:
+                    sys.exit(f"ABORT: relay differs from FlashAttention ({name}, B={B}, S={S}, c={c}): {err}")
+                t_relay, t_fa = time_graph(relay, args.rep), time_graph(fa, args.rep)
+                row = dict(shape=name, B=B, S=S, c=c, W=w, relay_us=t_relay * 1e3, fa_us=t_fa * 1e3,
+                           fa_over_relay=t_fa / t_relay, relay_gbs=b_relay / t_relay / 1e6,
+                           fa_gbs=b_fa / t_fa / 1e6, max_abs_diff=err)
+                rows.append(row)
+                print(f"{name} B={B:4d} S={S:5d} c={c:4d}: relay {row['relay_us']:7.1f} us "
+                      f"({row['relay_gbs']:5.0f} GB/s)  FA {row['fa_us']:7.1f} us ({row['fa_gbs']:5.0f} GB/s)  "
+                      f"FA/relay {row['fa_over_relay']:.2f}x")
+    gpu = torch.cuda.get_device_name()
+    lines = [f"# Sliding-window decode step over a shared prompt: {gpu}", "",
+             f"bf16, block size 16, copy bandwidth (read+write) {copy_gbs:.0f} GB/s; medians of CUDA-graph "
+             "replays with L2 flushed.", "",
+             "| shape | W | B | S | c | relay us | FA us | FA/relay | relay GB/s | FA GB/s | max diff |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['shape']} | {r['W']} | {r['B']} | {r['S']} | {r['c']} | {r['relay_us']:.1f} | {r['fa_us']:.1f} "
+              f"| {r['fa_over_relay']:.2f}x | {r['relay_gbs']:.0f} | {r['fa_gbs']:.0f} | {r['max_abs_diff']:.3g} |"
+              for r in rows]
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "window_ops.json"), "w") as f:
+        json.dump(dict(gpu=gpu, copy_gbs=copy_gbs, rows=rows), f, indent=1)
+    with open(os.path.join(args.out, "window_ops.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
