@@ -21,6 +21,8 @@ def test_keys_follow_the_kv_lengths_of_each_step_and_clear_reads_request_0():
                            seq_lens=np.array([15, 13], np.int32))
     rows = WindowRows(6, PS, 8, torch.device("cpu"))
     assert rows.stage(step, tree, perm, cu, query_start, kv_group=0).tolist() == [1]  # the row furthest behind
+    # the level (12 keys) seen from keys 9 and 7: 3 + 5 read per row, 5 read once: 3 saved
+    assert rows.saved == 3
     order = perm.tolist()  # the level's rows: request of each
     # a decode token at own position seq_len - 1 sees keys from seq_len - 6 on (the level starts at 0)
     assert rows.keys(torch.tensor([15, 13], dtype=torch.int32), 4)[:2].tolist() == [[9, 7][r] for r in order]

@@ -417,6 +417,8 @@ class RelayPlanner:
              "prefix_requests": int(np.count_nonzero(ctx_front[: root.shape[0]] * (root >= 0)))}
         if tree is not None:
             saved = tree.saved_pages() * self.page_size
+            if self.window and self.window_rows.saved is not None:  # each row reads its window's part
+                saved = self.window_rows.saved
             s.update(level_groups=tree.num_groups, saved_kv_tokens=saved, saved_kv_bytes=saved * self.kv_bytes_per_token,
                      max_level_rows=int(tree.size.max()))
             levels = (row_index >= 0).sum(axis=0)

@@ -22,6 +22,7 @@ class WindowRows:
         self._host = torch.zeros(2, max_rows, dtype=torch.int32, pin_memory=device.type == "cuda")
         self._dev = torch.zeros_like(self._host, device=device)
         self.key_start = torch.zeros(max_rows, dtype=torch.int32, device=device)
+        self.saved: int | None = None  # KV tokens the staged levels save a step (None: not known)
 
     def stage(self, step, tree, perm, cu, query_start, kv_group: int) -> np.ndarray | None:
         """Stage the rows of `tree`'s levels (`perm`, `cu`: `level_rows`'); each level's table row in
@@ -38,6 +39,8 @@ class WindowRows:
                                           self.page_size)
             if level_row is None:
                 return None
+        self.saved = None if step.seq_lens is None else saved_tokens(tree, cu, step.seq_lens[row_req] + row_off,
+                                                                      self.page_size)
         n = perm.shape[0]
         self._host[0, :n], self._host[1, :n] = torch.from_numpy(row_req), torch.from_numpy(row_off)
         self._host[:, n:] = 0
@@ -55,3 +58,14 @@ class WindowRows:
         keys = self.key_start[:rows]
         torch.index_select(seq_lens, 0, self._dev[0, :rows], out=keys)
         return keys.add_(self._dev[1, :rows])
+
+
+def saved_tokens(tree, cu: np.ndarray, first_key: np.ndarray, page_size: int) -> int:
+    """KV tokens a step of these levels saves a window layer: each row would read the keys of its level it
+    sees; the level reads, once, those its furthest-behind row sees."""
+    group = np.repeat(np.arange(cu.shape[0] - 1), np.diff(cu))
+    length = ((tree.front + tree.pages) * page_size)[group]
+    seen = np.clip(length - np.maximum(first_key, 0), 0, None)
+    most = np.zeros(cu.shape[0] - 1, dtype=np.int64)
+    np.maximum.at(most, group, seen)
+    return int(seen.sum() - most.sum())
