@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests.ops.reference import attention_ref, make_paged_cache
-from vllm_relay.attention import planner as planner_module
+from vllm_relay.attention import levels as levels_module
 from vllm_relay.attention import step as relay_step
 from vllm_relay.attention.planner import RelayPlanner
 from vllm_relay.config import RelayConfig
@@ -173,7 +173,7 @@ def random_batch(rng, n):
 @pytest.mark.parametrize("shared_path", ["auto", "always", "never"])
 @pytest.mark.parametrize("seed", range(4))
 def test_plan_is_exact_on_random_mixed_batches(shared_path, seed, monkeypatch):
-    monkeypatch.setitem(planner_module.MIN_SAVED_TOKENS, ("cpu", True), 64)  # small batches do share
+    monkeypatch.setitem(levels_module.MIN_SAVED_TOKENS, ("cpu", True), 64)  # small batches do share
     rng = np.random.default_rng(seed)
     world = World(random_batch(rng, int(rng.integers(1, 14))), torch.float32, "cpu", seed)
     world.record_fills()
@@ -231,7 +231,7 @@ def test_prompt_chunks_that_fill_their_query_tiles_read_the_prompt_in_their_cont
     reads its system prompt in its context, where a level would save it no reads; one of 33 rows (two
     tiles, 52% full) and the decodes read it as a level. A plain row's full chunk over another's
     pages reads them in its context too. Exact either way."""
-    monkeypatch.setitem(planner_module.MIN_SAVED_TOKENS, ("cpu", True), 1)
+    monkeypatch.setitem(levels_module.MIN_SAVED_TOKENS, ("cpu", True), 1)
     batch = [(0, 40, 32, -1, 0), (0, 50, 33, -1, 0)] + [(0, 60 + i, 1, -1, 0) for i in range(6)]
     batch += [(-1, 90, 1, -1, 0), (-1, 100, 32, 8, 3), (-1, 110, 1, 8, 3)]
     world = World(batch, torch.float32, "cpu", 7)
@@ -315,7 +315,7 @@ def test_decode_steps_over_the_same_rows_stage_their_plan_once(monkeypatch):
     capture, stage again."""
     import dataclasses
 
-    monkeypatch.setitem(planner_module.MIN_SAVED_TOKENS, ("cpu", True), 1)
+    monkeypatch.setitem(levels_module.MIN_SAVED_TOKENS, ("cpu", True), 1)
     batch = [(0, 30, 1, -1, 0), (0, 45, 1, -1, 0), (1, 7, 1, -1, 0), (-1, 100, 1, -1, 0), (-1, 90, 1, 3, 5)]
     world = World(batch, torch.float32, "cpu", 3)
     world.record_fills()
@@ -416,7 +416,7 @@ def test_window_layers_read_each_level_from_each_rows_window_on(window, seed, mo
     window, on random batches (windows shorter than a page, inside a prompt, past most levels). Its group's
     table is checked against the levels' (`window_level_rows`): where a row's block ids inside its window
     differ from the level's, the group reads no level in the step, exactly still."""
-    monkeypatch.setitem(planner_module.MIN_SAVED_TOKENS, ("cpu", True), 64)
+    monkeypatch.setitem(levels_module.MIN_SAVED_TOKENS, ("cpu", True), 64)
     rng = np.random.default_rng(seed)
     world = World(random_batch(rng, int(rng.integers(4, 14))), torch.float32, "cpu", seed)
     world.pages = relay_step.SlotPages.for_config(RelayConfig(max_prompts=3, max_prompt_tokens=128), BLOCK,
@@ -471,21 +471,21 @@ def test_steps_that_could_not_save_enough_are_not_searched(monkeypatch):
     world.record_fills()
     cm = world.cm()
     bounds, searched = [], []
-    bound, search = planner_module.saved_bound, planner_module.find_levels
-    monkeypatch.setattr(planner_module, "saved_bound", lambda *a: bounds.append(bound(*a)) or bounds[-1])
-    monkeypatch.setattr(planner_module, "find_levels", lambda *a: searched.append(search(*a)) or searched[-1])
-    monkeypatch.setitem(planner_module.MIN_SAVED_TOKENS, ("cpu", True), 1)
+    bound, search = levels_module.saved_bound, levels_module.find_levels
+    monkeypatch.setattr(levels_module, "saved_bound", lambda *a: bounds.append(bound(*a)) or bounds[-1])
+    monkeypatch.setattr(levels_module, "find_levels", lambda *a: searched.append(search(*a)) or searched[-1])
+    monkeypatch.setitem(levels_module.MIN_SAVED_TOKENS, ("cpu", True), 1)
     planner = make_planner()
     run_and_check(world, planner.plan(cm, world.step()), cm)
     saved = searched[-1].saved_pages()
     assert 0 < saved <= bounds[-1] and planner.stats["level_groups"] == searched[-1].num_groups > 0
-    monkeypatch.setitem(planner_module.MIN_SAVED_TOKENS, ("cpu", True), bounds[-1] * BLOCK + 1)
+    monkeypatch.setitem(levels_module.MIN_SAVED_TOKENS, ("cpu", True), bounds[-1] * BLOCK + 1)
     planner = make_planner()
     plan = planner.plan(cm, world.step())
     assert len(searched) == 1 and len(bounds) == 2  # not searched
     assert planner.stats.get("level_groups", 0) == 0
     run_and_check(world, plan, cm)
-    monkeypatch.setitem(planner_module.MIN_SAVED_TOKENS, ("cpu", True), saved * BLOCK)
+    monkeypatch.setitem(levels_module.MIN_SAVED_TOKENS, ("cpu", True), saved * BLOCK)
     planner = make_planner()
     run_and_check(world, planner.plan(cm, world.step()), cm)
     assert len(searched) == 2 and planner.stats["level_groups"] == searched[-1].num_groups
@@ -602,7 +602,7 @@ def test_graph_steps_run_levels_only_in_the_levels_graph(monkeypatch):
     """With levels, vLLM replays the levels' twin (the dispatcher records it) and the plan fills it;
     had vLLM replayed its own graph, the same step reads everything in its context (the prefix
     path for the system prompt): exact either way."""
-    monkeypatch.setitem(planner_module.MIN_SAVED_TOKENS, ("cpu", True), 1)
+    monkeypatch.setitem(levels_module.MIN_SAVED_TOKENS, ("cpu", True), 1)
     batch = [(0, 30, 1, -1, 0), (1, 7, 1, -1, 0), (-1, 100, 1, -1, 0), (0, 3, 1, -1, 0), (-1, 90, 1, 2, 5)]
     world = World(batch, torch.float32, "cpu", 1)
     world.record_fills()

@@ -6,9 +6,16 @@ import numpy as np
 import pytest
 import torch
 
-from tests.attention.test_planner import GROUP, TUNED, World, make_planner, padded, random_batch, run_and_check
-from vllm_relay.attention import planner as planner_module
-from vllm_relay.attention import step as relay_step
+from tests.attention.test_planner import (
+    GROUP,
+    TUNED,
+    World,
+    make_planner,
+    padded,
+    random_batch,
+    run_and_check,
+)
+from vllm_relay.attention import levels as levels_module
 from vllm_relay.attention.rules import joint_tokens
 from vllm_relay.ops.joint import joint_capacity
 
@@ -23,7 +30,7 @@ def decode_only(batch):
 def test_joint_decode_steps_are_exact_at_any_depth(shared_path, seed, monkeypatch):
     """Random decode steps (system prompts, and plain rows sharing runs of pages at several depths):
     the levels and the contexts in one call, exact; a step with a prompt chunk keeps two calls."""
-    monkeypatch.setitem(planner_module.MIN_SAVED_TOKENS, ("cpu", True), 64)
+    monkeypatch.setitem(levels_module.MIN_SAVED_TOKENS, ("cpu", True), 64)
     rng = np.random.default_rng(seed)
     batch = random_batch(rng, int(rng.integers(2, 14)))
     world = World(decode_only(batch), torch.float32, "cpu", seed)
