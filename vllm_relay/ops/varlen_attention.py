@@ -242,11 +242,10 @@ def _first_keys(key_start, cu, k_lens, left: int, causal: bool, device) -> torch
     first = torch.zeros(cu[-1], dtype=torch.long, device=device)
     if key_start is not None:
         first = torch.maximum(first, key_start[: cu[-1]].long())
-    if left >= 0:
-        for b, k_len in enumerate(k_lens):
-            q_len = cu[b + 1] - cu[b]
-            rows = torch.arange(q_len, device=device) + (k_len - q_len)  # each query's last key
-            first[cu[b]: cu[b + 1]] = torch.maximum(first[cu[b]: cu[b + 1]], rows - left)
+    if left >= 0:  # query t of request b sees keys up to k_len - (cu[b + 1] - t) (bottom-right causal)
+        ends = torch.tensor([k_len - cu[b + 1] for b, k_len in enumerate(k_lens)], device=device)
+        last = torch.arange(cu[-1], device=device) + ends.repeat_interleave(torch.tensor(cu).diff().to(device))
+        first = torch.maximum(first, last - left)
     return first
 
 
