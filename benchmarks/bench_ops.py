@@ -26,6 +26,8 @@ import torch
 import triton
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import graph_ms, measure_card  # noqa: E402
 from vllm_relay.ops import RelayPlan, SharedLevel, relay_attention, relay_fusion  # noqa: E402
 
 MODELS = {"llama2-7b": (32, 32), "llama3-8b": (32, 8)}  # (Hq, Hkv)
@@ -44,39 +46,9 @@ def parse_args():
     return p.parse_args()
 
 
-def capture_graph(fn) -> torch.cuda.CUDAGraph:
-    """`fn` captured in a CUDA graph, after one warm-up call on a side stream (as torch asks)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph
-
-
 def time_op(fn):
-    """Median ms of `fn` replayed from a CUDA graph (falls back to eager launches)."""
-    fn()
-    fn()
-    torch.cuda.synchronize()
-    mode = "graph"
-    try:
-        run = capture_graph(fn).replay
-    except Exception as e:  # noqa: BLE001 - report and time eagerly instead
-        print(f"  (CUDA graph capture failed: {type(e).__name__}: {e}; timing eager launches)")
-        mode, run = "eager", fn
-    ms = triton.testing.do_bench(run, warmup=25, rep=ARGS.rep, return_mode="median")
-    return ms, mode
-
-
-def copy_bandwidth_gbs():
-    x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda").random_(0, 255)
-    y = torch.empty_like(x)
-    ms = triton.testing.do_bench(lambda: y.copy_(x), warmup=25, rep=200, return_mode="median")
-    return 2 * x.numel() / ms / 1e6
+    """Median ms of `fn` replayed from a CUDA graph (eager launches where it cannot be captured), and how."""
+    return graph_ms(fn, ARGS.rep, eager_fallback=True)
 
 
 class FA:
@@ -308,7 +280,7 @@ def main():
 
     torch.manual_seed(0)
     fa = FA()
-    copy_bw = copy_bandwidth_gbs()
+    copy_bw = measure_card()["copy_bytes_per_s"] / 1e9
     env = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                vllm=vllm.__version__, fa_version=fa.version, copy_gbs=copy_bw, quick=ARGS.quick)
     print(f"{env['gpu']}: copy bandwidth {copy_bw:.0f} GB/s (read+write), FA{fa.version}")

@@ -49,7 +49,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import check_config, free_port, gpu_share, model_config, start_server, wait_healthy  # noqa: E402
+from common import check_config, free_port, gpu_share, has_gpu, model_config, start_server, wait_healthy  # noqa: E402
 
 
 def parse_args():
@@ -277,7 +277,7 @@ async def bench(args, configs, systems, request, log_dir, save):
 
     timeout = aiohttp.ClientTimeout(total=None)
     together = args.rounds > 1
-    share = gpu_share(args, len(configs)) if together and _has_gpu() else None
+    share = gpu_share(args, len(configs)) if together and has_gpu() else None
     by_config, servers = {c: [] for c in configs}, []
 
     def merged():  # one round: its rows as they are

@@ -36,27 +36,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (add_sglang_args, json_object, model_config, profiler_config, result_line,  # noqa: E402
-                    run_logged, sglang_command, sglang_engine, sglang_sampling, worker_command)
-
-
-def measure_card() -> dict:
-    """Copy bandwidth (bytes read + written per second) and bf16 matmul rate, measured once."""
-    import torch
-    import triton
-
-    x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    y = torch.empty_like(x)
-    copy_ms = triton.testing.do_bench(lambda: y.copy_(x), return_mode="median")
-    a = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
-    mm_ms = triton.testing.do_bench(lambda: a @ a, return_mode="median")
-    card = {"copy_bytes_per_s": 2 * x.numel() / copy_ms * 1e3, "bf16_flop_per_s": 2 * 8192 ** 3 / mm_ms * 1e3,
-            "device": torch.cuda.get_device_name()}
-    # This process stays alive beside the engines it starts: hand its buffers back (on an 80 GB card
-    # the 3.2 GiB it held made a relay engine at 0.92 of the GPU run out of memory, H100, 2026-11-26).
-    del x, y, a
-    torch.cuda.empty_cache()
-    return card
+from common import (add_sglang_args, json_object, measure_card, model_config, profiler_config,  # noqa: E402
+                    result_line, run_logged, sglang_command, sglang_engine, sglang_sampling, worker_command)
 
 
 def shape(model: str) -> dict:

@@ -23,24 +23,13 @@ import torch
 import triton
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import graph_ms, measure_card  # noqa: E402
 from vllm_relay.ops import RelayPlan, SharedLevel, relay_attention  # noqa: E402
 from vllm_relay.ops.window_level import window_level_attention  # noqa: E402
 
 SHAPES = {"gemma-3-12b": (16, 8, 256, 1024), "gpt-oss": (64, 8, 64, 128)}  # Hq, Hkv, D, W
 BLOCK, DTYPE = 16, torch.bfloat16
-
-
-def time_graph(fn, rep: int) -> float:
-    """Median ms of `fn` replayed from a CUDA graph."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return triton.testing.do_bench(graph.replay, warmup=25, rep=rep, return_mode="median")
 
 
 def case(varlen, hq, hkv, d, w, B, S, c):
@@ -92,8 +81,7 @@ def main():
     from vllm.vllm_flash_attn import flash_attn_varlen_func as varlen
 
     torch.manual_seed(0)
-    x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    copy_gbs = 2 * x.numel() / triton.testing.do_bench(lambda: x.clone(), rep=200, return_mode="median") / 1e6
+    copy_gbs = measure_card()["copy_bytes_per_s"] / 1e9
     rows = []
     for name, (hq, hkv, d, w) in SHAPES.items():
         for B in ((64, 256) if args.quick else (32, 64, 128, 256)):
@@ -104,7 +92,7 @@ def main():
                 err = (out_relay.float() - out_fa.float()).abs().max().item()
                 if not err < 3e-2:
                     sys.exit(f"ABORT: relay differs from FlashAttention ({name}, B={B}, S={S}, c={c}): {err}")
-                t_relay, t_fa = time_graph(relay, args.rep), time_graph(fa, args.rep)
+                t_relay, t_fa = graph_ms(relay, args.rep)[0], graph_ms(fa, args.rep)[0]
                 row = dict(shape=name, B=B, S=S, c=c, W=w, relay_us=t_relay * 1e3, fa_us=t_fa * 1e3,
                            fa_over_relay=t_fa / t_relay, relay_gbs=b_relay / t_relay / 1e6,
                            fa_gbs=b_fa / t_fa / 1e6, max_abs_diff=err)

@@ -3,7 +3,8 @@ bench_serving.py, bench_sharing.py). Each script runs every configuration in a p
 parent starts `<script> ... --worker CONFIG`, keeps its log beside `--out` and reads back what it
 prints (`RESULT {json}`). The offline throughput workloads (`single`, `multi`), their sampling and
 each configuration's engine arguments are here too, so that every script measures the same requests;
-and, last, the OpenAI servers bench_serving.py starts (vLLM's, relay's, SGLang's)."""
+the OpenAI servers bench_serving.py starts (vLLM's, relay's, SGLang's); and, last, how the kernel
+benchmarks (bench_ops.py, bench_window.py, bench_mla.py) time an op on the GPU and read the card's limits."""
 
 import asyncio
 import functools
@@ -267,14 +268,14 @@ def server_env(config: str) -> dict | None:
 
 
 def start_server(args, config, systems, port, log_path, share=None):
-    cmd = server_command(args, config, systems, port, _has_gpu(), share)
+    cmd = server_command(args, config, systems, port, has_gpu(), share)
     log = open(log_path, "w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                             env=server_env(config))
     return proc, log
 
 
-def _has_gpu() -> bool:
+def has_gpu() -> bool:
     try:
         import torch
 
@@ -296,3 +297,57 @@ async def wait_healthy(session, base, proc, timeout):
             pass
         await asyncio.sleep(1)
     raise RuntimeError("server did not become healthy")
+
+
+def capture_graph(fn):
+    """`fn` captured in a CUDA graph, after one warm-up call on a side stream (as torch asks)."""
+    import torch
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
+
+
+def graph_ms(fn, rep: int = 100, eager_fallback: bool = False) -> tuple[float, str]:
+    """Median ms of `fn`'s CUDA-graph replays (triton.testing.do_bench, L2 flushed between them), and
+    "graph". With `eager_fallback`, an op that cannot be captured is timed as eager launches ("eager")."""
+    import torch
+    import triton
+
+    fn()
+    fn()
+    torch.cuda.synchronize()
+    try:
+        run, mode = capture_graph(fn).replay, "graph"
+    except Exception as e:  # noqa: BLE001 - reported; timed eagerly when asked, else raised
+        if not eager_fallback:
+            raise
+        print(f"  (CUDA graph capture failed: {type(e).__name__}: {e}; timing eager launches)")
+        run, mode = fn, "eager"
+    return triton.testing.do_bench(run, warmup=25, rep=rep, return_mode="median"), mode
+
+
+def measure_card() -> dict:
+    """Copy bandwidth (bytes read + written per second) and bf16 matmul rate, measured once."""
+    import torch
+    import triton
+
+    def timed():  # its buffers are freed when it returns
+        x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+        y = torch.empty_like(x)
+        a = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
+        return (triton.testing.do_bench(lambda: y.copy_(x), return_mode="median"),
+                triton.testing.do_bench(lambda: a @ a, return_mode="median"))
+
+    copy_ms, mm_ms = timed()
+    # A benchmark process stays alive beside the engines it starts: hand its buffers back (on an 80 GB
+    # card the 3.2 GiB it held made a relay engine at 0.92 of the GPU run out of memory, H100, 2026-11-26).
+    torch.cuda.empty_cache()
+    return {"copy_bytes_per_s": 2 * (1 << 30) / copy_ms * 1e3, "bf16_flop_per_s": 2 * 8192 ** 3 / mm_ms * 1e3,
+            "device": torch.cuda.get_device_name()}
