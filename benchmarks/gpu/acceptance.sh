@@ -49,7 +49,10 @@
 #             nothing registered (about 6 min)
 #   ops       one decode step's attention, relay's kernels against FlashAttention (bench_ops.py, QUICK=1 for
 #             fewer shapes; about 3-8 min); window-ops: a sliding-window layer's step over a shared prompt,
-#             relay's window level against FlashAttention's window (bench_window.py; about 1-2 min)
+#             relay's window level against FlashAttention's window (bench_window.py; about 1-2 min); mla-ops:
+#             does a shared latent level pay for MLA? FlashMLA's decode against a level read once (FlashMLA,
+#             n query tokens) plus each request's own tokens, merged by LSE, 16 / 64 / 128 query heads
+#             (bench_mla.py, Hopper; about 2 min)
 #   first-token  where the first token of n=256 samples of a 16000-token prompt goes (relay, then vLLM's
 #             default; tools/profile_first_token.py, engine core in process, cProfile; then relay with its
 #             engine core in its own process, as LLM runs it: what the transport adds; about 6 min)
@@ -164,6 +167,7 @@ run() {  # one step into $out/STEP.txt; its exit status
             --plain-fraction 1 --configs default,relay-plain --out "$out/serving_plain_llama3_$stamp.json" ;;
     ops) python3 benchmarks/bench_ops.py ${QUICK:+--quick} --out "$out" ;;
     window-ops) python3 benchmarks/bench_window.py ${QUICK:+--quick} --out "$out" ;;
+    mla-ops) python3 benchmarks/bench_mla.py ${QUICK:+--quick} --out "$out" ;;
     sglang) shape=${SHAPE:-llama-3-8b-shape} p=${P:-2048}
         python3 benchmarks/bench_throughput.py --model "$(model "$shape")" --prefix-len "$p" --num-prompts 1000 \
             --max-model-len $((p + 1024 > 4096 ? p + 1024 : 4096)) \

@@ -1,0 +1,218 @@
+"""Does a shared latent level pay for MLA? One decode step's attention over a shared prompt, kernel level.
+
+DeepSeek's multi-head latent attention (MLA) caches one latent vector a token: kv_lora_rank 512 values and
+64 rotary ones, 576 in all, 1152 bytes in bf16; on decode every query head (absorbed: 576 values) reads it,
+the first 512 values serving as V: MQA with one KV head. A token costs each query head 2 x (576 + 512) FLOPs
+and the request 1152 bytes, whatever its heads: 30 FLOPs a byte with 16 query heads on the GPU
+(DeepSeek-V2-Lite, or DeepSeek-V3 at tensor parallel 8), 242 with 128 (DeepSeek-V3 on one). An H200 does
+about 200 bf16 FLOPs in the time it moves a byte, so 16 heads' decode is bound by memory and 128 heads' by
+compute. Reading a shared prompt once for n requests saves bytes, not FLOPs: a latent level pays only where
+the step is memory-bound. This measures it.
+
+n requests share a P-token prompt and own 1..c tokens each after it; bf16, FlashMLA's 64-token pages,
+shuffled. Two ways of one step's attention:
+  flashmla  FlashMLA's dense decode over each request's whole table (vLLM's FLASHMLA backend's call);
+  relay     the prompt as one level: FlashMLA over its pages with the n requests as one sequence of n query
+            tokens, not causal (all n x H query rows read the prompt once); each request's own tokens with
+            FlashMLA; the two merged by their LSEs (`relay_fusion`).
+Each checked first against an fp32 reference (`reference`), then timed (CUDA-graph replays, median, L2
+flushed). The bound of each: its bytes at the card's copy bandwidth or its FLOPs at its bf16 matmul rate,
+whichever takes longer (`bound_ms`).
+
+Usage (GPU host, Hopper): python3 benchmarks/bench_mla.py [--quick] [--out DIR]   (mla_ops.json, mla_ops.md)
+"""
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import graph_ms, measure_card  # noqa: E402
+from vllm_relay.ops import relay_fusion  # noqa: E402
+
+LATENT, ROPE = 512, 64  # DeepSeek's kv_lora_rank and qk_rope_head_dim
+D_QK = LATENT + ROPE
+SCALE = (128 + ROPE) ** -0.5  # 1 / sqrt(qk_nope_head_dim + qk_rope_head_dim), as DeepSeek's attention
+BLOCK = 64  # FlashMLA's page
+BYTES = 2  # bf16
+HEADS = {"deepseek-v2-lite": 16, "deepseek-v3-tp2": 64, "deepseek-v3-tp1": 128}  # query heads on one GPU
+
+
+def step_cost(heads: int, P: int, own: list[int]) -> dict:
+    """The fewest bytes each way moves and the FLOPs both do, for one layer's decode step of len(own)
+    requests sharing P prompt tokens. FLOPs: QK^T over 576 values and PV over 512, per head per key.
+    Bytes: the latent keys read (flashmla: every request its whole sequence; relay: the prompt once and
+    each request's own tokens), queries read and outputs written (relay: queries twice, two partial
+    outputs and their LSEs written, read again by the fusion, and the output written)."""
+    n = len(own)
+    keys = n * P + sum(own)
+    flops = 2 * heads * keys * (D_QK + LATENT)
+    q, o, lse = n * heads * D_QK * BYTES, n * heads * LATENT * BYTES, n * heads * 4
+    return {"flops": flops,
+            "flashmla_bytes": keys * D_QK * BYTES + q + o,
+            "relay_bytes": (P + sum(own)) * D_QK * BYTES + 2 * q + 2 * (2 * o + 2 * lse) + o}
+
+
+def bound_ms(bytes_: float, flops: float, card: dict) -> float:
+    """The least time an op of these bytes and FLOPs takes on this card: memory or compute, the larger."""
+    return max(bytes_ / card["copy_bytes_per_s"], flops / card["bf16_flop_per_s"]) * 1e3
+
+
+def reference(q, latent, tables, seqlens) -> torch.Tensor:
+    """fp32 MLA decode: each request's query heads [H, 576] over its keys, V the first 512 values."""
+    outs = []
+    for i, (table, n_keys) in enumerate(zip(tables.tolist(), seqlens.tolist())):
+        kv = latent[table].reshape(-1, D_QK)[:n_keys].float()
+        p = torch.softmax(q[i].float() @ kv.T * SCALE, dim=-1)
+        outs.append(p @ kv[:, :LATENT])
+    return torch.stack(outs)
+
+
+def split_reference(q, latent, prompt_blocks, own_tables, P, own):
+    """The same through relay's split, in fp32: the prompt as one level (every request's query rows at
+    once), each request's own tokens, merged by the LSEs (`relay_fusion`'s torch path on the CPU)."""
+    kv_sys = latent[prompt_blocks].reshape(-1, D_QK)[:P].float()
+    s_sys = torch.einsum("nhd,kd->nhk", q.float(), kv_sys) * SCALE
+    o_sys, lse_sys = torch.softmax(s_sys, -1) @ kv_sys[:, :LATENT], torch.logsumexp(s_sys, -1)
+    o_ctx, lse_ctx = [], []
+    for i, (table, n_keys) in enumerate(zip(own_tables.tolist(), own)):
+        kv = latent[table].reshape(-1, D_QK)[:n_keys].float()
+        s = q[i].float() @ kv.T * SCALE
+        o_ctx.append(torch.softmax(s, -1) @ kv[:, :LATENT])
+        lse_ctx.append(torch.logsumexp(s, -1))
+    return relay_fusion(o_sys, lse_sys, torch.stack(o_ctx), torch.stack(lse_ctx), lse_layout="th")
+
+
+def case(heads: int, n: int, P: int, c: int, device: str = "cuda", seed: int = 0):
+    """One step's inputs: queries [n, H, 576], the latent cache [blocks, 64, 576], the prompt's blocks,
+    each request's own blocks and own token count (1..c), and each request's whole table."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    n_sys, n_own = P // BLOCK, -(-c // BLOCK)
+    latent = torch.randn(n_sys + n * n_own, BLOCK, D_QK, generator=g).to(device, torch.bfloat16)
+    perm = torch.randperm(latent.shape[0], generator=g).to(device, torch.int32)
+    prompt, own_tables = perm[:n_sys], perm[n_sys:].view(n, n_own)
+    own = torch.randint(1, c + 1, (n,), generator=g).tolist()
+    q = torch.randn(n, heads, D_QK, generator=g).to(device, torch.bfloat16)
+    tables = torch.cat([prompt.expand(n, n_sys), own_tables], dim=1).contiguous()
+    return q, latent, prompt, own_tables, own, tables
+
+
+def ops(q, latent, prompt, own_tables, own, tables, P):
+    """The two ways and relay's level call alone (closures over the output buffers FlashMLA writes), and
+    the two ways' outputs, [n, H, 512]."""
+    from vllm.v1.attention.ops.flashmla import flash_mla_with_kvcache, get_mla_metadata
+
+    n, heads, _ = q.shape
+    dev = q.device
+    cache = latent.unsqueeze(2)  # [blocks, 64, 1 KV head, 576]
+    whole_lens = torch.tensor([P + o for o in own], device=dev, dtype=torch.int32)
+    own_lens = torch.tensor(own, device=dev, dtype=torch.int32)
+    sys_lens = torch.tensor([P], device=dev, dtype=torch.int32)
+    meta_whole, meta_sys, meta_own = (get_mla_metadata()[0] for _ in range(3))
+    out_whole = torch.empty(n, 1, heads, LATENT, device=dev, dtype=q.dtype)
+    out_sys = torch.empty(1, n, heads, LATENT, device=dev, dtype=q.dtype)
+    out_own = torch.empty(n, 1, heads, LATENT, device=dev, dtype=q.dtype)
+
+    def call(query, table, lens, meta, out):
+        return flash_mla_with_kvcache(q=query, k_cache=cache, block_table=table, cache_seqlens=lens,
+                                      head_dim_v=LATENT, tile_scheduler_metadata=meta, softmax_scale=SCALE,
+                                      causal=False, is_fp8_kvcache=False, out=out)[1]
+
+    def flashmla():
+        call(q.unsqueeze(1), tables, whole_lens, meta_whole, out_whole)
+
+    prompt_table = prompt[None].contiguous()
+
+    def level():
+        return call(q.unsqueeze(0), prompt_table, sys_lens, meta_sys, out_sys)  # [1, H, n]
+
+    def relay():
+        lse_sys = level()
+        lse_own = call(q.unsqueeze(1), own_tables, own_lens, meta_own, out_own)  # [n, H, 1]
+        relay_fusion(out_sys[0], lse_sys[0].t(), out_own[:, 0], lse_own[:, :, 0], out=out_own[:, 0],
+                     lse_layout="th")
+
+    return dict(flashmla=flashmla, relay=relay, level=level), out_whole[:, 0], out_own[:, 0]
+
+
+def check(heads: int) -> float:
+    """Both ways against the fp32 reference on a small step; the larger error."""
+    q, latent, prompt, own_tables, own, tables = case(heads, n=5, P=4 * BLOCK, c=100, seed=1)
+    ref = reference(q, latent, tables, torch.tensor([4 * BLOCK + o for o in own]))
+    fns, out_whole, out_relay = ops(q, latent, prompt, own_tables, own, tables, 4 * BLOCK)
+    fns["flashmla"]()
+    fns["relay"]()
+    torch.cuda.synchronize()
+    return max((out.float() - ref).abs().max().item() for out in (out_whole, out_relay))
+
+
+def point(name, heads, n, P, c, card, rep) -> dict:
+    """One timed point: both ways checked against each other, then timed, with their bounds."""
+    q, latent, prompt, own_tables, own, tables = case(heads, n, P, c)
+    fns, out_whole, out_relay = ops(q, latent, prompt, own_tables, own, tables, P)
+    fns["flashmla"]()
+    fns["relay"]()
+    diff = (out_whole.float() - out_relay.float()).abs().max().item()
+    t = {k: graph_ms(fn, rep)[0] for k, fn in fns.items()}
+    cost = step_cost(heads, P, own)
+    return dict(shape=name, heads=heads, n=n, P=P, c=c, flashmla_us=t["flashmla"] * 1e3, relay_us=t["relay"] * 1e3,
+                level_us=t["level"] * 1e3, flashmla_over_relay=t["flashmla"] / t["relay"],
+                flashmla_bound_us=bound_ms(cost["flashmla_bytes"], cost["flops"], card) * 1e3,
+                relay_bound_us=bound_ms(cost["relay_bytes"], cost["flops"], card) * 1e3,
+                relay_tflops=cost["flops"] / t["relay"] / 1e9, flashmla_gbs=cost["flashmla_bytes"] / t["flashmla"] / 1e6,
+                max_abs_diff=diff, **cost)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", default="/tmp/out")
+    p.add_argument("--quick", action="store_true", help="fewer points")
+    p.add_argument("--rep", type=int, default=100, help="do_bench repetition time per op, ms")
+    args = p.parse_args()
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        sys.exit("bench_mla.py needs a Hopper GPU (FlashMLA's dense decode)")
+    card = measure_card()
+    rows = []
+    for name, heads in HEADS.items():
+        if args.quick and heads == 64:
+            continue
+        err = check(heads)
+        if not err < 3e-2:
+            sys.exit(f"ABORT: {name}: FlashMLA or relay's split differs from the fp32 reference by {err}")
+        for P in (4096, 16000):
+            for n in ((64, 256) if args.quick else (16, 64, 256, 1024)):
+                try:
+                    rows.append(point(name, heads, n, P, 256, card, args.rep))
+                except Exception as e:  # noqa: BLE001 - a point FlashMLA refuses is reported, the rest run
+                    rows.append(dict(shape=name, heads=heads, n=n, P=P, error=f"{type(e).__name__}: {e}"))
+                r = rows[-1]
+                print(f"{name} n={n:5d} P={P:5d}: " + (r.get("error") or
+                      f"flashmla {r['flashmla_us']:8.1f} us (bound {r['flashmla_bound_us']:7.1f})  relay "
+                      f"{r['relay_us']:8.1f} us (bound {r['relay_bound_us']:7.1f}; its level {r['level_us']:.1f})"
+                      f"  flashmla/relay {r['flashmla_over_relay']:.2f}x"), flush=True)
+                torch.cuda.empty_cache()
+    lines = [f"# MLA decode step over a shared prompt: {card['device']}", "",
+             f"bf16, 64-token pages, own tokens 1..256 a request; copy {card['copy_bytes_per_s'] / 1e12:.2f} TB/s, "
+             f"bf16 matmul {card['bf16_flop_per_s'] / 1e12:.0f} TFLOP/s; medians of CUDA-graph replays, L2 flushed. "
+             "Bounds: bytes at the copy rate or FLOPs at the matmul rate, the larger.", "",
+             "| shape | heads | P | n | FlashMLA us | bound | relay us | bound | FlashMLA/relay | relay TFLOP/s "
+             "| FlashMLA GB/s | max diff |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['shape']} | {r['heads']} | {r['P']} | {r['n']} | {r['error']} |" if "error" in r else
+              f"| {r['shape']} | {r['heads']} | {r['P']} | {r['n']} | {r['flashmla_us']:.1f} | "
+              f"{r['flashmla_bound_us']:.1f} | {r['relay_us']:.1f} | {r['relay_bound_us']:.1f} | "
+              f"{r['flashmla_over_relay']:.2f}x | {r['relay_tflops']:.0f} | {r['flashmla_gbs']:.0f} | "
+              f"{r['max_abs_diff']:.3g} |" for r in rows]
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "mla_ops.json"), "w") as f:
+        json.dump(dict(card=card, rows=rows), f, indent=1)
+    with open(os.path.join(args.out, "mla_ops.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
