@@ -23,6 +23,7 @@ from vllm_relay.attention.planner import RelayPlanner
 from vllm_relay.attention.windows import WindowRows
 from vllm_relay.config import RelayConfig
 from vllm_relay.ops.level_tree import LevelRule, find_levels, level_rows
+from vllm_relay.ops.window_level import window_level_attention_torch
 
 PS = 4
 
@@ -71,7 +72,7 @@ def test_window_layers_read_each_level_from_each_rows_window_on(window, seed, mo
     step.tables = [step.block_table, step.block_table]
     make_planner(shared_path="always").levels_for(step)  # the level group's planner (group 0)
     planner = RelayPlanner(vllm_config(shared_path="always"), SimpleNamespace(block_size=BLOCK), "cpu",
-                           window=window)
+                           window=window, level_fn=window_level_attention_torch)
     planner.kv_group = 1
     cm = world.cm()
     plan = planner.plan(cm, step)
@@ -87,7 +88,7 @@ def test_window_layers_read_each_level_from_each_rows_window_on(window, seed, mo
         other[r, start: start + step.tree.pages[g]] += 1000  # one member's ids of the level's own pages
         step.tables = [step.block_table, other]
         planner = RelayPlanner(vllm_config(shared_path="always"), SimpleNamespace(block_size=BLOCK), "cpu",
-                               window=10_000)  # every row sees the whole level: every page compared
+                               window=10_000, level_fn=window_level_attention_torch)  # every page compared
         planner.kv_group = 1
         plan = planner.plan(cm, step)
         assert len(members) >= 2 and not plan.run_level and planner.stats["level_groups"] == 0
@@ -114,3 +115,9 @@ def test_layers_that_read_no_level_read_their_groups_slot_pages_in_front():
     assert not plan.run_level
     run_and_check(world, plan, cm)
     assert planner.stats["level_groups"] == 0 and planner.stats["prefix_requests"] == 3
+
+
+def test_a_window_planner_without_a_level_function_is_refused():
+    """Each row's first key needs a level call that takes it; the backend's own varlen call does not."""
+    with pytest.raises(ValueError, match="level_fn"):
+        RelayPlanner(vllm_config(shared_path="always"), SimpleNamespace(block_size=BLOCK), "cpu", window=64)

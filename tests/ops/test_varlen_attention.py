@@ -212,26 +212,12 @@ def test_sliding_window(scenario, left):
         torch.testing.assert_close(lse[:, rows], ref_lse, atol=1e-4, rtol=1e-5)
 
 
-@pytest.mark.parametrize("scenario", ["decode_mixed", "chunked"])
-def test_key_start_per_row(scenario):
-    """`key_start`: each query row's first visible key (a sliding-window layer's level), rows that see
-    none (past their keys) zero with lse -inf, non-causal as a level is called."""
-    torch.manual_seed(3)
-    lens = SCENARIOS[scenario]
-    T = sum(ql for ql, _ in lens)
-    q = torch.randn(T, 4, 64)
-    ks = [torch.randn(kl, 4, 64) for _, kl in lens]
-    vs = [torch.randn(kl, 4, 64) for _, kl in lens]
-    k_cache, v_cache, table, seqused = make_paged_cache(ks, vs, 16, torch.float32)
-    cu = cu_seqlens([ql for ql, _ in lens])
-    key_start = torch.randint(-3, max(kl for _, kl in lens) + 2, (T,), dtype=torch.int32)
-    out, lse = varlen_attention_torch(q=q, k=k_cache, v=v_cache, cu_seqlens_q=cu, seqused_k=seqused, causal=False,
-                                      block_table=table, return_softmax_lse=True, key_start=key_start)
-    empty = 0
-    for b, (ql, kl) in enumerate(lens):
-        rows = slice(int(cu[b]), int(cu[b + 1]))
-        ref_o, ref_lse = attention_ref(q[rows], ks[b], vs[b], 64 ** -0.5, False, first=key_start[rows])
-        assert_close(out[rows], ref_o, torch.float32, msg=f"request {b}")
-        torch.testing.assert_close(lse[:, rows], ref_lse, atol=1e-4, rtol=1e-5)
-        empty += int((key_start[rows] >= kl).sum())
-    assert empty > 0  # the case of a row that sees no key was drawn
+def test_per_row_key_starts_are_refused_not_ignored():
+    """A window layer's level (each row from its own first key) is `window_level_attention_torch`'s; here
+    `key_start` would change the result, so it is refused rather than dropped."""
+    k_cache, v_cache, table, seqused = make_paged_cache([torch.randn(20, 2, 8)], [torch.randn(20, 2, 8)], 16,
+                                                        torch.float32)
+    with pytest.raises(NotImplementedError, match="key_start"):
+        varlen_attention_torch(q=torch.randn(1, 2, 8), k=k_cache, v=v_cache, cu_seqlens_q=cu_seqlens([1]),
+                               seqused_k=seqused, causal=False, block_table=table,
+                               key_start=torch.zeros(1, dtype=torch.int32))

@@ -63,7 +63,8 @@ def build(groups, h_kv, group, d, block_size, dtype, fp8=None, scales=(1.0, 1.0)
     V / v_scale in that dtype, the dense K/V are the values it holds (on its grid, times the scale).
 
     layout: "stacked", k = kv[:, 0] of a [blocks, 2, bs, Hkv, D] tensor; "packed", K and V side by side
-    in the last dim of [blocks, bs, Hkv, 2 D] (vLLM's FlashAttention allocation)."""
+    in the last dim of [blocks, bs, Hkv, 2 D] (vLLM's FlashAttention allocation); "interleaved", K and V
+    alternating in the last dim (a stride of 2 there, as views of vLLM's CPU cache may have)."""
     hq = h_kv * group
     rows = [len(ks) for ks, _ in groups]
     n = sum(rows)
@@ -85,9 +86,12 @@ def build(groups, h_kv, group, d, block_size, dtype, fp8=None, scales=(1.0, 1.0)
     if layout == "stacked":
         kv = torch.full((total, 2, block_size, h_kv, d), float("nan")).to(cache_dtype)
         k_cache, v_cache = kv[:, 0], kv[:, 1]
-    else:
+    elif layout == "packed":
         kv = torch.full((total, block_size, h_kv, 2 * d), float("nan")).to(cache_dtype)
         k_cache, v_cache = kv[..., :d], kv[..., d:]
+    else:
+        kv = torch.full((total, block_size, h_kv, 2 * d), float("nan")).to(cache_dtype)
+        k_cache, v_cache = kv[..., 0::2], kv[..., 1::2]
     width = max(nblk) + 2
     ids = torch.randperm(total)
     table = torch.randint(0, total, (len(groups), width), dtype=torch.int32)  # past the end: garbage
@@ -162,6 +166,15 @@ def test_softcap(impl, dtype):
 def test_packed_kv_layout(impl):
     """K and V side by side in the last dim (head stride 2 D): the caches' strides are used as given."""
     check(impl, SMALL, 2, 3, 64, torch.float16, layout="packed")
+
+
+def test_torch_twin_reads_a_cache_strided_in_its_last_dim_and_the_kernel_refuses_it():
+    """The twin gathers any strides (the CPU backend's level call on vLLM's CPU cache views); the
+    kernel's entry needs the last dim contiguous and says so."""
+    check(window_level_attention_torch, SMALL, 2, 3, 64, torch.float32, layout="interleaved")
+    args, *_ = build(SMALL, 2, 3, 64, 16, torch.float32, layout="interleaved")
+    with pytest.raises(ValueError, match="k must have a contiguous last dim"):
+        window_level_attention(**args, softmax_scale=0.1)
 
 
 @pytest.mark.parametrize("impl", IMPLS)

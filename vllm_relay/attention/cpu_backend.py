@@ -39,6 +39,7 @@ from vllm_relay.attention.common import (
 )
 from vllm_relay.attention.planner import RelayPlanner
 from vllm_relay.ops import RelayPlan, relay_attention, varlen_attention_torch
+from vllm_relay.ops.window_level import window_level_attention_torch
 
 def torch_views(key_cache: torch.Tensor, value_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """FlashAttention-layout views [blocks, block_size, kv_heads, D] of the halves of vLLM's CPU cache
@@ -118,7 +119,8 @@ class RelayCPUMetadataBuilder(CPUAttentionMetadataBuilder):
         apply_worker()
         impls = layer_impls(vllm_config, layer_names)
         self.planner = RelayPlanner(vllm_config, kv_cache_spec, device, num_layers=len(layer_names),
-                                    joint=not any_sinks(impls), window=window_of(impls))
+                                    joint=not any_sinks(impls), window=window_of(impls),
+                                    level_fn=window_level_attention_torch)
         log_active(f"cpu (vLLM's CPU attention kernel, isa {self.isa}; the shared levels in torch)")
 
     def build(self, common_prefix_len, common_attn_metadata, fast_build: bool = False):

@@ -78,7 +78,10 @@ class RelayPlanner(LevelFinder):
         `query_dtype`: the queries' dtype when the backend quantizes them (FP8), else the model's.
         `levels`: whether the layers may read levels. `window`: the layers' sliding window in tokens (0:
         none): each level row reads the level from its first visible key on (`key_start` in the level's
-        call, ops/window_rows.py), with `level_fn` (None: the backend's own), and no joint call."""
+        call, ops/window_rows.py), with `level_fn` (`window_level_attention` or its torch twin), and no
+        joint call."""
+        if window and level_fn is None:
+            raise ValueError("RelayPlanner: a sliding window's levels need level_fn (each row's first key)")
         cfg = RelayConfig.from_vllm(vllm_config.additional_config)
         model, sched, comp = vllm_config.model_config, vllm_config.scheduler_config, vllm_config.compilation_config
         hq = model.get_num_attention_heads(vllm_config.parallel_config)

@@ -88,9 +88,8 @@ def varlen_attention_torch(q, k_cache=None, v_cache=None, cu_seqlens_q=None, seq
         s_aux: attention sinks, one logit per query head [Hq]: a key every row sees that has no value
             (FlashAttention's `s_aux`): it joins each row's softmax denominator and its LSE.
         window_size: FlashAttention's (left, right) sliding window, with `causal` only: query i also sees
-            no key before K - L + i - left (None or left -1: no window).
-        key_start: int [Tq], each query row's first visible key (the keys before it are outside its
-            sliding window): the shared level of a sliding-window layer (ops/window_level.py).
+            no key before K - L + i - left (None or left -1: no window). (A window layer's shared level,
+            each row from its own first key, is `window_level_attention_torch`'s.)
 
     Returns:
         `out` [Tq, Hq, D] in q's dtype, or `(out, lse)` with `return_softmax_lse`. Computed in fp32.
@@ -109,7 +108,6 @@ def varlen_attention_torch(q, k_cache=None, v_cache=None, cu_seqlens_q=None, seq
     softcap = float(kwargs.pop("softcap", 0) or 0)
     sinks = kwargs.pop("s_aux", None)
     left = _window_left(kwargs.pop("window_size", None), causal)
-    key_start = kwargs.pop("key_start", None)
     _check_unsupported(kwargs)
     _check_args(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, out)
     if k_cache.dtype in FP8_DTYPES:  # gathered as bytes (index_select has no float8 kernels), read scaled
@@ -135,7 +133,7 @@ def varlen_attention_torch(q, k_cache=None, v_cache=None, cu_seqlens_q=None, seq
     block_size = k_cache.shape[1]
     # One query and some keys (decode): all such requests at once; the others one by one.
     decode = [b for b, k_len in enumerate(k_lens) if cu[b + 1] - cu[b] == 1 and k_len > 0]
-    first = _first_keys(key_start, cu, k_lens, left, causal, q.device)  # [Tq] or None
+    first = _first_keys(cu, k_lens, left, q.device)  # [Tq] or None
     if len(decode) > 1:
         _decode_batch(q, *kv, decode, cu, k_lens, block_table, scale, softcap, sinks, out, lse, first)
     else:
@@ -234,23 +232,19 @@ def _window_left(window, causal: bool) -> int:
     return left
 
 
-def _first_keys(key_start, cu, k_lens, left: int, causal: bool, device) -> torch.Tensor | None:
-    """Each query row's first visible key [Tq] (`key_start`, a sliding window's first key), or None when
-    every row sees its keys from the first."""
-    if key_start is None and left < 0:
+def _first_keys(cu, k_lens, left: int, device) -> torch.Tensor | None:
+    """Each query row's first visible key [Tq] under a causal sliding window of `left` keys before the
+    query, or None when every row sees its keys from the first. Query t of request b sees keys up to
+    k_len - (cu[b + 1] - t) (bottom-right causal)."""
+    if left < 0:
         return None
-    first = torch.zeros(cu[-1], dtype=torch.long, device=device)
-    if key_start is not None:
-        first = torch.maximum(first, key_start[: cu[-1]].long())
-    if left >= 0:  # query t of request b sees keys up to k_len - (cu[b + 1] - t) (bottom-right causal)
-        ends = torch.tensor([k_len - cu[b + 1] for b, k_len in enumerate(k_lens)], device=device)
-        last = torch.arange(cu[-1], device=device) + ends.repeat_interleave(torch.tensor(cu).diff().to(device))
-        first = torch.maximum(first, last - left)
-    return first
+    ends = torch.tensor([k_len - cu[b + 1] for b, k_len in enumerate(k_lens)], device=device)
+    last = torch.arange(cu[-1], device=device) + ends.repeat_interleave(torch.tensor(cu).diff().to(device))
+    return (last - left).clamp(min=0)
 
 
 _IGNORED_NONE = ("alibi_slopes", "cu_seqlens_k", "q_v", "q_descale", "mask_mod", "aux_tensors",
-                 "dynamic_causal", "output_scale")
+                 "dynamic_causal", "output_scale", "key_start")
 
 
 def _check_unsupported(kwargs: dict) -> None:

@@ -294,11 +294,11 @@ def window_level_attention_torch(q, k, v, cu_seqlens_q, seqused_k, block_table, 
                                  k_descale=None, v_descale=None, q_descale=None, **ignored):
     """Torch implementation of `window_level_attention` (the CPU path and the kernel's test twin).
 
-    Same arguments and results; in fp32, one group at a time, its keys gathered from the block table.
-    Synchronizes with the host (it reads the lengths there).
+    Same arguments and results; in fp32, one group at a time, its keys gathered from the block table
+    (the caches in any strides: vLLM's CPU cache views). Synchronizes with the host (it reads the lengths).
     """
     _check_args(q, k, v, cu_seqlens_q, seqused_k, block_table, key_start, out, causal, ignored,
-                (q_descale, k_descale, v_descale))
+                (q_descale, k_descale, v_descale), kernel=False)
     N, Hq, D = q.shape
     block_size, Hkv = k.shape[1], k.shape[2]
     group = Hq // Hkv
@@ -337,7 +337,9 @@ _REFUSED = ("alibi_slopes", "s_aux", "cu_seqlens_k")
 
 
 def _check_args(q, k, v, cu_seqlens_q, seqused_k, block_table, key_start, out, causal, ignored,
-                descales) -> None:
+                descales, kernel: bool = True) -> None:
+    """What both implementations refuse; `kernel`: the Triton kernel's, which also needs the caches' last
+    dim contiguous (the torch twin gathers any strides: vLLM's CPU cache views)."""
     name = "window_level_attention"
     if causal:
         raise NotImplementedError(f"{name}: causal=True (a level precedes its rows: non-causal only)")
@@ -367,7 +369,7 @@ def _check_args(q, k, v, cu_seqlens_q, seqused_k, block_table, key_start, out, c
         if isinstance(x, torch.Tensor) and (x.device != q.device or x.numel() == 0):
             raise ValueError(f"{name}: a scale tensor must hold a value on {q.device}, got "
                              f"{tuple(x.shape)} on {x.device}")
-    for t, what in ((q, "q"), (k, "k"), (v, "v")):
+    for t, what in ((q, "q"), (k, "k"), (v, "v")) if kernel else ((q, "q"),):
         if t.stride(-1) != 1:
             raise ValueError(f"{name}: {what} must have a contiguous last dim")
     G = seqused_k.shape[0] if seqused_k.dim() == 1 else -1
