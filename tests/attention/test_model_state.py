@@ -21,9 +21,10 @@ WIDTH = 5
 GROUPS = [[]]  # the runner's attention groups (what the model state finds its planner in)
 
 
-def make_state(monkeypatch, num_groups=1, level_group=0):
+def make_state(monkeypatch, num_groups=1, level_group=0, windows=None):
     """A relay model state over `num_groups` KV-cache groups; the runner's planners: one per group,
-    the levels found by `level_group`'s (the others' layers have sliding windows)."""
+    the levels found by `level_group`'s (the others' layers have sliding windows of 64 tokens, or
+    `windows[g]`, 0 for none)."""
     from vllm.v1.worker.gpu.model_states.default import DefaultModelState
 
     from vllm_relay.attention import model_state
@@ -34,8 +35,8 @@ def make_state(monkeypatch, num_groups=1, level_group=0):
 
     monkeypatch.setattr(DefaultModelState, "__init__", base_init)
     levels = []  # the steps the runner's relay planner was asked to find levels in
-    planners = [NS(levels_for=levels.append, levels=True, window=0 if g == level_group else 64, kv_group=g)
-                for g in range(num_groups)]
+    windows = windows or [0 if g == level_group else 64 for g in range(num_groups)]
+    planners = [NS(levels_for=levels.append, levels=True, window=windows[g], kv_group=g) for g in range(num_groups)]
     monkeypatch.setattr(model_state.workers, "planners",
                         lambda attn_groups: planners if attn_groups is GROUPS else [])
     config = NS(additional_config={"relay": {"max_prompts": 3, "max_prompt_tokens": 4 * PAGE}},
@@ -129,6 +130,20 @@ def test_two_kv_cache_groups_each_fill_pages_and_the_levels_from_one_groups_tabl
     # every group's table too (the window group's planner checks the levels against its own)
     assert [t[:, :3].tolist() for t in step.tables] == [[[7, 8, 0], [10, 11, 12]], [[27, 28, 0], [30, 31, 32]]]
     assert state.pages.pages[:, 1, :2].tolist() == [[10, 11], [30, 31]]
+
+
+def test_only_the_level_groups_and_window_groups_tables_are_copied(monkeypatch):
+    """Group 0 full attention (the levels'), group 1 full attention too (no window: it reads the levels'
+    pages through its own tables, nothing to check), group 2 sliding windows: group 1's host table is
+    not copied for the step."""
+    state = make_state(monkeypatch, num_groups=3, level_group=0, windows=[0, 0, 64])
+    reqs = [new_req("a", [7, 8])]
+    reqs[0].block_ids = ([7, 8], [17, 18], [27, 28])
+    state.add_request(0, reqs[0])
+    req_states = NS(req_id_to_index={"a": 0}, num_computed_tokens_np=np.zeros(MAX_REQS, np.int32))
+    state.plan(output(new=reqs), batch([0], [40]), req_states, GROUPS)
+    tables = state.step.tables
+    assert tables[1] is None and tables[0][:, :2].tolist() == [[7, 8]] and tables[2][:, :2].tolist() == [[27, 28]]
 
 
 def test_a_dummy_run_has_no_step(state):

@@ -122,7 +122,8 @@ class RelayModelState(DefaultModelState):
         """Record the step vLLM has just gathered (`batch`: MRV2's `BatchReqState`, None for a dummy
         run) and have the planner of the runner's `attn_groups` find its levels: called before vLLM
         picks the step's CUDA graph."""
-        self.planner = workers.level_planner(workers.planners(attn_groups))
+        found = workers.planners(attn_groups)
+        self.planner = workers.level_planner(found)
         if scheduler_output is not None:
             for blocks in self.blocks:
                 blocks.update(scheduler_output, req_states.req_id_to_index)
@@ -144,9 +145,11 @@ class RelayModelState(DefaultModelState):
         counts = batch.num_scheduled_tokens[:num_reqs].astype(np.int32)
         table = seq_lens = tables = None
         level_group = -1 if self.planner is None else self.planner.kv_group
-        if self.auto_levels and level_group >= 0:  # the rows' blocks so far, in batch order
+        if self.auto_levels and level_group >= 0:  # the rows' blocks so far, in batch order: the level
+            # group's, and those of window groups (checked against the levels' pages, `attention/windows.py`)
+            read = {level_group} | {p.kv_group for p in found if p.window and p.levels}
             tables = [blocks.table[idx, : max(1, int(blocks.count[idx].max(initial=0)))]
-                      for blocks in self.blocks]
+                      if blocks.group in read else None for blocks in self.blocks]
             table = tables[level_group]
             seq_lens = (req_states.num_computed_tokens_np[idx] + counts).astype(np.int32)
         self.step = relay_step.RelayStep(num_reqs, int(batch.num_tokens), rows[1], rows[2], counts, table,

@@ -53,8 +53,9 @@ class RelayStep:
     pages: SlotPages | None = None
     # The KV-cache group whose block table `block_table` is and `tree` indexes (-1: none).
     level_group: int = 0
-    # Every KV-cache group's host block table, as `block_table` (a sliding-window group's planner checks
-    # the levels against its own: ops/window_rows.py); None where no levels are found.
+    # Each KV-cache group's host block table, as `block_table` (a sliding-window group's planner checks
+    # the levels against its own: ops/window_rows.py): the level group's and window groups' at least
+    # (Model Runner V2 copies no other), None where no levels are found.
     tables: list[np.ndarray] | None = None
 
 

@@ -32,7 +32,7 @@ class WindowRows:
                                               self.window)
         level_row = tree.row
         if step.level_group != kv_group and tree.pages.any():  # own pages, read from another group's tables
-            if step.tables is None or step.seq_lens is None:
+            if step.tables is None or step.tables[kv_group] is None or step.seq_lens is None:
                 return None
             first_key = step.seq_lens[row_req] + row_off
             level_row = window_level_rows(tree, perm, cu, row_req, first_key, step.tables[kv_group],
