@@ -10,8 +10,9 @@ stop string must give the same completions, texts and finish reasons. Both relay
 "always" sends every decode token of a relay request through the shared (grouped) system level,
 "never" reads each request's system pages in front of its own (the prefix path). With an FP8 KV
 cache (`kv_cache_dtype="fp8"`, where vLLM's CPU backend has it: x86 with AVX-512 or AMX) the reference
-engine runs with the same FP8 cache. Two more models carry attention features relay computes: Gemma 2's
-logit soft-capping and Granite's attention sinks. Its logprobs cannot agree to 1e-4: relay's split sums in
+engine runs with the same FP8 cache. More models carry attention features relay computes: Gemma 2's
+logit soft-capping, Gemma 2 with a sliding window in every other layer, Granite's attention sinks, and
+Granite with both (gpt-oss's attention). Its logprobs cannot agree to 1e-4: relay's split sums in
 another order, so a key or value computed a last bit away from vLLM's can round to the next FP8 grid
 point (an e4m3 step is 6-12%), and such a flip moves later logprobs. The bound there is 5% of what
 FP8 itself moves them: the median over requests of the first token's largest top-5 logprob
@@ -79,6 +80,7 @@ def has_fp8_kv() -> bool:
     ("tiny-llama-mha", "always", "auto"), ("tiny-llama-gqa", "always", "auto"), ("tiny-llama-gqa", "never", "auto"),
     ("tiny-gemma2-softcap", "always", "auto"), ("tiny-granite-sinks", "always", "auto"),
     ("tiny-gemma2-window", "always", "auto"), ("tiny-gemma2-window", "never", "auto"),
+    ("tiny-granite-window-sinks", "always", "auto"),
     ("tiny-qwen2.5-vl", "always", "auto"), ("tiny-qwen2.5-vl", "never", "auto"),
     pytest.param("tiny-llama-gqa", "always", "fp8", marks=pytest.mark.skipif(
         not has_fp8_kv(), reason="vLLM's CPU FP8 KV cache needs x86 with AVX-512 or AMX")),

@@ -94,12 +94,16 @@ TINY_MODELS = {
     # Granite with a sink per head (`attention_sinks`; their weights, 2 to 6, are added to the
     # checkpoint: transformers' Granite has none), its attention scale 1 / sqrt(head_dim).
     "tiny-granite-sinks": dict(_TINY, num_key_value_heads=2, attention_sinks=True, attention_multiplier=0.125),
+    # gpt-oss's attention in a dense model: sinks in every layer, a 64-token window in every other one
+    # (Granite's `layer_types`, as vLLM reads them).
+    "tiny-granite-window-sinks": dict(_TINY, num_key_value_heads=2, attention_sinks=True, attention_multiplier=0.125,
+                                      sliding_window=64, layer_types=["sliding_attention", "full_attention"] * 2),
     # Llama's default initializer (0.02): greedy continuations fall into short loops, which n-gram
     # speculative decoding drafts and the model accepts (the 0.1 models' continuations keep varying).
     "tiny-llama-loops": dict(_TINY, num_key_value_heads=2, initializer_range=0.02),
 }
 ARCHITECTURES = {"tiny-gemma2-softcap": "Gemma2ForCausalLM", "tiny-gemma2-window": "Gemma2ForCausalLM",
-                 "tiny-granite-sinks": "GraniteForCausalLM"}
+                 "tiny-granite-sinks": "GraniteForCausalLM", "tiny-granite-window-sinks": "GraniteForCausalLM"}
 
 # What every shape has in common (Llama-2's vocab and RoPE; Llama-3 overrides them). The context
 # length is 16384 for all: room for 8k-token system prompts plus output (Llama-3-8B has 8192).
