@@ -11,9 +11,9 @@
 #   levels    levels found in the block tables, up to three deep, graphs and eager (about 4 min)
 #   sleep     sleep at levels 1 and 2, the prompts filled again after waking (about 6 min); sleep-1, sleep-2
 #   seeded    seeded samples against vLLM's, requests all at once and one per step (about 4 min)
-#   features  soft-capping, sinks, an FP8 KV cache, sliding windows, M-RoPE and images in shared prompts against
-#             FLASH_ATTN with each on (four engines each, about 4-6 min each); features-softcap, -sinks, -fp8,
-#             -window, -mrope, -images: one each
+#   features  soft-capping, sinks, an FP8 KV cache, sliding windows, sinks with windows (gpt-oss's attention),
+#             M-RoPE and images in shared prompts against FLASH_ATTN with each on (four engines each, about 4-6
+#             min each); features-softcap, -sinks, -fp8, -window, -gptoss, -mrope, -images: one each
 #   ngram     n-gram speculative decoding against FLASH_ATTN with the same drafter (four engines, about 5 min)
 #   host      the host-side timings of tools/ (prompt hashing, prefix-cache lookup of n samples, detokenizer
 #             priming): vLLM's code against relay's, CPU only (about 1-2 min)
@@ -21,7 +21,8 @@
 #             shape relay / no prompt (about 5 min); run each three times, in three calls, for a median of jobs;
 #             l3 takes CONFIGS, and ENGINE_ARGS (JSON) turns a feature on for every side, e.g.
 #             ENGINE_ARGS='{"kv_cache_dtype": "fp8"}' CONFIGS=default,relay (about 5 min); SHAPE another model
-#             of vllm_relay.testing: SHAPE=gemma-3-12b-shape (sliding windows), SHAPE=qwen2.5-vl-7b-shape with
+#             of vllm_relay.testing: SHAPE=gemma-3-12b-shape (sliding windows), SHAPE=gpt-oss-20b-attention-shape
+#             (sinks, a 128-token window in every other layer, a dense MLP in place of the MoE), SHAPE=qwen2.5-vl-7b-shape with
 #             ENGINE_ARGS='{"limit_mm_per_prompt": {"image": 0, "video": 0}}' (M-RoPE)
 #   latency   decode steps of B requests behind a 2048-token system prompt (B = 1, 8, 64, 256), Llama-3-8B shape:
 #             vLLM's default and relay on their engines, after 200 requests of the throughput workload (about 6 min)

@@ -128,6 +128,7 @@ def test_relay_matches_flash_attention_on_cuda(name, parallel, tmp_path):
 FEATURES = {"softcap": ("tiny-gemma2-softcap", {}), "sinks": ("tiny-granite-sinks", {}),
             "fp8": ("tiny-llama-gqa", {"kv_cache_dtype": "fp8"}),
             "window": ("tiny-gemma2-window", {}),  # sliding-window and full layers: two KV-cache groups
+            "gptoss": ("tiny-granite-window-sinks", {}),  # gpt-oss's attention: sinks, windows in every other layer
             "mrope": ("tiny-qwen2.5-vl", VL_ENGINE)}  # text prompts: positions (p, p, p) in three sections
 
 
@@ -204,12 +205,13 @@ def test_features_images_in_shared_prompts_on_cuda_against_flash(tmp_path):
 @pytest.mark.parametrize("feature", list(FEATURES))
 def test_features_on_cuda_against_flash(feature, tmp_path):
     """Soft-capping, sinks, an FP8 KV cache, sliding windows (in every other layer: those read each level
-    from each row's window on, through ops/window_level.py's kernel) and M-RoPE (text prompts): relay
-    within the rule above against FLASH_ATTN with the feature on, with full CUDA graphs and eagerly."""
+    from each row's window on, through ops/window_level.py's kernel), sinks with windows (gpt-oss's
+    attention) and M-RoPE (text prompts): relay within the rule above against FLASH_ATTN with the feature
+    on, with full CUDA graphs and eagerly."""
     name, extra = FEATURES[feature]
     stats = run_with_feature(feature, name, extra, 3, 16, tmp_path)["relay"]["worker_stats"]
     assert stats["level_graph_steps"] > 0 and stats["shared_tokens"] > 0, stats
-    if feature == "window":  # the window layers read the levels too: no request on the prefix path
+    if feature in ("window", "gptoss"):  # the window layers read the levels too: no request on the prefix path
         assert stats["prefix_requests"] == 0, stats
 
 

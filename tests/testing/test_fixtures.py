@@ -198,14 +198,15 @@ def test_import_is_cheap():
 
 
 def test_feature_shape_models_are_configs_vllm_reads_for_relay(built):
-    """The shape models of the features (Gemma 3's windows, Qwen2.5-VL's M-RoPE, an EAGLE-3 head for
-    Llama-3-8B's shape, MiMo-7B with its MTP layer): config only, the tokenizer as large as the
+    """The shape models of the features (Gemma 3's windows, gpt-oss's attention, Qwen2.5-VL's M-RoPE, an
+    EAGLE-3 head for Llama-3-8B's shape, MiMo-7B with its MTP layer): config only, the tokenizer as large as the
     vocabulary, and each one an engine config vLLM builds with relay selected (relay's front-end checks
     included)."""
     from transformers import AutoConfig, AutoTokenizer
     from vllm.engine.arg_utils import EngineArgs
 
-    for name in ("gemma-3-12b-shape", "qwen2.5-vl-7b-shape", "llama-3-8b-shape-eagle3", "mimo-7b-shape"):
+    for name in ("gemma-3-12b-shape", "gpt-oss-20b-attention-shape", "qwen2.5-vl-7b-shape", "llama-3-8b-shape-eagle3",
+                 "mimo-7b-shape"):
         assert not list(built[name].glob("*.safetensors")), name
     gemma = AutoConfig.from_pretrained(built["gemma-3-12b-shape"])
     assert (gemma.hidden_size, gemma.num_hidden_layers, gemma.num_attention_heads, gemma.num_key_value_heads,
@@ -218,6 +219,11 @@ def test_feature_shape_models_are_configs_vllm_reads_for_relay(built):
     common = dict(load_format="dummy", attention_backend="relay", max_model_len=4096, block_size=32)
     c = EngineArgs(model=str(built["gemma-3-12b-shape"]), **common).create_engine_config()
     assert c.model_config.architectures == ["Gemma3ForCausalLM"]
+    c = EngineArgs(model=str(built["gpt-oss-20b-attention-shape"]), **common).create_engine_config()
+    oss = c.model_config.hf_config  # what vLLM's Granite reads for each layer's window and sink
+    assert (oss.num_attention_heads, oss.num_key_value_heads, oss.head_dim, oss.sliding_window) == (64, 8, 64, 128)
+    assert oss.layer_types[:2] == ["sliding_attention", "full_attention"] and oss.attention_sinks
+    assert len(AutoTokenizer.from_pretrained(built["gpt-oss-20b-attention-shape"])) == oss.vocab_size == 201088
     c = EngineArgs(model=str(built["qwen2.5-vl-7b-shape"]), **common, **models.VL_ENGINE).create_engine_config()
     assert c.model_config.uses_mrope
     spec = {"method": "eagle3", "model": str(built["llama-3-8b-shape-eagle3"]), "num_speculative_tokens": 1}

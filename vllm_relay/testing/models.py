@@ -134,8 +134,16 @@ SHAPE_MODELS["gemma-3-12b-shape"] = dict(
     vocab_size=262208, max_position_embeddings=16384, hidden_size=3840, intermediate_size=15360,
     num_hidden_layers=48, num_attention_heads=16, num_key_value_heads=8, head_dim=256, sliding_window=1024,
     query_pre_attn_scalar=256, rms_norm_eps=1e-6, tie_word_embeddings=True, dtype="bfloat16")
+# gpt-oss-20b's attention (64 query and 8 KV heads of 64, a sink per head, a 128-token window in every
+# other layer, 24 layers, its vocabulary) with a dense MLP of its active size (4 experts of 2880) in
+# place of its MoE: Granite's architecture, which vLLM gives per-layer windows and sinks.
+SHAPE_MODELS["gpt-oss-20b-attention-shape"] = dict(
+    vocab_size=201088, max_position_embeddings=16384, hidden_size=2880, intermediate_size=4 * 2880,
+    num_hidden_layers=24, num_attention_heads=64, num_key_value_heads=8, head_dim=64, sliding_window=128,
+    layer_types=["sliding_attention", "full_attention"] * 12, attention_sinks=True, attention_multiplier=0.125,
+    rope_theta=150000.0, rms_norm_eps=1e-5, tie_word_embeddings=False, dtype="bfloat16")
 SHAPE_CONFIGS = {"gemma-3-12b-shape": "Gemma3TextConfig"}  # (Gemma3Config is the multimodal model's)
-SHAPE_ARCHITECTURES = {"gemma-3-12b-shape": "Gemma3ForCausalLM"}
+SHAPE_ARCHITECTURES = {"gemma-3-12b-shape": "Gemma3ForCausalLM", "gpt-oss-20b-attention-shape": "GraniteForCausalLM"}
 
 # Qwen2.5-VL: the text model of the tiny ones (head size 32: M-RoPE sections of 4, 6 and 6 rotary pairs)
 # and a vision tower of two blocks, for text-only prompts.
