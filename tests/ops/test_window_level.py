@@ -5,6 +5,8 @@ The paged caches are filled with NaN wherever no key of a group lives (unused bl
 group wholly before its rows' first visible keys) and table entries past a group's keys are garbage
 (other groups' blocks, -7, 10**6): a kernel that reads a key no row sees shows as NaN or a fault."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -150,16 +152,20 @@ def check(impl, groups, h_kv, group, d, dtype, block_size=16, softcap=0.0, fp8=N
 
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("h_kv, group, d", [(2, 5, 80), (1, 4, 64), (3, 1, 64)],
-                         ids=["gqa5-d80", "gqa4", "mha"])
+@pytest.mark.parametrize("h_kv, group, d", [(2, 5, 80), (1, 4, 64), (3, 1, 64), (1, 2, 200)],
+                         ids=["gqa5-d80", "gqa4", "mha", "d200"])
 def test_matches_dense_reference(impl, dtype, h_kv, group, d):
+    """Head sizes up to 128 take tiles of 64 keys, larger ones 32 or 16 (`_launch_config`); 17 rows of
+    group 2 fill a tile of 64."""
     check(impl, GROUPS, h_kv, group, d, dtype)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_softcap(impl, dtype):
-    check(impl, SMALL, 2, 2, 64, dtype, softcap=5.0)
+@pytest.mark.parametrize("d", [64, 200])
+def test_softcap(impl, dtype, d):
+    """Gemma 2's soft-capping; at d=200 a few rows a group take tiles of 32 keys."""
+    check(impl, SMALL, 2, 2, d, dtype, softcap=5.0)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -260,3 +266,76 @@ def test_cuda_graph_replays_new_lengths_and_key_starts():
         n = int(args["cu_seqlens_q"][-1])
         assert_close(out[:n], want_o[:n], torch.bfloat16)
         torch.testing.assert_close(lse[:, :n], want_lse[:, :n], atol=1e-4, rtol=1e-5)
+
+
+# Compiled in a process of its own: with TRITON_INTERPRET set (these tests set it) @triton.jit makes
+# interpreted functions, which do not compile.
+_HOPPER_REGISTERS = r"""
+import json, os, re, subprocess, sys, tempfile
+import triton
+import triton.backends.nvidia as nvidia
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from vllm_relay.ops import window_level as wl
+
+ptxas = os.path.join(os.path.dirname(nvidia.__file__), "bin", "ptxas-blackwell")
+if not os.path.exists(ptxas):
+    print(json.dumps(None)); sys.exit()
+fn, results = wl._window_level_kernel, {}
+for key in json.loads(sys.argv[1]):
+    group, head_dim, max_rows, cache, softcap = key
+    block_m, block_n, block_d, num_warps = wl._launch_config(max_rows, group, head_dim)
+    types = {"q_ptr": "*bf16", "k_ptr": cache, "v_ptr": cache, "out_ptr": "*bf16", "lse_ptr": "*fp32"}
+    consts = dict(GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=16, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
+                  SCALES_ON_DEVICE=cache != "*bf16", SOFTCAP=softcap, DOT_PRECISION="tf32", DOT_IN_FP32=False)
+    signature = {name: "constexpr" if name in consts else types.get(name) or (
+        "*fp32" if name.endswith("scale_ptr") else "*i32" if name.endswith("_ptr")
+        else "fp32" if name.endswith("scale") or name == "softcap" else "i32") for name in fn.arg_names}
+    source = ASTSource(fn, signature, constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as ptx:
+        ptx.write(compiled.asm["ptx"])
+        ptx.flush()
+        report = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", ptx.name, "-o", os.devnull],
+                                capture_output=True, text=True, check=True)
+    text = report.stdout + report.stderr
+    results[json.dumps(key)] = [int(re.search(r"Used (\d+) registers", text).group(1)),
+                                int(re.search(r"(\d+) bytes spill stores", text).group(1))]
+print(json.dumps(results))
+"""
+HEAD_SIZES = {"gemma3": (2, 256, "*bf16", False), "gemma2-softcap": (2, 256, "*bf16", True),
+              "gpt-oss": (8, 64, "*bf16", False), "llama3": (4, 128, "*bf16", False),
+              "llama2": (1, 128, "*bf16", False), "llama3-fp8": (4, 128, "*fp8e4nv", False),
+              "group16": (16, 128, "*bf16", False)}
+LAUNCH_ROWS = (1, 8, 256)
+
+
+@pytest.fixture(scope="module")
+def hopper_registers():
+    """(registers a thread, bytes spilled a thread) of each launch below, the kernel compiled for sm_90a
+    (no GPU needed: Triton's own ptxas)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    keys = [[g, d, rows, cache, softcap] for g, d, cache, softcap in HEAD_SIZES.values() for rows in LAUNCH_ROWS]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", _HOPPER_REGISTERS, json.dumps(keys)], capture_output=True,
+                         text=True, env=env, cwd=Path(__file__).resolve().parents[2], timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    results = json.loads(out.stdout.strip().splitlines()[-1])
+    if results is None:
+        pytest.skip("Triton's NVIDIA backend has no ptxas here")
+    return {tuple(json.loads(k)): v for k, v in results.items()}
+
+
+@pytest.mark.parametrize("shape", list(HEAD_SIZES))
+@pytest.mark.parametrize("max_rows", LAUNCH_ROWS)
+def test_tiles_fit_in_registers_on_hopper(hopper_registers, shape, max_rows):
+    """Every launch of the served head sizes (Gemma 2 and 3, gpt-oss, Llama 2 and 3, FP8 caches) keeps its
+    tiles in registers when compiled for Hopper: a spill moves to local memory what each key tile's loop
+    keeps reading."""
+    group, head_dim, cache, softcap = HEAD_SIZES[shape]
+    registers, spilled = hopper_registers[group, head_dim, max_rows, cache, softcap]
+    assert spilled == 0, f"{spilled} bytes spilled a thread ({registers} registers)"

@@ -30,7 +30,6 @@ from vllm_relay.ops.relay_fusion import _interpreted
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-_BLOCK_N = 64  # keys a tile
 
 
 # The metadata tensors are slices of the planner's persistent buffers starting at rows that move with
@@ -160,15 +159,19 @@ def _window_level_kernel(
 
 
 def _launch_config(max_rows: int, group: int, head_dim: int):
-    """(BLOCK_M, BLOCK_D, num_warps): tiles of ROWS = BLOCK_M // group rows x group heads, BLOCK_M a power
-    of two >= 16 (tl.dot's smallest M) holding at least one row; up to 64 (ROWS * group) pairs when the
-    groups have rows enough to fill them. A decode level (one row a request, often a few requests) fills
-    a tile with GQA heads alone at group >= 16."""
+    """(BLOCK_M, BLOCK_N, BLOCK_D, num_warps): tiles of ROWS = BLOCK_M // group rows x group heads, BLOCK_M a
+    power of two >= 16 (tl.dot's smallest M) holding at least one row; up to 64 (ROWS * group) pairs when
+    the groups have rows enough to fill them. A decode level (one row a request, often a few requests)
+    fills a tile with GQA heads alone at group >= 16. The K and V tiles' addresses ([BLOCK_D, BLOCK_N] of
+    them, a table lookup per key) are most of a program's registers: keys a tile and warps are those with
+    which ptxas keeps every tile in registers on Hopper, no spills (checked for the served head sizes by
+    tests/ops/test_window_level.py, compiling for sm_90a)."""
     block_m = min(64, triton.next_power_of_2(max(1, max_rows * group)))
     block_m = max(16, block_m, triton.next_power_of_2(group))
     block_d = max(16, triton.next_power_of_2(head_dim))
-    num_warps = 4 if block_m * block_d <= 64 * 128 else 8
-    return block_m, block_d, num_warps
+    block_n = 64 if block_d <= 128 else 32 if block_m <= 16 else 16
+    num_warps = 4 if block_d <= 64 else 8
+    return block_m, block_n, block_d, num_warps
 
 
 def window_level_attention(q, k, v, cu_seqlens_q, seqused_k, block_table, key_start, max_seqlen_q,
@@ -234,7 +237,7 @@ def window_level_attention(q, k, v, cu_seqlens_q, seqused_k, block_table, key_st
     G = seqused_k.shape[0]
     max_rows = int(max_seqlen_q)
     if G and max_rows > 0 and N:
-        block_m, block_d, num_warps = _launch_config(max_rows, group, D)
+        block_m, block_n, block_d, num_warps = _launch_config(max_rows, group, D)
         scales = (q_descale, k_descale, v_descale)
         on_device = any(isinstance(x, torch.Tensor) for x in scales)
         ptrs = [_scale_tensor(x, q) for x in scales] if on_device else [cu_seqlens_q] * 3
@@ -246,7 +249,7 @@ def window_level_attention(q, k, v, cu_seqlens_q, seqused_k, block_table, key_st
             _scale(softmax_scale, D), float(softcap or 0.0),
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1),
             v.stride(2), out.stride(0), out.stride(1), lse.stride(0), block_table.stride(0),
-            GROUP=group, HEAD_DIM=D, BLOCK_SIZE=k.shape[1], BLOCK_M=block_m, BLOCK_N=_BLOCK_N,
+            GROUP=group, HEAD_DIM=D, BLOCK_SIZE=k.shape[1], BLOCK_M=block_m, BLOCK_N=block_n,
             BLOCK_D=block_d, SCALES_ON_DEVICE=on_device, SOFTCAP=bool(softcap),
             DOT_PRECISION="ieee" if out.dtype == torch.float32 else "tf32",
             DOT_IN_FP32=not q.is_cuda and out.dtype == torch.bfloat16, num_warps=num_warps,
