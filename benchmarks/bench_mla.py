@@ -65,7 +65,7 @@ def bound_ms(bytes_: float, flops: float, card: dict) -> float:
 def reference(q, latent, tables, seqlens) -> torch.Tensor:
     """fp32 MLA decode: each request's query heads [H, 576] over its keys, V the first 512 values."""
     outs = []
-    for i, (table, n_keys) in enumerate(zip(tables.tolist(), seqlens.tolist())):
+    for i, (table, n_keys) in enumerate(zip(tables.tolist(), seqlens.tolist(), strict=True)):
         kv = latent[table].reshape(-1, D_QK)[:n_keys].float()
         p = torch.softmax(q[i].float() @ kv.T * SCALE, dim=-1)
         outs.append(p @ kv[:, :LATENT])
@@ -79,7 +79,7 @@ def split_reference(q, latent, prompt_blocks, own_tables, P, own):
     s_sys = torch.einsum("nhd,kd->nhk", q.float(), kv_sys) * SCALE
     o_sys, lse_sys = torch.softmax(s_sys, -1) @ kv_sys[:, :LATENT], torch.logsumexp(s_sys, -1)
     o_ctx, lse_ctx = [], []
-    for i, (table, n_keys) in enumerate(zip(own_tables.tolist(), own)):
+    for i, (table, n_keys) in enumerate(zip(own_tables.tolist(), own, strict=True)):
         kv = latent[table].reshape(-1, D_QK)[:n_keys].float()
         s = q[i].float() @ kv.T * SCALE
         o_ctx.append(torch.softmax(s, -1) @ kv[:, :LATENT])

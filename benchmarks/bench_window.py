@@ -11,6 +11,8 @@ flushed). GB/s count the fewest bytes each op must move (relay: the prompt's key
 once, and each request's own; FA: each request's window). Shapes: Gemma-3-12B's window layers (16 query /
 8 KV heads, D=256, W=1024) and gpt-oss's (64 / 8, D=64, W=128).
 
+Then the level call alone at each tile shape, against the one the kernel's launch rule picks.
+
 Usage: python3 benchmarks/bench_window.py [--quick] [--out DIR]   (writes window_ops.json, window_ops.md)
 """
 
@@ -67,7 +69,35 @@ def case(varlen, hq, hkv, d, w, B, S, c):
     kv_tok = 2 * hkv * d * 2
     bytes_relay = 4 * B * hq * d + (int(seen.max()) + int(own.sum())) * kv_tok
     bytes_fa = 2 * B * hq * d * 2 + int((S + own).clamp(max=w).sum()) * kv_tok
-    return relay, fa, out_relay, out_fa, bytes_relay, bytes_fa
+    level_call = dict(q=q, k=k, v=v, out=level.out_buf, softmax_scale=scale, causal=False, **level.call)
+    return relay, fa, out_relay, out_fa, bytes_relay, bytes_fa, level_call
+
+
+def tile_sweep(varlen, rep: int) -> list[dict]:
+    """The level call alone (`window_level_attention`) at each tile (rows x heads, keys, warps) against the
+    one `_launch_config` picks: the data its rule is held to. Decode steps of B = 64 and 256 over a
+    2048-token prompt, 64 own tokens a request at most."""
+    from vllm_relay.ops import window_level as wl
+
+    chosen_by, rows = wl._launch_config, []
+    for name, (hq, hkv, d, w) in SHAPES.items():
+        for B in (64, 256):
+            *_, call = case(varlen, hq, hkv, d, w, B, 2048, 64)
+            chosen = chosen_by(B, hq // hkv, d)
+            for block_m in (16, 32, 64):
+                for block_n in (16, 32, 64):
+                    for warps in (4, 8):
+                        if block_m < hq // hkv:
+                            continue
+                        config = (block_m, block_n, chosen[2], warps)
+                        wl._launch_config = lambda *_, c=config: c
+                        try:
+                            us = graph_ms(lambda call=call: window_level_attention(**call), rep)[0] * 1e3
+                        finally:
+                            wl._launch_config = chosen_by
+                        rows.append(dict(shape=name, B=B, block_m=block_m, block_n=block_n, warps=warps, us=us,
+                                         chosen=config == chosen))
+    return rows
 
 
 def main():
@@ -86,7 +116,7 @@ def main():
     for name, (hq, hkv, d, w) in SHAPES.items():
         for B in ((64, 256) if args.quick else (32, 64, 128, 256)):
             for S, c in ((2048, 64), (2048, 512), (8192, 64)):
-                relay, fa, out_relay, out_fa, b_relay, b_fa = case(varlen, hq, hkv, d, w, B, S, c)
+                relay, fa, out_relay, out_fa, b_relay, b_fa, _ = case(varlen, hq, hkv, d, w, B, S, c)
                 relay()
                 fa()
                 err = (out_relay.float() - out_fa.float()).abs().max().item()
@@ -100,6 +130,7 @@ def main():
                 print(f"{name} B={B:4d} S={S:5d} c={c:4d}: relay {row['relay_us']:7.1f} us "
                       f"({row['relay_gbs']:5.0f} GB/s)  FA {row['fa_us']:7.1f} us ({row['fa_gbs']:5.0f} GB/s)  "
                       f"FA/relay {row['fa_over_relay']:.2f}x")
+    tiles = tile_sweep(varlen, args.rep)
     gpu = torch.cuda.get_device_name()
     lines = [f"# Sliding-window decode step over a shared prompt: {gpu}", "",
              f"bf16, block size 16, copy bandwidth (read+write) {copy_gbs:.0f} GB/s; medians of CUDA-graph "
@@ -109,9 +140,13 @@ def main():
     lines += [f"| {r['shape']} | {r['W']} | {r['B']} | {r['S']} | {r['c']} | {r['relay_us']:.1f} | {r['fa_us']:.1f} "
               f"| {r['fa_over_relay']:.2f}x | {r['relay_gbs']:.0f} | {r['fa_gbs']:.0f} | {r['max_abs_diff']:.3g} |"
               for r in rows]
+    lines += ["", "The level call alone by tile (rows x heads, keys, warps); * marks the one `_launch_config` picks "
+              "(S=2048, c <= 64):", "", "| shape | B | BLOCK_M | BLOCK_N | warps | us |", "|---|---|---|---|---|---|"]
+    lines += [f"| {r['shape']} | {r['B']} | {r['block_m']} | {r['block_n']} | {r['warps']} | "
+              f"{r['us']:.1f}{' *' if r['chosen'] else ''} |" for r in tiles]
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "window_ops.json"), "w") as f:
-        json.dump(dict(gpu=gpu, copy_gbs=copy_gbs, rows=rows), f, indent=1)
+        json.dump(dict(gpu=gpu, copy_gbs=copy_gbs, rows=rows, tiles=tiles), f, indent=1)
     with open(os.path.join(args.out, "window_ops.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))

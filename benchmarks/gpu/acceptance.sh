@@ -50,7 +50,7 @@
 #             nothing registered (about 6 min)
 #   ops       one decode step's attention, relay's kernels against FlashAttention (bench_ops.py, QUICK=1 for
 #             fewer shapes; about 3-8 min); window-ops: a sliding-window layer's step over a shared prompt,
-#             relay's window level against FlashAttention's window (bench_window.py; about 1-2 min); mla-ops:
+#             relay's window level against FlashAttention's window, and its tiles (bench_window.py; about 2-3 min); mla-ops:
 #             does a shared latent level pay for MLA? FlashMLA's decode against a level read once (FlashMLA,
 #             n query tokens) plus each request's own tokens, merged by LSE, 16 / 64 / 128 query heads
 #             (bench_mla.py, Hopper; about 2 min)
