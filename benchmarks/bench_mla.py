@@ -195,6 +195,13 @@ def main():
                       f"{r['relay_us']:8.1f} us (bound {r['relay_bound_us']:7.1f}; its level {r['level_us']:.1f})"
                       f"  flashmla/relay {r['flashmla_over_relay']:.2f}x"), flush=True)
                 torch.cuda.empty_cache()
+                write(args.out, card, rows)  # each point as it comes: a fault in a later one keeps these
+    with open(os.path.join(args.out, "mla_ops.md")) as f:
+        print(f.read())
+
+
+def write(out: str, card: dict, rows: list[dict]) -> None:
+    """mla_ops.json and mla_ops.md under `out`."""
     lines = [f"# MLA decode step over a shared prompt: {card['device']}", "",
              f"bf16, 64-token pages, own tokens 1..256 a request; copy {card['copy_bytes_per_s'] / 1e12:.2f} TB/s, "
              f"bf16 matmul {card['bf16_flop_per_s'] / 1e12:.0f} TFLOP/s; medians of CUDA-graph replays, L2 flushed. "
@@ -206,12 +213,11 @@ def main():
               f"{r['flashmla_bound_us']:.1f} | {r['relay_us']:.1f} | {r['relay_bound_us']:.1f} | "
               f"{r['flashmla_over_relay']:.2f}x | {r['relay_tflops']:.0f} | {r['flashmla_gbs']:.0f} | "
               f"{r['max_abs_diff']:.3g} |" for r in rows]
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "mla_ops.json"), "w") as f:
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "mla_ops.json"), "w") as f:
         json.dump(dict(card=card, rows=rows), f, indent=1)
-    with open(os.path.join(args.out, "mla_ops.md"), "w") as f:
+    with open(os.path.join(out, "mla_ops.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
 
 
 if __name__ == "__main__":
