@@ -30,7 +30,7 @@
 #             20 s each, TTFT and TPOT: vLLM's default server and relay's, Llama-3-8B shape (about 7 min);
 #             RESTARTS=R starts both servers again in each of R rounds, the order reversed each round (a
 #             host-bound TTFT moves with each process's host speed), DURATION the seconds a rate
-#             (RESTARTS=2 DURATION=12: about 9 min)
+#             (RESTARTS=2 DURATION=12: about 9 min); SERVER_ARGS adds vLLM server arguments to every vLLM side
 #   plain     traffic sharing nothing: the relay backend with nothing registered against vLLM's default, warm
 #             engines side by side on one GPU (0.45 of it each), the median of 5 interleaved rounds of 1000
 #             requests without a system prompt (bench_interleaved.py; two engine starts of about 1-2 min each,
@@ -146,7 +146,8 @@ run() {  # one step into $out/STEP.txt; its exit status
             --latency-batches 1,8,64,256 --out "$out/latency_llama3_p2048_$stamp.json" ;;
     serve) m=$(model llama-3-8b-shape)
         python3 benchmarks/bench_serving.py --model "$m" --rates 1,4,8 --duration "${DURATION:-20}" \
-            --restarts "${RESTARTS:-1}" --configs default,relay --out "$out/serving_llama3_$stamp.json" ;;
+            --restarts "${RESTARTS:-1}" --configs default,relay ${SERVER_ARGS:+--server-args "$SERVER_ARGS"} \
+            --out "$out/serving_llama3_$stamp.json" ;;
     plain) m=$(model llama-3-8b-shape)
         # --prefix-len 0: the requests share nothing but BOS, so noprefix-relay's stripping of the system
         # prompt leaves them as sampled and both engines get the same requests (the output's "Requests:"
@@ -180,7 +181,8 @@ run() {  # one step into $out/STEP.txt; its exit status
             --ns "${NS:-1,64,256}" --configs ceiling,relay,sglang --out "$out/sglang_samples_llama2_$stamp.json" ;;
     sglang-serve) m=$(model llama-3-8b-shape)
         python3 benchmarks/bench_serving.py --model "$m" --rates 1,4,8 --duration 20 \
-            --configs "${SGLANG_CONFIGS:-sglang,relay,default}" --out "$out/sglang_serving_llama3_$stamp.json" ;;
+            --configs "${SGLANG_CONFIGS:-sglang,relay,default}" ${SERVER_ARGS:+--server-args "$SERVER_ARGS"} \
+            --out "$out/sglang_serving_llama3_$stamp.json" ;;
     *) echo "unknown step $step" >&2; return 2 ;;
   esac > "$out/$step.txt" 2>&1
 }
