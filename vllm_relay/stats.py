@@ -1,4 +1,5 @@
-"""Relay counters (kept by the engine core) and front-end helpers to register prompts and read them.
+"""Relay counters (kept by the engine core, with how they are merged, summed and logged) and front-end
+helpers to register prompts and read them.
 
 The engine core exposes four utility calls (see `vllm_relay.engine.RelayEngine`):
 `relay_register_system_prompt(name, prompt)`, `relay_unregister_system_prompt(name)`,
@@ -43,6 +44,14 @@ def merge_worker_stats(workers: list[dict]) -> dict:
     return {**workers[0], "saved_kv_bytes": sum(w.get("saved_kv_bytes", 0) for w in workers)}
 
 
+def level_summary(planners: dict) -> dict:
+    """From merged planner stats, the shared levels the workers ran: decode tokens that read one or
+    more (`level_tokens`), levels (`level_groups`), and KV-cache bytes not read again thanks to them
+    (`kv_bytes_saved`, every layer)."""
+    return {"level_tokens": sum(v for k, v in planners.items() if k.startswith("tokens_under_")),
+            "level_groups": planners.get("level_groups", 0), "kv_bytes_saved": planners.get("saved_kv_bytes", 0)}
+
+
 def sum_stats(parts: list[dict]) -> dict:
     """Planner stats added up (the planners of one worker, or several engines: data-parallel
     ranks); `max_*` keys take the max."""
@@ -57,6 +66,19 @@ def add_stats(total: dict, stats: dict) -> None:
     new dict (the planner counts every step)."""
     for key, value in stats.items():
         total[key] = (max if key.startswith("max_") else int.__add__)(total.get(key, 0), value)
+
+
+def log_loop(ref, interval_s: float) -> None:
+    """Every `interval_s`, the engine's summary logged if it changed (`ref`: a weak reference to its
+    RelayEngine); ends with the engine. Its own thread, so an idle engine still logs its last change.
+    Reads counters without a lock: a log line may mix two steps' values, nothing else."""
+    while True:
+        time.sleep(interval_s)
+        relay = ref()
+        if relay is None:
+            return
+        relay.log_if_changed()
+        del relay
 
 
 def summary_line(counters: RelayCounters, prompts: list[dict], held: int) -> str:

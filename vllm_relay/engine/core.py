@@ -19,7 +19,6 @@ Prefix-cache isolation: routed requests and fills carry salts made with a per-en
 from __future__ import annotations
 
 import threading
-import time
 import weakref
 from dataclasses import asdict
 from typing import Any
@@ -43,7 +42,7 @@ from vllm_relay.engine.requests import (
 from vllm_relay.engine.vllm_calls import vllm_method
 from vllm_relay.hooks._patch import swap
 from vllm_relay.protocol import TAG_KEY
-from vllm_relay.stats import RelayCounters, merge_worker_stats, summary_line
+from vllm_relay.stats import RelayCounters, level_summary, log_loop, merge_worker_stats, summary_line
 from vllm_relay.system_prompts import SystemPrompt, SystemPromptRegistry, match_filling, route
 from vllm_relay.system_prompts.fill import salt_secret
 from vllm_relay.validate import drafter_lookahead
@@ -75,19 +74,6 @@ UTILITY_CALLS = {
 def describe(p: SystemPrompt) -> dict:
     return {"name": p.name, "slot": p.slot, "state": p.state, "tokens": p.num_tokens,
             "refcount": p.refcount, "generation": p.generation, "error": None}
-
-
-def _log_loop(ref: weakref.ref, interval_s: float) -> None:
-    """Every `interval_s`, log the summary if it changed; ends with the engine. Its own thread,
-    so an idle engine still logs its last change. Reads counters without a lock: a log line
-    may mix two steps' values, nothing else."""
-    while True:
-        time.sleep(interval_s)
-        relay = ref()
-        if relay is None:
-            return
-        relay.log_if_changed()
-        del relay
 
 
 class RelayEngine:
@@ -148,7 +134,7 @@ class RelayEngine:
             relay._last_line = relay.summary()
             _logger().info("vllm-relay: system prompts ready: %s", relay._last_line)
         if relay.config.log_stats_interval_s:
-            threading.Thread(target=_log_loop, args=(weakref.ref(relay), relay.config.log_stats_interval_s),
+            threading.Thread(target=log_loop, args=(weakref.ref(relay), relay.config.log_stats_interval_s),
                              name="vllm-relay-stats", daemon=True).start()
         return relay
 
@@ -184,18 +170,13 @@ class RelayEngine:
                 "prompts": self.system_prompts()}
 
     def level_stats(self) -> dict:
-        """The shared levels the workers ran: decode tokens that read one or more (`level_tokens`),
-        levels (`level_groups`), and KV-cache bytes not read again thanks to them
-        (`kv_bytes_saved`, every layer). Every tensor-parallel rank plans the same steps: counts
-        are the first worker's, bytes the sum (each rank reads its own KV heads). Asked of the
-        workers only when steps ran since the last time: an idle engine sends them no message (a
-        message every metrics refresh would keep vLLM's idle workers spinning, not sleeping)."""
+        """`stats.level_summary` of the workers' planners. Asked of the workers only when steps ran
+        since the last time: an idle engine sends them no message (a message every metrics refresh
+        would keep vLLM's idle workers spinning, not sleeping)."""
         if self._level_stats[0] == self._steps:
             return self._level_stats[1]
         planners = self.planner_stats()
-        stats = {"level_tokens": sum(v for k, v in planners.items() if k.startswith("tokens_under_")),
-                 "level_groups": planners.get("level_groups", 0),
-                 "kv_bytes_saved": planners.get("saved_kv_bytes", 0)}
+        stats = level_summary(planners)
         if planners:
             self._level_stats = (self._steps, stats)
         return stats
