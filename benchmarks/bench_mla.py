@@ -62,29 +62,32 @@ def bound_ms(bytes_: float, flops: float, card: dict) -> float:
     return max(bytes_ / card["copy_bytes_per_s"], flops / card["bf16_flop_per_s"]) * 1e3
 
 
+def _keys(latent, blocks, n: int) -> torch.Tensor:
+    """The first `n` latent tokens of these blocks, fp32 [n, 576]."""
+    return latent[blocks].reshape(-1, D_QK)[:n].float()
+
+
+def _attend(q, kv) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 attention of query heads q [..., 576] over latent keys kv [K, 576], V their first 512 values:
+    (output [..., 512], natural-log LSE [...])."""
+    s = q.float() @ kv.T * SCALE
+    return torch.softmax(s, -1) @ kv[:, :LATENT], torch.logsumexp(s, -1)
+
+
 def reference(q, latent, tables, seqlens) -> torch.Tensor:
     """fp32 MLA decode: each request's query heads [H, 576] over its keys, V the first 512 values."""
-    outs = []
-    for i, (table, n_keys) in enumerate(zip(tables.tolist(), seqlens.tolist(), strict=True)):
-        kv = latent[table].reshape(-1, D_QK)[:n_keys].float()
-        p = torch.softmax(q[i].float() @ kv.T * SCALE, dim=-1)
-        outs.append(p @ kv[:, :LATENT])
-    return torch.stack(outs)
+    return torch.stack([_attend(q[i], _keys(latent, table, n))[0]
+                        for i, (table, n) in enumerate(zip(tables.tolist(), seqlens.tolist(), strict=True))])
 
 
 def split_reference(q, latent, prompt_blocks, own_tables, P, own):
     """The same through relay's split, in fp32: the prompt as one level (every request's query rows at
     once), each request's own tokens, merged by the LSEs (`relay_fusion`'s torch path on the CPU)."""
-    kv_sys = latent[prompt_blocks].reshape(-1, D_QK)[:P].float()
-    s_sys = torch.einsum("nhd,kd->nhk", q.float(), kv_sys) * SCALE
-    o_sys, lse_sys = torch.softmax(s_sys, -1) @ kv_sys[:, :LATENT], torch.logsumexp(s_sys, -1)
-    o_ctx, lse_ctx = [], []
-    for i, (table, n_keys) in enumerate(zip(own_tables.tolist(), own, strict=True)):
-        kv = latent[table].reshape(-1, D_QK)[:n_keys].float()
-        s = q[i].float() @ kv.T * SCALE
-        o_ctx.append(torch.softmax(s, -1) @ kv[:, :LATENT])
-        lse_ctx.append(torch.logsumexp(s, -1))
-    return relay_fusion(o_sys, lse_sys, torch.stack(o_ctx), torch.stack(lse_ctx), lse_layout="th")
+    o_sys, lse_sys = _attend(q, _keys(latent, prompt_blocks, P))
+    own_parts = [_attend(q[i], _keys(latent, table, n))
+                 for i, (table, n) in enumerate(zip(own_tables.tolist(), own, strict=True))]
+    o_ctx, lse_ctx = (torch.stack(x) for x in zip(*own_parts, strict=True))
+    return relay_fusion(o_sys, lse_sys, o_ctx, lse_ctx, lse_layout="th")
 
 
 def case(heads: int, n: int, P: int, c: int, device: str = "cuda", seed: int = 0):
