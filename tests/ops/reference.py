@@ -102,17 +102,24 @@ def make_paged_cache(ks, vs, block_size, dtype, extra_blocks=3):
     max_blocks = max(max(nblk), 1)
     # Unused table entries point at a random (garbage) block, as stale tables would.
     table = torch.randint(0, total, (len(ks), max_blocks), dtype=torch.int32)
-    pos = 0
-    for b, (k, v) in enumerate(zip(ks, vs, strict=True)):
-        mine = ids[pos: pos + nblk[b]]
-        pos += nblk[b]
-        table[b, : nblk[b]] = mine.int()
-        for i, blk in enumerate(mine.tolist()):
-            lo, hi = i * block_size, min(k.shape[0], (i + 1) * block_size)
-            k_cache[blk, : hi - lo] = k[lo:hi].to(dtype)
-            v_cache[blk, : hi - lo] = v[lo:hi].to(dtype)
+    scatter_blocks(k_cache, v_cache, ks, vs, ids, table)
     seqused = torch.tensor([k.shape[0] for k in ks], dtype=torch.int32)
     return k_cache, v_cache, table, seqused
+
+
+def scatter_blocks(k_cache, v_cache, ks, vs, ids, table, scales=(1.0, 1.0)) -> None:
+    """Request b's K/V ([K_b, Hkv, D] each) into the next ceil(K_b / block_size) blocks of `ids`, in order,
+    recorded in `table[b]`; values divided by `scales` (an FP8 cache's) and cast to the cache's dtype."""
+    block_size, pos = k_cache.shape[1], 0
+    for b, (k, v) in enumerate(zip(ks, vs, strict=True)):
+        n = (k.shape[0] + block_size - 1) // block_size
+        mine = ids[pos: pos + n]
+        pos += n
+        table[b, :n] = mine.int()
+        for i, blk in enumerate(mine.tolist()):
+            lo, hi = i * block_size, min(k.shape[0], (i + 1) * block_size)
+            k_cache[blk, : hi - lo] = (k[lo:hi] / scales[0]).to(k_cache.dtype)
+            v_cache[blk, : hi - lo] = (v[lo:hi] / scales[1]).to(v_cache.dtype)
 
 
 def cu_seqlens(lens):

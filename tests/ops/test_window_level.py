@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.ops.reference import DTYPES, assert_close, interpreter_on, on_grid
+from tests.ops.reference import DTYPES, assert_close, cu_seqlens, interpreter_on, on_grid, scatter_blocks
 from vllm_relay.ops.window_level import window_level_attention, window_level_attention_torch
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -98,22 +98,13 @@ def build(groups, h_kv, group, d, block_size, dtype, fp8=None, scales=(1.0, 1.0)
     ids = torch.randperm(total)
     table = torch.randint(0, total, (len(groups), width), dtype=torch.int32)  # past the end: garbage
     table[:, -1] = torch.tensor([-7, 10**6] * len(groups), dtype=torch.int32)[: len(groups)]
-    pos = 0
-    for g, (k, v) in enumerate(zip(ks, vs, strict=True)):
-        mine = ids[pos: pos + nblk[g]]
-        pos += nblk[g]
-        table[g, : nblk[g]] = mine.int()
-        for i, blk in enumerate(mine.tolist()):
-            lo, hi = i * block_size, min(k.shape[0], (i + 1) * block_size)
-            kb, vb = (k[lo:hi] / scales[0], v[lo:hi] / scales[1]) if fp8 is not None else (k[lo:hi], v[lo:hi])
-            k_cache[blk, : hi - lo] = kb.to(cache_dtype)
-            v_cache[blk, : hi - lo] = vb.to(cache_dtype)
-        # Blocks wholly before every row's first key: garbage (a window group may have freed them).
-        before = min(max(int(firsts[g].min()), 0) // block_size, nblk[g])
+    scatter_blocks(k_cache, v_cache, ks, vs, ids, table, scales if fp8 is not None else (1.0, 1.0))
+    # Blocks wholly before every row's first key: garbage (a window group may have freed them).
+    for g, first in enumerate(firsts):
+        before = min(max(int(first.min()), 0) // block_size, nblk[g])
         table[g, :before] = torch.tensor([-7, 10**6, total - 1], dtype=torch.int32)[torch.arange(before) % 3]
     key_start = torch.cat(firsts + [torch.tensor([-3, 10**6, 0][:PAD_ROWS], dtype=torch.int32)])
-    cu = torch.zeros(len(groups) + 1, dtype=torch.int32)
-    cu[1:] = torch.tensor(rows).cumsum(0)
+    cu = cu_seqlens(rows)
     seqused = torch.tensor([k.shape[0] for k in ks], dtype=torch.int32)
     args = {"q": q.to(dtype), "k": k_cache, "v": v_cache, "cu_seqlens_q": cu, "seqused_k": seqused,
             "block_table": table, "key_start": key_start}
