@@ -22,7 +22,6 @@ whichever takes longer (`bound_ms`).
 Usage (GPU host, Hopper): python3 benchmarks/bench_mla.py [--quick] [--out DIR]   (mla_ops.json, mla_ops.md)
 """
 
-import argparse
 import json
 import os
 import sys
@@ -31,7 +30,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import graph_ms, measure_card  # noqa: E402
+from common import graph_ms, kernel_args, measure_card  # noqa: E402
 from vllm_relay.ops import relay_fusion  # noqa: E402
 
 LATENT, ROPE = 512, 64  # DeepSeek's kv_lora_rank and qk_rope_head_dim
@@ -171,11 +170,7 @@ def point(name, heads, n, P, c, card, rep) -> dict:
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", default="/tmp/out")
-    p.add_argument("--quick", action="store_true", help="fewer points")
-    p.add_argument("--rep", type=int, default=100, help="do_bench repetition time per op, ms")
-    args = p.parse_args()
+    args = kernel_args(__doc__, "fewer points")
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
         sys.exit("bench_mla.py needs a Hopper GPU (FlashMLA's dense decode)")
     card = measure_card()

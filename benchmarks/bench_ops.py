@@ -16,7 +16,6 @@ L2 flushed between replays). Copy bandwidth is measured in the same run. Results
 Usage: python3 benchmarks/bench_ops.py [--quick] [--out DIR]
 """
 
-import argparse
 import json
 import os
 import sys
@@ -27,7 +26,7 @@ import triton
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import graph_ms, measure_card  # noqa: E402
+from common import graph_ms, kernel_args, measure_card  # noqa: E402
 from vllm_relay.ops import RelayPlan, SharedLevel, relay_attention, relay_fusion  # noqa: E402
 
 MODELS = {"llama2-7b": (32, 32), "llama3-8b": (32, 8)}  # (Hq, Hkv)
@@ -36,14 +35,6 @@ BLOCK = 16
 # vLLM 0.26's cap on FlashAttention's key splits in CUDA graphs (flash_attn_max_num_splits_for_cuda_graph)
 GRAPH_SPLITS = 32
 DTYPE = torch.bfloat16
-
-
-def parse_args():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
-    p.add_argument("--quick", action="store_true", help="a subset of the configurations")
-    p.add_argument("--rep", type=int, default=100, help="do_bench repetition time per op, ms")
-    return p.parse_args()
 
 
 def time_op(fn):
@@ -299,5 +290,6 @@ def main():
 
 
 if __name__ == "__main__":
-    ARGS = parse_args()
+    ARGS = kernel_args(__doc__, "a subset of the configurations",
+                       os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     main()

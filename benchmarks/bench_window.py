@@ -16,7 +16,6 @@ Then the level call alone at each tile shape, against the one the kernel's launc
 Usage: python3 benchmarks/bench_window.py [--quick] [--out DIR]   (writes window_ops.json, window_ops.md)
 """
 
-import argparse
 import json
 import os
 import sys
@@ -26,7 +25,7 @@ import triton
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import graph_ms, measure_card  # noqa: E402
+from common import graph_ms, kernel_args, measure_card  # noqa: E402
 from vllm_relay.ops import RelayPlan, SharedLevel, relay_attention  # noqa: E402
 from vllm_relay.ops.window_level import window_level_attention  # noqa: E402
 
@@ -101,11 +100,7 @@ def tile_sweep(varlen, rep: int) -> list[dict]:
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", default="/tmp/out")
-    p.add_argument("--quick", action="store_true", help="fewer batch sizes")
-    p.add_argument("--rep", type=int, default=100, help="do_bench repetition time per op, ms")
-    args = p.parse_args()
+    args = kernel_args(__doc__, "fewer batch sizes")
     if not torch.cuda.is_available():
         sys.exit("bench_window.py needs a CUDA GPU")
     from vllm.vllm_flash_attn import flash_attn_varlen_func as varlen

@@ -4,7 +4,8 @@ parent starts `<script> ... --worker CONFIG`, keeps its log beside `--out` and r
 prints (`RESULT {json}`). The offline throughput workloads (`single`, `multi`), their sampling and
 each configuration's engine arguments are here too, so that every script measures the same requests;
 the OpenAI servers bench_serving.py starts (vLLM's, relay's, SGLang's); and, last, how the kernel
-benchmarks (bench_ops.py, bench_window.py, bench_mla.py) time an op on the GPU and read the card's limits."""
+benchmarks (bench_ops.py, bench_window.py, bench_mla.py) take their command line, time an op on the GPU and read
+the card's limits."""
 
 import asyncio
 import functools
@@ -297,6 +298,18 @@ async def wait_healthy(session, base, proc, timeout):
             pass
         await asyncio.sleep(1)
     raise RuntimeError("server did not become healthy")
+
+
+def kernel_args(doc: str, quick: str, out: str = "/tmp/out"):
+    """The kernel benchmarks' command line (its description the first line of `doc`): --out DIR, --quick
+    (`quick` says what it keeps), --rep (do_bench's milliseconds per op)."""
+    import argparse
+
+    p = argparse.ArgumentParser(description=doc.split("\n")[0])
+    p.add_argument("--out", default=out)
+    p.add_argument("--quick", action="store_true", help=quick)
+    p.add_argument("--rep", type=int, default=100, help="do_bench repetition time per op, ms")
+    return p.parse_args()
 
 
 def capture_graph(fn):
