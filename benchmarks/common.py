@@ -216,7 +216,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-CONFIGS = ("default", "relay", "relay-plain", "sglang")
+# "-full": the same server with full CUDA graphs for every batch, prompt chunks too (vLLM's
+# `cudagraph_mode=FULL`; its default graphs only decodes whole and runs the rest piecewise).
+CONFIGS = ("default", "relay", "relay-plain", "sglang", "default-full", "relay-full")
+FULL_GRAPHS = json.dumps({"cudagraph_mode": "FULL"})
 
 
 def check_config(config: str) -> None:
@@ -252,7 +255,9 @@ def server_command(args, config, systems, port, gpu: bool, share: str | None = N
         cmd += ["--gpu-memory-utilization", share]
     if config.startswith("relay"):
         cmd += ["--attention-backend", "relay"]
-    if config == "relay":
+    if config.endswith("-full"):
+        cmd += ["--compilation-config", FULL_GRAPHS]
+    if config in ("relay", "relay-full"):
         relay = {"system_prompts": {f"s{i}": ids for i, ids in enumerate(systems)}, "max_prompts": len(systems),
                  "max_prompt_tokens": max(map(len, systems))}
         cmd += ["--additional-config", json.dumps({"relay": relay})]

@@ -12,8 +12,8 @@
 #   sleep     sleep at levels 1 and 2, the prompts filled again after waking (about 6 min); sleep-1, sleep-2
 #   seeded    seeded samples against vLLM's, requests all at once and one per step (about 4 min)
 #   features  soft-capping, sinks, an FP8 KV cache, sliding windows, sinks with windows (gpt-oss's attention),
-#             M-RoPE and images in shared prompts against FLASH_ATTN with each on (four engines each, about 4-6
-#             min each); features-softcap, -sinks, -fp8, -window, -gptoss, -mrope, -images: one each
+#             M-RoPE, full graphs of every batch and images in shared prompts against FLASH_ATTN with each on (four engines each, about 4-6
+#             min each); features-softcap, -sinks, -fp8, -window, -gptoss, -mrope, -fullgraphs, -images: one each
 #   ngram     n-gram speculative decoding against FLASH_ATTN with the same drafter (four engines, about 5 min)
 #   host      the host-side timings of tools/ (prompt hashing, prefix-cache lookup of n samples, detokenizer
 #             priming): vLLM's code against relay's, CPU only (about 1-2 min)
@@ -30,7 +30,9 @@
 #             20 s each, TTFT and TPOT: vLLM's default server and relay's, Llama-3-8B shape (about 7 min);
 #             RESTARTS=R starts both servers again in each of R rounds, the order reversed each round (a
 #             host-bound TTFT moves with each process's host speed), DURATION the seconds a rate
-#             (RESTARTS=2 DURATION=12: about 9 min); SERVER_ARGS adds vLLM server arguments to every vLLM side
+#             (RESTARTS=2 DURATION=12: about 9 min); SERVER_ARGS adds vLLM server arguments to every vLLM side;
+#             SERVE_CONFIGS the servers (default,relay; relay-full and default-full: full CUDA graphs for
+#             every batch, prompt chunks too)
 #   plain     traffic sharing nothing: the relay backend with nothing registered against vLLM's default, warm
 #             engines side by side on one GPU (0.45 of it each), the median of 5 interleaved rounds of 1000
 #             requests without a system prompt (bench_interleaved.py; two engine starts of about 1-2 min each,
@@ -146,7 +148,7 @@ run() {  # one step into $out/STEP.txt; its exit status
             --latency-batches 1,8,64,256 --out "$out/latency_llama3_p2048_$stamp.json" ;;
     serve) m=$(model llama-3-8b-shape)
         python3 benchmarks/bench_serving.py --model "$m" --rates 1,4,8 --duration "${DURATION:-20}" \
-            --restarts "${RESTARTS:-1}" --configs default,relay ${SERVER_ARGS:+--server-args "$SERVER_ARGS"} \
+            --restarts "${RESTARTS:-1}" --configs "${SERVE_CONFIGS:-default,relay}" ${SERVER_ARGS:+--server-args "$SERVER_ARGS"} \
             --out "$out/serving_llama3_$stamp.json" ;;
     plain) m=$(model llama-3-8b-shape)
         # --prefix-len 0: the requests share nothing but BOS, so noprefix-relay's stripping of the system

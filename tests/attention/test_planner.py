@@ -560,6 +560,31 @@ def test_graph_steps_run_levels_only_in_the_levels_graph(monkeypatch):
     assert eager.plan(world.cm(), None) is None  # plain attention, vLLM's own tables
 
 
+def test_prompt_chunks_in_a_full_graph_of_any_batch_read_everything_in_their_context(monkeypatch):
+    """Under `cudagraph_mode=FULL` a step with prompt chunks replays vLLM's graph of its size, captured
+    with no levels for a batch of any query lengths (hooks/graphs.py): the plan writes the context
+    tables that graph reads (registered prompts' pages in front), levels off for the step, and the
+    padded step is exact."""
+    monkeypatch.setitem(levels_module.MIN_SAVED_TOKENS, ("cpu", True), 1)
+    batch = [(0, 40, 12, -1, 0), (0, 5, 1, -1, 0), (-1, 100, 1, -1, 0), (-1, 60, 20, 2, 3), (1, 9, 9, -1, 0)]
+    world = World(batch, torch.float32, "cpu", 2)
+    world.record_fills()
+    planner = make_planner(full_graphs=True)
+    T = sum(row[2] for row in batch)
+    cm = world.cm(pad_reqs=MAX_REQS - len(batch), pad_tokens=64 - T)  # vLLM's graph of 64 tokens, 16 requests
+    captured = planner.plan(cm, None, capture=True, levels=False)
+    assert captured is not None and not captured.run_level
+    step = world.step()
+    planner.levels_for(step)
+    assert step.tree is not None  # levels there are, but this graph holds none
+    step.graph_levels = False
+    plan = planner.plan(cm, step, graph=True)  # as the backend's builder asks for a step in a full graph
+    assert not plan.graph and not plan.run_level
+    assert plan.context.block_table_tensor.data_ptr() == captured.context.block_table_tensor.data_ptr()
+    assert plan.context.seq_lens.data_ptr() == captured.context.seq_lens.data_ptr()
+    run_and_check(world, plan, cm, padded(world.q, cm))
+
+
 @pytest.mark.parametrize("joint", [True, False])
 def test_plan_tensors_are_aligned_views_of_exact_length(joint, monkeypatch):
     # Kernels compiled at start-up assume 16-byte aligned pointers (Triton specializes on it): every

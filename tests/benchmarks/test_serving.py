@@ -38,6 +38,12 @@ def test_relay_registers_the_system_prompts_and_relay_plain_registers_nothing():
     default = common.server_command(args(), "default", systems, 8000, gpu=False)
     assert "--attention-backend" not in default and value(default, "--port") == "8000"
     assert default[-2:] == ["--foo", "1"]
+    for config in ("relay-full", "default-full"):  # the same servers, with full graphs for every batch
+        full = common.server_command(args(), config, systems, 8000, gpu=True)
+        assert json.loads(value(full, "--compilation-config")) == {"cudagraph_mode": "FULL"}
+        assert ("--additional-config" in full) == (config == "relay-full")
+        assert ("--attention-backend" in full) == (config == "relay-full")
+    assert "--compilation-config" not in relay and "--compilation-config" not in default
 
 
 def test_relay_servers_load_relays_endpoint_plugin(monkeypatch):

@@ -129,7 +129,9 @@ FEATURES = {"softcap": ("tiny-gemma2-softcap", {}), "sinks": ("tiny-granite-sink
             "fp8": ("tiny-llama-gqa", {"kv_cache_dtype": "fp8"}),
             "window": ("tiny-gemma2-window", {}),  # sliding-window and full layers: two KV-cache groups
             "gptoss": ("tiny-granite-window-sinks", {}),  # gpt-oss's attention: sinks, windows in every other layer
-            "mrope": ("tiny-qwen2.5-vl", VL_ENGINE)}  # text prompts: positions (p, p, p) in three sections
+            "mrope": ("tiny-qwen2.5-vl", VL_ENGINE),  # text prompts: positions (p, p, p) in three sections
+            # full graphs for every batch, prompt chunks too (hooks/graphs.py): decodes replay the twins
+            "fullgraphs": ("tiny-llama-gqa", {"compilation_config": {"cudagraph_mode": "FULL"}})}
 
 
 def run_with_feature(label: str, name: str, extra: dict, seed: int, max_tokens: int, tmp_path) -> dict:
@@ -206,13 +208,15 @@ def test_features_images_in_shared_prompts_on_cuda_against_flash(tmp_path):
 def test_features_on_cuda_against_flash(feature, tmp_path):
     """Soft-capping, sinks, an FP8 KV cache, sliding windows (in every other layer: those read each level
     from each row's window on, through ops/window_level.py's kernel), sinks with windows (gpt-oss's
-    attention) and M-RoPE (text prompts): relay within the rule above against FLASH_ATTN with the feature
-    on, with full CUDA graphs and eagerly."""
+    attention), M-RoPE (text prompts) and `cudagraph_mode=FULL`: relay within the rule above against
+    FLASH_ATTN with the feature on, with full CUDA graphs and eagerly."""
     name, extra = FEATURES[feature]
     stats = run_with_feature(feature, name, extra, 3, 16, tmp_path)["relay"]["worker_stats"]
     assert stats["level_graph_steps"] > 0 and stats["shared_tokens"] > 0, stats
     if feature in ("window", "gptoss"):  # the window layers read the levels too: no request on the prefix path
         assert stats["prefix_requests"] == 0, stats
+    if feature == "fullgraphs":  # prompt chunks replayed vLLM's graphs, no levels in them
+        assert stats["graph_steps"] > stats["level_graph_steps"], stats
 
 
 def test_ngram_speculative_decoding_on_cuda_against_flash(tmp_path):

@@ -121,6 +121,43 @@ def test_a_twin_not_captured_is_never_chosen(monkeypatch):
     assert kind(desc) == "plain" and m.relay_state.step.graph_levels is False
 
 
+def test_under_cudagraph_mode_full_one_token_decodes_with_levels_replay_twins(monkeypatch):
+    """`cudagraph_mode=FULL`: vLLM keys one FULL graph a size for any batch (prompt chunks too). Each
+    size that can hold a one-token decode gets its twins, captured as one (`uniform_token_count` 1:
+    vLLM's capture makes its dummy batch's queries that long), replayed only for a step that is such a
+    decode and has levels. A step with a prompt chunk replays vLLM's graph, levels off for that step
+    (recorded for the planner); one past the largest graph runs eagerly, free to run levels."""
+    from types import SimpleNamespace
+
+    from vllm.config import CUDAGraphMode
+
+    monkeypatch.delenv("VLLM_RELAY_UNSPLIT_GRAPHS", raising=False)
+    m = manager(monkeypatch, "FULL")
+    assert CUDAGraphMode.PIECEWISE not in m._capture_descs
+    full = m._capture_descs[CUDAGraphMode.FULL]
+    assert [(d.num_tokens, d.num_reqs, kind(d)) for d in full] == \
+        [(n, n, k) for n in (8, 4, 2, 1) for k in ("split", "plain", "unsplit")]
+    assert all((d.uniform_token_count == 1) == (kind(d) != "plain") for d in full)
+    m = captured(m)
+    state = m.relay_state
+    state.planner = SimpleNamespace(runs_unsplit=lambda tree, n: tree == "wide")
+    state.step = step_with("narrow")  # three one-token decodes with levels
+    desc = m.dispatch(3, 3, 1, 0, 1)
+    assert kind(desc) == "split" and desc.num_tokens == 4 and state.step.graph_levels is True
+    state.step = step_with("wide")
+    assert kind(m.dispatch(3, 3, 1, 0, 1)) == "unsplit" and state.step.graph_unsplit
+    state.step = step_with(None)  # nothing shared: vLLM's graph
+    desc = m.dispatch(3, 3, 1, 0, 1)
+    assert kind(desc) == "plain" and state.step.graph_levels is False
+    state.step = step_with("narrow")  # a prompt chunk beside two decodes: vLLM's graph, no levels
+    desc = m.dispatch(3, 5, None, 0, None)
+    assert desc.cg_mode == CUDAGraphMode.FULL and kind(desc) == "plain" and desc.num_tokens == 8
+    assert state.step.graph_levels is False and not state.step.graph_unsplit
+    state.step = step_with("narrow")  # past the largest graph: eager, levels as planned
+    desc = m.dispatch(3, 20, None, 0, None)
+    assert desc.cg_mode == CUDAGraphMode.NONE and state.step.graph_levels is None
+
+
 def test_each_capture_tells_the_model_state_which_graph_it_is(monkeypatch):
     """vLLM's model manager hands its per-graph factory to its base class's capture; relay's class sits
     between the two, so the model state knows, while each graph's metadata is built, whether that graph

@@ -3,11 +3,20 @@
 A full CUDA graph replays a fixed list of launches. Captured with the levels' launches, it costs every
 step that replays it those launches, rows or not (on the H200, 13-14 us a layer at 256 requests on a
 Llama-7B shape: 5% for traffic that shares nothing); captured without them, no step can use levels.
-So relay captures both kinds of each uniform-decode FULL graph vLLM keys, and picks one per step:
+So relay captures both kinds of each FULL graph vLLM keys for a decode of one token per request, and
+picks one per step:
 the relay model state finds the step's levels as soon as vLLM has gathered the batch, before vLLM
 picks the graph (`attention/model_state.py`), and the graph manager returns the levels' twin of the
 graph only for a step that has levels. A step without them replays exactly vLLM's graph (attention
 reading the context tables relay writes, which are vLLM's own tables when nothing is shared).
+
+Under vLLM's default `FULL_AND_PIECEWISE` those are its uniform-decode graphs; steps with a prompt chunk
+run piecewise, their attention eager, levels and all. Under `cudagraph_mode=FULL` vLLM has one kind of
+graph for every batch up to its largest size, prompt chunks too (host-bound steps, such as a lone
+chat request's prefill, replay one graph instead of a piece a layer): each of its graphs of as many
+requests as tokens gets twins captured as one-token decodes, replayed for the steps that are such
+decodes and have levels; a step with a prompt chunk replays vLLM's graph and reads its system prompt
+in its context that step (no levels), or runs eagerly with levels past the largest graph.
 
 The twin is a subclass of vLLM's `BatchExecutionDescriptor` with fields of its own: it never equals
 vLLM's descriptor, so vLLM keeps a graph for each, and what vLLM does with descriptors (`replace` for
@@ -57,9 +66,11 @@ class RelayLevelsDescriptor(BatchExecutionDescriptor):
 
 
 def levels_twin(desc, unsplit: bool = False) -> RelayLevelsDescriptor:
-    """The descriptor of `desc`'s graph that also runs the levels (`unsplit`: its unsplit twin)."""
-    return RelayLevelsDescriptor(**{f.name: getattr(desc, f.name) for f in fields(BatchExecutionDescriptor)},
-                                 relay_unsplit=unsplit)
+    """The descriptor of `desc`'s graph that also runs the levels (`unsplit`: its unsplit twin), captured
+    as a decode of one token per request (vLLM's capture reads `uniform_token_count` for the dummy
+    batch's query length)."""
+    kept = {f.name: getattr(desc, f.name) for f in fields(BatchExecutionDescriptor)}
+    return RelayLevelsDescriptor(**{**kept, "uniform_token_count": 1}, relay_unsplit=unsplit)
 
 
 def _rank(d) -> int:
@@ -70,8 +81,12 @@ def _rank(d) -> int:
 
 
 def _has_twin(desc) -> bool:
-    """The graphs that get twins: FULL uniform decodes of one token per request."""
-    return desc.cg_mode == CUDAGraphMode.FULL and desc.uniform_token_count == 1 and desc.num_ubatches == 1
+    """The graphs that get twins: FULL graphs that can hold a decode of one token per request (vLLM's
+    uniform decodes; under `cudagraph_mode=FULL`, its graphs of as many requests as tokens)."""
+    if desc.cg_mode != CUDAGraphMode.FULL or desc.num_ubatches != 1:
+        return False
+    return desc.uniform_token_count == 1 or (desc.uniform_token_count is None and desc.num_reqs == desc.num_tokens
+                                             and desc.max_query_len in (None, 1))
 
 
 class _CaptureWithLevels(CudaGraphManager):
@@ -94,7 +109,7 @@ class RelayCudaGraphManager(ModelCudaGraphManager, _CaptureWithLevels):
     relay_state = None  # the runner's RelayModelState
 
     def add_level_twins(self) -> None:
-        """Key each uniform-decode FULL graph's twins, captured right beside it."""
+        """Key the twins of each FULL graph that can hold a one-token decode, captured right beside it."""
         full = self._capture_descs.get(CUDAGraphMode.FULL)
         if not full:
             return
@@ -111,7 +126,7 @@ class RelayCudaGraphManager(ModelCudaGraphManager, _CaptureWithLevels):
         step = self.relay_state.step if self.relay_state is not None else None
         if step is None:
             return desc
-        if _has_twin(desc) and step.tree is not None:
+        if uniform_token_count == 1 and _has_twin(desc) and step.tree is not None:  # a one-token decode
             twin = levels_twin(desc, True)
             if twin not in self.graphs or not _runs_unsplit(self.relay_state.planner, step, desc.num_tokens):
                 twin = levels_twin(desc)
