@@ -21,7 +21,7 @@ class State:
     capturing = (False, False)
 
 
-def manager(monkeypatch, mode_name="FULL_AND_PIECEWISE"):
+def manager(monkeypatch, mode_name="FULL_AND_PIECEWISE", decode_query_len=1):
     import vllm.v1.worker.gpu.cudagraph_utils as cu
     from vllm.config import CUDAGraphMode, VllmConfig
 
@@ -30,7 +30,8 @@ def manager(monkeypatch, mode_name="FULL_AND_PIECEWISE"):
     config = VllmConfig()
     config.compilation_config.cudagraph_capture_sizes = [1, 2, 4, 8]
     config.compilation_config.max_cudagraph_capture_size = 8
-    m = cu.ModelCudaGraphManager(config, "cpu", getattr(CUDAGraphMode, mode_name), decode_query_len=1)
+    m = cu.ModelCudaGraphManager(config, "cpu", getattr(CUDAGraphMode, mode_name),
+                                 decode_query_len=decode_query_len)
     from vllm_relay.hooks.graphs import relay_graphs
 
     relay_graphs(m, State())
@@ -156,6 +157,8 @@ def test_under_cudagraph_mode_full_one_token_decodes_with_levels_replay_twins(mo
     state.step = step_with("narrow")  # past the largest graph: eager, levels as planned
     desc = m.dispatch(3, 20, None, 0, None)
     assert desc.cg_mode == CUDAGraphMode.NONE and state.step.graph_levels is None
+    # With drafts a decode is several tokens a request: no twins (none would ever replay).
+    assert all(kind(d) == "plain" for d in manager(monkeypatch, "FULL", 3)._capture_descs[CUDAGraphMode.FULL])
 
 
 def test_each_capture_tells_the_model_state_which_graph_it_is(monkeypatch):

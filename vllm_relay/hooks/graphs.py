@@ -80,13 +80,14 @@ def _rank(d) -> int:
     return 0 if d.relay_unsplit else 2
 
 
-def _has_twin(desc) -> bool:
+def _has_twin(desc, decode_query_len: int = 1) -> bool:
     """The graphs that get twins: FULL graphs that can hold a decode of one token per request (vLLM's
-    uniform decodes; under `cudagraph_mode=FULL`, its graphs of as many requests as tokens)."""
+    uniform decodes; under `cudagraph_mode=FULL`, its graphs of as many requests as tokens, where a
+    decode is one token: with drafts it is more)."""
     if desc.cg_mode != CUDAGraphMode.FULL or desc.num_ubatches != 1:
         return False
-    return desc.uniform_token_count == 1 or (desc.uniform_token_count is None and desc.num_reqs == desc.num_tokens
-                                             and desc.max_query_len in (None, 1))
+    return desc.uniform_token_count == 1 or (desc.uniform_token_count is None and decode_query_len == 1
+                                             and desc.num_reqs == desc.num_tokens and desc.max_query_len in (None, 1))
 
 
 class _CaptureWithLevels(CudaGraphManager):
@@ -115,7 +116,7 @@ class RelayCudaGraphManager(ModelCudaGraphManager, _CaptureWithLevels):
             return
         unsplit = (False,) if envs.VLLM_RELAY_UNSPLIT_GRAPHS == 0 else (False, True)
         full = [d for d in full if not isinstance(d, RelayLevelsDescriptor)]
-        full += [levels_twin(d, u) for d in full if _has_twin(d) for u in unsplit]
+        full += [levels_twin(d, u) for d in full if _has_twin(d, self.decode_query_len) for u in unsplit]
         order = lambda d: (d.num_tokens, d.num_active_loras, _rank(d))  # noqa: E731
         self._capture_descs[CUDAGraphMode.FULL] = sorted(full, key=order, reverse=True)
 
