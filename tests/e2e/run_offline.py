@@ -12,7 +12,8 @@ Usage: python run_offline.py SPEC_JSON OUT_JSON, where SPEC_JSON holds
    "sleep": 1 or 2 (optional: after "first", sleep at that level and wake up; at level 2 the
    weights are loaded again in between, as vLLM's docs do),
    "drafts": true (optional: the engine core in this process, and every draft token a drafter model
-   proposed for each prompt, step by step)}
+   proposed for each prompt, step by step), "logprobs": k (optional: the top k of the prompts'
+   outputs, 5 unless given)}
 With data_parallel_size > 1 the engine is an AsyncLLM (vllm.LLM refuses data parallelism).
 """
 
@@ -37,7 +38,8 @@ def main() -> None:
     max_tokens = spec.get("max_tokens", 12)
     if isinstance(max_tokens, int):
         max_tokens = [max_tokens] * len(spec["prompts"])
-    params = [SamplingParams(temperature=0.0, max_tokens=n, logprobs=5, ignore_eos=True) for n in max_tokens]
+    top = spec.get("logprobs", 5)
+    params = [SamplingParams(temperature=0.0, max_tokens=n, logprobs=top, ignore_eos=True) for n in max_tokens]
     if engine.get("data_parallel_size", 1) > 1:  # vllm.LLM refuses data parallelism: the server's AsyncLLM
         return json.dump(run_async(engine, spec["prompts"], params), open(out_path, "w"))
     llm = LLM(**engine)
