@@ -201,7 +201,7 @@ def test_engine_features_are_refused(feature, monkeypatch):
         engine["kv_cache_dtype"] = "float16"  # neither the model's float32 nor FP8
     config = engine_args({}, **engine).create_engine_config()
     if feature == "speculative":  # a drafter model (EAGLE's) needs its weights to configure: named after
-        config.speculative_config.method = "eagle"
+        config.speculative_config.method = "eagle3"
     if feature == "xdrope":
         monkeypatch.setattr(ModelConfig, "uses_xdrope_dim", 1, raising=False)
     expected = {"speculative": ENGINE_FEATURES, "xdrope": "XD-RoPE position encodings",
@@ -214,22 +214,24 @@ def eagle3(tokens: int = 1) -> dict:
     return {"method": "eagle3", "model": get_model("tiny-llama-gqa-eagle3"), "num_speculative_tokens": tokens}
 
 
-@pytest.mark.parametrize("case", ["method", "cuda"])
+@pytest.mark.parametrize("case", ["method", "cuda", "cpu"])
 def test_drafters_relay_cannot_serve_are_refused(case, monkeypatch):
-    """Served: EAGLE-3 and MTP on the CPU. Another drafter model, or EAGLE-3 on the GPU, are refused at
-    start-up, each with the reason."""
+    """Served: EAGLE-3 and MTP, any number of draft tokens a step (Model Runner V2's speculator on the GPU,
+    the V1 runner on the CPU). Another drafter model is refused at start-up with the reason; on the GPU
+    and on the CPU two draft tokens pass."""
     from vllm.config import set_current_vllm_config
     from vllm.platforms import current_platform
 
-    from vllm_relay.attention.common import check_engine
+    from vllm_relay.attention.common import check_engine, drafter_unsupported
 
     config = engine_args({}, speculative_config=eagle3(2)).create_engine_config()
     if case == "method":  # a drafter model of another kind (EAGLE-1 heads need a model of their own to configure)
         config.speculative_config.method = "eagle"
-    if case == "cuda":
-        monkeypatch.setattr(type(current_platform), "is_cpu", lambda self: False)
-    expected = {"method": "speculative decoding with eagle drafts (served: n-gram drafts, and EAGLE-3 and MTP",
-                "cuda": "EAGLE-3 drafts on the GPU"}[case]
+    if case in ("cuda", "cpu"):
+        monkeypatch.setattr(type(current_platform), "is_cpu", lambda self: case == "cpu")
+        assert drafter_unsupported(config.speculative_config) is None
+        return
+    expected = "speculative decoding with eagle drafts (served: n-gram, EAGLE-3 and MTP drafts)"
     with set_current_vllm_config(config), pytest.raises(NotImplementedError, match=re.escape(expected)):
         check_engine()
 
@@ -246,8 +248,6 @@ def test_an_eagle3_drafter_runs_on_relay_and_a_prompt_keeps_one_token_back():
     assert config.speculative_config.attention_backend == AttentionBackendEnum.CUSTOM
     with set_current_vllm_config(config):
         check_engine()  # served
-    with set_current_vllm_config(engine_args({}, speculative_config=eagle3(3)).create_engine_config()):
-        check_engine()  # of any number of draft tokens
     other = {**eagle3(), "attention_backend": "CPU_ATTN"}
     with pytest.raises(ValueError, match=re.escape(DRAFTER_BACKEND)):
         engine_args({}, speculative_config=other).create_engine_config()

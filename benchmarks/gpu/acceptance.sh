@@ -15,6 +15,8 @@
 #             M-RoPE, full graphs of every batch and images in shared prompts against FLASH_ATTN with each on (four engines each, about 4-6
 #             min each); features-softcap, -sinks, -fp8, -window, -gptoss, -mrope, -fullgraphs, -images: one each
 #   ngram     n-gram speculative decoding against FLASH_ATTN with the same drafter (four engines, about 5 min)
+#   eagle3    EAGLE-3 drafts of one and three tokens a step against FLASH_ATTN with the same drafter: outputs
+#             and drafts (eight engines, about 8-10 min; eagle3-1, eagle3-3: one each)
 #   host      the host-side timings of tools/ (prompt hashing, prefix-cache lookup of n samples, detokenizer
 #             priming): vLLM's code against relay's, CPU only (about 1-2 min)
 #   l3 l2     the P=2048 throughput jobs: Llama-3-8B shape default / relay / no prompt (about 7 min), Llama-2-7B
@@ -111,6 +113,8 @@ run() {  # one step into $out/STEP.txt; its exit status
     features) $t $e2e -k features ;;
     features-*) $t $e2e -k "features and ${step#features-}" ;;
     ngram) $t $e2e -k ngram ;;
+    eagle3) $t $e2e -k eagle3 ;;
+    eagle3-*) $t "$e2e::test_eagle3_drafts_on_cuda_against_flash[${step#eagle3-}]" ;;
     host) python3 tools/bench_prompt_hashes.py --out "$out/prompt_hashes.json" &&
           python3 tools/bench_cache_hits.py --rounds 5 --out "$out/cache_hits.json" &&
           python3 tools/bench_detokenizer.py --out "$out/detokenizer.json" ;;
@@ -193,7 +197,7 @@ if [ $side = 1 ]; then
   export RELAY_TEST_GPU_SHARE=${RELAY_TEST_GPU_SHARE:-0.08}
   for step in "$@"; do
     case $step in
-      unit|mha|gqa|unsplit*|levels|sleep*|seeded|features*|ngram) ;;
+      unit|mha|gqa|unsplit*|levels|sleep*|seeded|features*|ngram|eagle3*) ;;
       *) echo "$step needs the machine alone: not with --side-by-side" >&2; exit 2 ;;
     esac
   done

@@ -10,3 +10,33 @@ from vllm_relay.attention import backend
 def test_no_level_stream_off_cuda(monkeypatch, mode):
     monkeypatch.setattr(backend, "LEVEL_STREAM", mode)
     assert backend.level_stream("cpu") is None
+
+
+def test_a_drafters_builder_plans_its_passes_with_the_drafter_step_and_nothing_else_does(monkeypatch):
+    """A builder marked as a drafter's (`draft_of`, hooks/drafter.py) plans a pass vLLM hands no step with
+    the model state's `draft_step`; a step vLLM hands over, and a graph capture, keep theirs."""
+    from types import SimpleNamespace as NS
+
+    from vllm.v1.attention.backends.flash_attn import FlashAttentionMetadataBuilder
+
+    class Planned(Exception):  # the plan is all this test reads: vLLM's own build is not reached
+        pass
+
+    def base_build(self, common_prefix_len, cm, fast_build=False):
+        raise Planned
+
+    monkeypatch.setattr(FlashAttentionMetadataBuilder, "build", base_build)
+    planned = []
+    builder = object.__new__(backend.RelayMetadataBuilder)
+    builder.capturing = (False, False)
+    builder.planner = NS(plan=lambda cm, step, **kw: planned.append((step, kw["capture"])))
+    builder.draft_of = NS(draft_step=NS(num_reqs=2, num_tokens=2, graph_levels=None))
+    cm = NS(num_reqs=4, num_actual_tokens=4)
+    own = NS(num_reqs=3, num_tokens=3, graph_levels=None)
+    for step in (None, own):
+        with pytest.raises(Planned):
+            builder.build(0, cm, relay_step=step)
+    with pytest.raises(Planned):
+        builder.build_for_cudagraph_capture(cm)
+    assert planned == [(builder.draft_of.draft_step, False), (own, False), (None, True)]
+    assert backend.RelayMetadataBuilder.draft_of is None  # the target's builders: no drafter step

@@ -247,3 +247,29 @@ def test_only_relay_engines_get_relays_model_state_and_only_where_vllm_picks_its
     with pytest.raises(ValueError, match="decoder-only attention models; this model runs vLLM's ModelState"):
         model_runner._resolve_model_state_cls("relay", None)
     assert model_runner._resolve_model_state_cls("plain", None) is states.interface.ModelState
+
+
+def test_a_drafters_later_passes_get_a_token_per_row_and_each_rows_shift(state):
+    """With a drafter of several tokens a step attached, every step also records the drafter's step (a
+    token per row, the rows' slots and shifts, no level) and each batch row's shift on the device, zero
+    past the batch and in a step that shifts nothing; a dummy run has no drafter step."""
+    assert state.draft_step is None and state.row_shift is None
+    state.attach_drafter()
+    state.add_request(0, new_req("a", [1], RelayTag(slot=0, system_len=3 * PAGE)))
+    state.add_request(1, new_req("b", [2]))
+    state.add_request(2, new_req("c", [3], RelayTag(slot=1, system_len=PAGE)))
+    req_states = NS(req_id_to_index={"a": 0, "b": 1, "c": 2}, num_computed_tokens_np=np.zeros(MAX_REQS, np.int32))
+    state.row_shift.fill_(7)  # stale values of an earlier step
+    state.plan(output(), batch([2, 1, 0], [2, 3, 1]), req_states, GROUPS)
+    d = state.draft_step
+    assert (d.num_reqs, d.num_tokens, d.level_group, d.pages) == (3, 3, -1, state.pages)
+    assert d.req_slot.tolist() == [1, -1, 0] and d.req_shift.tolist() == [PAGE, 0, 3 * PAGE]
+    assert d.q_lens.tolist() == [1, 1, 1] and d.block_table is None and d.tree is None
+    state.preprocess_state(NS(positions=torch.zeros(8, dtype=torch.int64)), None, None, None)
+    assert state.row_shift.tolist() == [PAGE, 0, 3 * PAGE] + [0] * (MAX_REQS - 3)
+    state.plan(output(), batch([1], [3]), req_states, GROUPS)  # no relay row
+    state.row_shift.fill_(7)
+    state.preprocess_state(NS(positions=torch.zeros(8, dtype=torch.int64)), None, None, None)
+    assert state.row_shift.tolist() == [0] * MAX_REQS and state.draft_step.req_shift.tolist() == [0]
+    state.plan(None, None, req_states, GROUPS)
+    assert state.step is None and state.draft_step is None

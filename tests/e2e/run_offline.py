@@ -101,10 +101,23 @@ def main() -> None:
 
 def record_drafts(llm) -> dict:
     """request id -> the draft tokens proposed for it, a list per step that samples it (the drafter
-    wrapped in place)."""
+    wrapped in place: the V1 runner's `drafter`, the CPU's, or Model Runner V2's `speculator`)."""
     worker = llm.llm_engine.model_executor.driver_worker
     runner = getattr(worker, "worker", worker).model_runner
-    propose, log = runner.drafter.propose, {}
+    log = {}
+    if getattr(runner, "speculator", None) is not None:  # Model Runner V2 (GPUs): no prompt chunked here
+        propose = runner.speculator.propose
+
+        def proposed(input_batch, *args, **kwargs):
+            out = propose(input_batch, *args, **kwargs)
+            if not kwargs.get("dummy_run"):
+                for rid, tokens in zip(input_batch.req_ids, out.tolist()):
+                    log.setdefault(rid.split("-")[0], []).append(tokens)
+            return out
+
+        runner.speculator.propose = proposed
+        return log
+    propose = runner.drafter.propose
 
     def recorded(*args, **kwargs):
         out = propose(*args, **kwargs)

@@ -78,6 +78,9 @@ class RelayMetadataBuilder(FlashAttentionMetadataBuilder):
     # The relay model state hands each step to `build` (attention/model_state.py), and tells the
     # builder whether the graph being captured holds the levels (`capturing`).
     takes_relay_step = True
+    # A drafter's builder: the model state whose `draft_step` its passes of a token a row read
+    # (hooks/drafter.py); None for the target's builders.
+    draft_of = None
 
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
@@ -90,6 +93,9 @@ class RelayMetadataBuilder(FlashAttentionMetadataBuilder):
                                     level_fn=window_level_attention,
                                     query_dtype=current_platform.fp8_dtype() if quantized_q else None)
         self.capturing = (False, False)  # (with the levels, unsplit)
+        # vLLM's in-place update of a drafter's metadata between its passes would leave relay's
+        # context tables and lengths as they were: vLLM builds each pass's instead.
+        self.supports_draft_decode_metadata_update = False
         if self.use_full_cuda_graph and self.aot_schedule:
             # FA3's split workspace in every graph, for the context and the levels' calls alike
             # (vLLM's cap, 32, is 8x what FA3 can use with 32 KV heads on an H100).
@@ -111,6 +117,8 @@ class RelayMetadataBuilder(FlashAttentionMetadataBuilder):
         return False  # relay replaces cascade attention; never stack the two
 
     def _build(self, cm, fast_build: bool, step, capture: bool = False):
+        if step is None and self.draft_of is not None and not capture:
+            step = self.draft_of.draft_step
         step = relay_step.covering(step, cm.num_reqs, cm.num_actual_tokens)
         levels, unsplit = self.capturing if capture else (False, False)
         graph = capture or (step is not None and step.graph_levels is not None)

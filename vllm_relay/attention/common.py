@@ -69,27 +69,21 @@ DRAFTERS = {"eagle3": "EAGLE-3", "mtp": "MTP"}
 
 def drafter_unsupported(spec) -> str | None:
     """Why relay cannot serve this drafter model, or None. Served: EAGLE-3 heads and MTP layers
-    (drafters over the target's hidden states, vLLM's EAGLE family) on the CPU, any number of draft
-    tokens a step (their layers on relay, `hooks.frontend.select_drafter_backend`; a registered prompt's
-    shared blocks end one token early, `validate.drafter_lookahead`; the passes after the first
-    `hooks.runner.DraftPositions`)."""
-    from vllm.platforms import current_platform
-
+    (drafters over the target's hidden states, vLLM's EAGLE family; their layers on relay,
+    `hooks.frontend.select_drafter_backend`; a registered prompt's shared blocks end one token early,
+    `validate.drafter_lookahead`), any number of draft tokens a step: on the GPU through Model Runner
+    V2's speculator (`hooks/drafter.py`), on the CPU through vLLM's V1 runner
+    (`hooks.runner.DraftPositions`)."""
     if spec.method not in DRAFTERS:
-        return (f"speculative decoding with {spec.method} drafts (served: n-gram drafts, and EAGLE-3 and MTP "
-                "drafts on the CPU)")
-    if not current_platform.is_cpu():
-        return (f"speculative decoding with {DRAFTERS[spec.method]} drafts on the GPU (Model Runner V2's "
-                "drafter does not read the system prompts' pages yet; n-gram drafts are served)")
+        return f"speculative decoding with {spec.method} drafts (served: n-gram, EAGLE-3 and MTP drafts)"
     return None
 
 
 def check_engine() -> None:
     """Reject, at start-up, engine features relay does not compute exactly (model build time). The
     KV cache is the model's dtype or FP8 (which FP8 formats, the backend's `supports_kv_cache_dtype`
-    says); speculative decoding with n-gram drafts (from the token ids, no drafter model) or, on the CPU,
-    EAGLE-3 or MTP drafts; plain and M-RoPE positions (the latter shifted in every
-    section)."""
+    says); speculative decoding with n-gram drafts (from the token ids, no drafter model), EAGLE-3 or
+    MTP; plain and M-RoPE positions (the latter shifted in every section)."""
     from vllm.config import get_current_vllm_config
 
     vllm_config = get_current_vllm_config()

@@ -18,12 +18,18 @@ plus:
   seeded sampler (whose noise is keyed by the position), see what they would for the full prompt;
 * the step goes to the relay metadata builders with the metadata vLLM asks them for
   (`ModelSpecificAttnMetadata.get_extra_attn_kwargs`), and a graph being captured tells them
-  whether it holds the levels (`capturing`).
+  whether it holds the levels (`capturing`);
+* a drafter proposing several tokens a step (EAGLE-3): its first pass reuses the target step's
+  metadata, slot mappings and shifted positions as vLLM hands them over; its later passes, one token a
+  row, build their own metadata, which reads `draft_step` (the rows' system slots), and compute their
+  slots from positions that have moved on from the shifted ones: `row_shift`, each batch row's shift
+  on the device, is what `hooks.drafter.OwnPositionSlots` takes off them first.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import torch
 from vllm.config.compilation import CUDAGraphMode
 from vllm.utils.torch_utils import async_tensor_h2d
 from vllm.v1.worker.gpu.model_states.default import DefaultModelState
@@ -90,6 +96,10 @@ class RelayModelState(DefaultModelState):
         self.capturing = (False, False)  # the full graph being captured: (with the levels, unsplit)
         self._rows = None  # (request indices, req_slot, req_shift) of the last step's batch
         self._shift = None  # this step's per-token shift on the device, for M-RoPE's positions
+        # A drafter's passes after its first (`attach_drafter`): their step, a token per row, and each
+        # batch row's shift on the device (None: no such drafter).
+        self.draft_step: relay_step.RelayStep | None = None
+        self.row_shift: torch.Tensor | None = None
 
     # ---- requests -----------------------------------------------------------------------------
 
@@ -116,6 +126,12 @@ class RelayModelState(DefaultModelState):
         self.blocks = [HostBlockTable(self.max_num_reqs, table.gpu.shape[1], g)
                        for g, table in enumerate(block_tables.block_tables)]
 
+    def attach_drafter(self) -> None:
+        """A drafter whose passes after the first build their own attention metadata and slot mappings
+        (hooks/drafter.py): from now on every step also records `draft_step` and `row_shift`."""
+        if self.row_shift is None:
+            self.row_shift = torch.zeros(self.max_num_reqs, dtype=torch.int64, device=self.device)
+
     # ---- the step -----------------------------------------------------------------------------
 
     def plan(self, scheduler_output, batch, req_states, attn_groups) -> None:
@@ -128,7 +144,7 @@ class RelayModelState(DefaultModelState):
             for blocks in self.blocks:
                 blocks.update(scheduler_output, req_states.req_id_to_index)
         if batch is None:
-            self.step = None
+            self.step = self.draft_step = None
             return
         idx = batch.idx_mapping_np
         num_reqs = idx.shape[0]
@@ -154,17 +170,29 @@ class RelayModelState(DefaultModelState):
             seq_lens = (req_states.num_computed_tokens_np[idx] + counts).astype(np.int32)
         self.step = relay_step.RelayStep(num_reqs, int(batch.num_tokens), rows[1], rows[2], counts, table,
                                          seq_lens, pages=self.pages, level_group=level_group, tables=tables)
+        if self.row_shift is not None:  # the drafter's later passes: a token per row, no level
+            self.draft_step = relay_step.RelayStep(num_reqs, num_reqs, rows[1], rows[2],
+                                                   np.ones(num_reqs, dtype=np.int32), pages=self.pages,
+                                                   level_group=-1)
         if self.planner is not None:
             self.planner.levels_for(self.step)
 
     def preprocess_state(self, input_batch, block_tables, kv_cache_config, num_computed_tokens) -> None:
         super().preprocess_state(input_batch, block_tables, kv_cache_config, num_computed_tokens)
         step, self._shift = self.step, None
-        if step is not None and step.req_shift.any():  # vLLM has used the own positions for the slots
+        shifted = step is not None and step.req_shift.any()
+        if shifted:  # vLLM has used the own positions for the slots
             shift = np.repeat(step.req_shift.astype(np.int64), step.q_lens)
             shift = async_tensor_h2d(shift, device=self.device)
             input_batch.positions[: shift.shape[0]] += shift
             self._shift = shift
+        if self.row_shift is not None:  # every step: a drafter's slots take off this step's shifts
+            if shifted:
+                n = step.req_shift.shape[0]
+                async_tensor_h2d(step.req_shift.astype(np.int64), out=self.row_shift[:n])
+                self.row_shift[n:].zero_()
+            else:
+                self.row_shift.zero_()
 
     def prepare_inputs(self, input_batch, req_states) -> dict:
         """vLLM's model inputs; an M-RoPE model's positions (made here, after `preprocess_state`) shifted

@@ -1,5 +1,5 @@
 """Worker hooks on Model Runner V2 (vLLM's runner on GPUs): relay's model state, the step planned
-before vLLM picks its CUDA graph, and relay's graph manager.
+before vLLM picks its CUDA graph, relay's graph manager, and a drafter's later passes (hooks/drafter.py).
 
 Applied in the worker when the first relay attention layer is built (`RelayAttentionImpl`), before
 vLLM makes the runner's model state; each hook acts only for a relay engine (a relay model state).
@@ -29,10 +29,14 @@ def _initialize_kv_cache(self, *args, **kwargs):
     result = original(_Runner, "initialize_kv_cache")(self, *args, **kwargs)
     from vllm_relay.attention.model_state import RelayModelState
 
-    if isinstance(self.model_state, RelayModelState) and self.cudagraph_manager is not None:
-        from vllm_relay.hooks.graphs import relay_graphs
+    if isinstance(self.model_state, RelayModelState):
+        if self.cudagraph_manager is not None:
+            from vllm_relay.hooks.graphs import relay_graphs
 
-        relay_graphs(self.cudagraph_manager, self.model_state)
+            relay_graphs(self.cudagraph_manager, self.model_state)
+        from vllm_relay.hooks import drafter
+
+        drafter.attach(self)  # a drafter of several tokens a step: its later passes on relay
     return result
 
 
