@@ -17,6 +17,9 @@
 #   ngram     n-gram speculative decoding against FLASH_ATTN with the same drafter (four engines, about 5 min)
 #   eagle3    EAGLE-3 drafts of one and three tokens a step against FLASH_ATTN with the same drafter: outputs
 #             and drafts (eight engines, about 8-10 min; eagle3-1, eagle3-3: one each)
+#   l3-eagle3 the l3 workload with an EAGLE-3 head of Llama-3-8B's shape (dummy weights: its drafts are
+#             mostly rejected, so this is the cost of drafting, not its gain), K draft tokens (default 3),
+#             vLLM's default and relay (CONFIGS; about 6 min)
 #   host      the host-side timings of tools/ (prompt hashing, prefix-cache lookup of n samples, detokenizer
 #             priming): vLLM's code against relay's, CPU only (about 1-2 min)
 #   l3 l2     the P=2048 throughput jobs: Llama-3-8B shape default / relay / no prompt (about 7 min), Llama-2-7B
@@ -144,6 +147,10 @@ run() {  # one step into $out/STEP.txt; its exit status
     l3) m=$(model "${SHAPE:-llama-3-8b-shape}")
         $bt --model "$m" --max-model-len 4096 --configs "${CONFIGS:-default,relay,noprefix}" \
             ${ENGINE_ARGS:+--engine-args "$ENGINE_ARGS"} --out "$out/e2e_${SHAPE:-llama3}_p2048_$stamp.json" ;;
+    l3-eagle3) m=$(model llama-3-8b-shape) d=$(model llama-3-8b-shape-eagle3)
+        $bt --model "$m" --max-model-len 4096 --configs "${CONFIGS:-default,relay}" --engine-args \
+            "{\"speculative_config\": {\"method\": \"eagle3\", \"model\": \"$d\", \"num_speculative_tokens\": ${K:-3}}}" \
+            --out "$out/e2e_llama3_eagle3_p2048_$stamp.json" ;;
     l2) m=$(model llama-2-7b-shape)
         $bt --model "$m" --max-model-len 5120 --configs relay,noprefix \
             --out "$out/single_llama2_p2048_$stamp.json" ;;

@@ -63,7 +63,7 @@ def test_attach_serves_only_a_drafter_of_several_tokens_and_marks_relays_builder
 
     monkeypatch.setattr(drafter, "swap", swap)
     relay_builder, other = NS(takes_relay_step=True), NS()
-    groups = [[NS(get_metadata_builder=lambda: relay_builder), NS(get_metadata_builder=lambda: other)]]
+    groups = [[NS(metadata_builders=[relay_builder]), NS(metadata_builders=[other])]]
     state = NS(row_shift=None)
     state.attach_drafter = lambda: setattr(state, "row_shift", torch.zeros(4, dtype=torch.int64))
     tables = Tables(torch.zeros(4, 4, dtype=torch.int64))

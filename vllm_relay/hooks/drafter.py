@@ -56,8 +56,8 @@ def attach(runner) -> bool:
     state.attach_drafter()
     for groups in spec.attn_groups:
         for group in groups:
-            builder = group.get_metadata_builder()
-            if getattr(builder, "takes_relay_step", False):
-                builder.draft_of = state  # relay's own builder: its later passes read `draft_step`
+            for builder in group.metadata_builders:  # (one per micro-batch)
+                if getattr(builder, "takes_relay_step", False):
+                    builder.draft_of = state  # relay's own builder: its later passes read `draft_step`
     swap(spec, "block_tables", OwnPositionSlots(spec.block_tables, state.row_shift))
     return True
