@@ -14,7 +14,8 @@ def test_no_level_stream_off_cuda(monkeypatch, mode):
 
 def test_a_drafters_builder_plans_its_passes_with_the_drafter_step_and_nothing_else_does(monkeypatch):
     """A builder marked as a drafter's (`draft_of`, hooks/drafter.py) plans a pass vLLM hands no step with
-    the model state's `draft_step`; a step vLLM hands over, and a graph capture, keep theirs."""
+    the model state's `draft_step`, as a full-graph step wherever the planner's rule says one runs; a step
+    vLLM hands over, and a graph capture, keep theirs."""
     from types import SimpleNamespace as NS
 
     from vllm.v1.attention.backends.flash_attn import FlashAttentionMetadataBuilder
@@ -29,7 +30,7 @@ def test_a_drafters_builder_plans_its_passes_with_the_drafter_step_and_nothing_e
     planned = []
     builder = object.__new__(backend.RelayMetadataBuilder)
     builder.capturing = (False, False)
-    builder.planner = NS(plan=lambda cm, step, **kw: planned.append((step, kw["capture"])))
+    builder.planner = NS(plan=lambda cm, step, **kw: planned.append((step, kw["capture"], kw["graph"])))
     builder.draft_of = NS(draft_step=NS(num_reqs=2, num_tokens=2, graph_levels=None))
     cm = NS(num_reqs=4, num_actual_tokens=4)
     own = NS(num_reqs=3, num_tokens=3, graph_levels=None)
@@ -38,5 +39,6 @@ def test_a_drafters_builder_plans_its_passes_with_the_drafter_step_and_nothing_e
             builder.build(0, cm, relay_step=step)
     with pytest.raises(Planned):
         builder.build_for_cudagraph_capture(cm)
-    assert planned == [(builder.draft_of.draft_step, False), (own, False), (None, True)]
+    # the drafter's pass: a graph where the planner's rule says one runs (vLLM picks it unseen)
+    assert planned == [(builder.draft_of.draft_step, False, None), (own, False, False), (None, True, True)]
     assert backend.RelayMetadataBuilder.draft_of is None  # the target's builders: no drafter step

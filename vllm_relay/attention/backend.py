@@ -117,11 +117,16 @@ class RelayMetadataBuilder(FlashAttentionMetadataBuilder):
         return False  # relay replaces cascade attention; never stack the two
 
     def _build(self, cm, fast_build: bool, step, capture: bool = False):
-        if step is None and self.draft_of is not None and not capture:
+        draft = step is None and self.draft_of is not None and not capture
+        if draft:  # a drafter's pass of one token a row
             step = self.draft_of.draft_step
         step = relay_step.covering(step, cm.num_reqs, cm.num_actual_tokens)
         levels, unsplit = self.capturing if capture else (False, False)
         graph = capture or (step is not None and step.graph_levels is not None)
+        if draft:
+            # vLLM picks the pass's graph unseen: planned as a graph step wherever the planner's rule
+            # says one runs, since a captured graph reads the plan's tables, relay rows or not.
+            graph = None
         plan = self.planner.plan(cm, step, capture=capture, levels=levels, graph=graph)
         if plan is None:
             meta = super().build(0, cm, fast_build)
