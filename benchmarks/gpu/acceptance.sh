@@ -15,11 +15,13 @@
 #             M-RoPE, full graphs of every batch and images in shared prompts against FLASH_ATTN with each on (four engines each, about 4-6
 #             min each); features-softcap, -sinks, -fp8, -window, -gptoss, -mrope, -fullgraphs, -images: one each
 #   ngram     n-gram speculative decoding against FLASH_ATTN with the same drafter (four engines, about 5 min)
-#   eagle3    EAGLE-3 drafts of one and three tokens a step against FLASH_ATTN with the same drafter: outputs
-#             and drafts (eight engines, about 8-10 min; eagle3-1, eagle3-3: one each)
+#   drafters  EAGLE-3 drafts of one and three tokens a step, and MiMo's MTP drafts, against FLASH_ATTN with
+#             the same drafter: outputs and drafts (twelve engines, about 12-15 min; eagle3-1, eagle3-3,
+#             mtp-1: one each)
 #   l3-eagle3 the l3 workload with an EAGLE-3 head of Llama-3-8B's shape (dummy weights: its drafts are
 #             mostly rejected, so this is the cost of drafting, not its gain), K draft tokens (default 3),
-#             vLLM's default and relay (CONFIGS; about 6 min)
+#             vLLM's default and relay (CONFIGS; about 6 min); l3-mtp: the same with MiMo-7B's shape and
+#             its MTP layer (one draft token)
 #   host      the host-side timings of tools/ (prompt hashing, prefix-cache lookup of n samples, detokenizer
 #             priming): vLLM's code against relay's, CPU only (about 1-2 min)
 #   l3 l2     the P=2048 throughput jobs: Llama-3-8B shape default / relay / no prompt (about 7 min), Llama-2-7B
@@ -116,8 +118,8 @@ run() {  # one step into $out/STEP.txt; its exit status
     features) $t $e2e -k features ;;
     features-*) $t $e2e -k "features and ${step#features-}" ;;
     ngram) $t $e2e -k ngram ;;
-    eagle3) $t $e2e -k eagle3 ;;
-    eagle3-*) $t "$e2e::test_eagle3_drafts_on_cuda_against_flash[${step#eagle3-}]" ;;
+    drafters) $t $e2e -k drafter_models ;;
+    eagle3-*|mtp-*) $t "$e2e::test_drafter_models_on_cuda_against_flash[$step]" ;;
     host) python3 tools/bench_prompt_hashes.py --out "$out/prompt_hashes.json" &&
           python3 tools/bench_cache_hits.py --rounds 5 --out "$out/cache_hits.json" &&
           python3 tools/bench_detokenizer.py --out "$out/detokenizer.json" ;;
@@ -151,6 +153,10 @@ run() {  # one step into $out/STEP.txt; its exit status
         $bt --model "$m" --max-model-len 4096 --configs "${CONFIGS:-default,relay}" --engine-args \
             "{\"speculative_config\": {\"method\": \"eagle3\", \"model\": \"$d\", \"num_speculative_tokens\": ${K:-3}}}" \
             --out "$out/e2e_llama3_eagle3_p2048_$stamp.json" ;;
+    l3-mtp) m=$(model mimo-7b-shape)
+        $bt --model "$m" --max-model-len 4096 --configs "${CONFIGS:-default,relay}" --engine-args \
+            '{"speculative_config": {"method": "mtp", "num_speculative_tokens": 1}}' \
+            --out "$out/e2e_mimo7b_mtp_p2048_$stamp.json" ;;
     l2) m=$(model llama-2-7b-shape)
         $bt --model "$m" --max-model-len 5120 --configs relay,noprefix \
             --out "$out/single_llama2_p2048_$stamp.json" ;;
@@ -204,7 +210,7 @@ if [ $side = 1 ]; then
   export RELAY_TEST_GPU_SHARE=${RELAY_TEST_GPU_SHARE:-0.08}
   for step in "$@"; do
     case $step in
-      unit|mha|gqa|unsplit*|levels|sleep*|seeded|features*|ngram|eagle3*) ;;
+      unit|mha|gqa|unsplit*|levels|sleep*|seeded|features*|ngram|drafters|eagle3-*|mtp-*) ;;
       *) echo "$step needs the machine alone: not with --side-by-side" >&2; exit 2 ;;
     esac
   done

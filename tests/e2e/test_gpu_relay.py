@@ -255,18 +255,21 @@ def draft_divergence(got: list, want: list) -> list[float]:
     return [d / max(total, 1) for d in differ or [0]]
 
 
-@pytest.mark.parametrize("tokens", [1, 3])
-def test_eagle3_drafts_on_cuda_against_flash(tokens, tmp_path):
-    """EAGLE-3 drafts on Model Runner V2, one and three tokens a step (hooks/drafter.py): relay's greedy
-    outputs within the rule against FLASH_ATTN with the same drafter, graphs and eager, and its drafts
-    too, position by position: relay's drafts may part from FLASH_ATTN's in at most twice the share of
-    steps TRITON_ATTN's do, plus 2% (near-ties of a random head in bf16); a drafter reading the wrong
-    pages, or placing its KV by shifted positions, parts in most steps. No prompt chunked (vLLM's own
-    drafts differ between a chunked and a whole prefill)."""
-    model = get_model("tiny-llama-gqa")
+@pytest.mark.parametrize("method,tokens", [("eagle3", 1), ("eagle3", 3), ("mtp", 1)])
+def test_drafter_models_on_cuda_against_flash(method, tokens, tmp_path):
+    """Drafter models on Model Runner V2 (hooks/drafter.py): EAGLE-3, one and three tokens a step, and
+    MiMo's MTP layer (one: vLLM's MiMo drafts one). Relay's greedy outputs within the rule against
+    FLASH_ATTN with the same drafter, graphs and eager, and its drafts too, position by position:
+    relay's drafts may part from FLASH_ATTN's in at most twice the share of steps TRITON_ATTN's do, plus
+    2% (near-ties of a random head in bf16); a drafter reading the wrong pages, or placing its KV by
+    shifted positions, parts in most steps. No prompt chunked (vLLM's own drafts differ between a
+    chunked and a whole prefill)."""
+    model = get_model("tiny-llama-gqa" if method == "eagle3" else "tiny-mimo-mtp")
     vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
     systems, prompts, num_relay = workload(vocab, seed=5)
-    spec = {"method": "eagle3", "model": get_model("tiny-llama-gqa-eagle3"), "num_speculative_tokens": tokens}
+    spec = {"method": method, "num_speculative_tokens": tokens}
+    if method == "eagle3":
+        spec["model"] = get_model("tiny-llama-gqa-eagle3")
     base = {"model": model, "dtype": "bfloat16", "max_model_len": 512, "max_num_batched_tokens": 2048,
             "max_num_seqs": 16, "speculative_config": spec}
     relay_config = {"relay": {"system_prompts": systems, "max_prompts": 2, "max_prompt_tokens": 256,
@@ -281,7 +284,7 @@ def test_eagle3_drafts_on_cuda_against_flash(tokens, tmp_path):
     for name, run in (("graphs", relay), ("eager", eager)):
         same, err = divergence(run["outputs"], flash["outputs"])
         drafts = draft_divergence(run["drafts"], flash["drafts"])
-        print(f"eagle3 x{tokens} relay {name} vs FA: {same:.0%} identical, max diff {err:.3g}, drafts differ "
+        print(f"{method} x{tokens} relay {name} vs FA: {same:.0%} identical, max diff {err:.3g}, drafts differ "
               f"{drafts}; TRITON vs FA: {ref_same:.0%}, {ref_err:.3g}, drafts differ {ref_drafts}; accepted "
               f"{run['accepted_tokens']} of {run['draft_tokens']} (FA: {flash['accepted_tokens']} of "
               f"{flash['draft_tokens']})")
