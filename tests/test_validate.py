@@ -201,7 +201,7 @@ def test_engine_features_are_refused(feature, monkeypatch):
         engine["kv_cache_dtype"] = "float16"  # neither the model's float32 nor FP8
     config = engine_args({}, **engine).create_engine_config()
     if feature == "speculative":  # a drafter model (EAGLE's) needs its weights to configure: named after
-        config.speculative_config.method = "eagle3"
+        config.speculative_config.method = "eagle"
     if feature == "xdrope":
         monkeypatch.setattr(ModelConfig, "uses_xdrope_dim", 1, raising=False)
     expected = {"speculative": ENGINE_FEATURES, "xdrope": "XD-RoPE position encodings",
