@@ -16,7 +16,7 @@
 #             min each); features-softcap, -sinks, -fp8, -window, -gptoss, -mrope, -fullgraphs, -images: one each
 #   ngram     n-gram speculative decoding against FLASH_ATTN with the same drafter (four engines, about 5 min)
 #   drafters  EAGLE-3 drafts of one and three tokens a step, and MiMo's MTP drafts, against FLASH_ATTN with
-#             the same drafter: outputs and drafts (twelve engines, about 12-15 min; eagle3-1, eagle3-3,
+#             the same drafter: outputs and drafts (fifteen engines, about 15-18 min; eagle3-1, eagle3-3,
 #             mtp-1: one each)
 #   l3-eagle3 the l3 workload with an EAGLE-3 head of Llama-3-8B's shape (dummy weights: its drafts are
 #             mostly rejected, so this is the cost of drafting, not its gain), K draft tokens (default 3),
