@@ -170,7 +170,10 @@ def assert_graphs_and_eager_within_rule(label: str, runs: dict) -> None:
     bound = logprob_bound(ref_err)
     assert relay_err <= bound and eager_err <= bound and replay_err <= 2 * bound, (relay_err, eager_err,
                                                                                   replay_err, ref_err)
-    assert tie_margin(relay["outputs"], flash["outputs"]) <= tie_bound(ref_err)
+    margin = tie_margin(relay["outputs"], flash["outputs"])
+    print(f"{label}: tie margin {margin:.3g} (bound {tie_bound(ref_err):.3g}; TRITON's "
+          f"{tie_margin(triton['outputs'], flash['outputs']):.3g})")
+    assert margin <= tie_bound(ref_err)
 
 
 def image_prompts(model: str) -> list[dict]:
