@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.engine_runner import run_engine
-from tests.e2e.test_relay_exactness import workload
+from tests.e2e.test_relay_exactness import drafter_setup, workload
 from vllm_relay.testing.models import VL_ENGINE, VL_MODELS, get_model
 
 pytestmark = [pytest.mark.gpu, pytest.mark.engine]
@@ -268,12 +268,7 @@ def test_drafter_models_on_cuda_against_flash(method, tokens, tmp_path):
     2% (near-ties of a random head in bf16); a drafter reading the wrong pages, or placing its KV by
     shifted positions, parts in most steps. No prompt chunked (vLLM's own drafts differ between a
     chunked and a whole prefill)."""
-    model = get_model("tiny-llama-gqa" if method == "eagle3" else "tiny-mimo-mtp")
-    vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
-    systems, prompts, num_relay = workload(vocab, seed=5)
-    spec = {"method": method, "num_speculative_tokens": tokens}
-    if method == "eagle3":
-        spec["model"] = get_model("tiny-llama-gqa-eagle3")
+    model, spec, (systems, prompts, num_relay) = drafter_setup(method, tokens)
     base = {"model": model, "dtype": "bfloat16", "max_model_len": 512, "max_num_batched_tokens": 2048,
             "max_num_seqs": 16, "speculative_config": spec}
     relay_config = {"relay": {"system_prompts": systems, "max_prompts": 2, "max_prompt_tokens": 256,

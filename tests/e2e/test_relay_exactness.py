@@ -159,6 +159,18 @@ def test_relay_serves_ngram_speculative_decoding_exactly(tmp_path):
     assert relay["draft_tokens"] > 200 and relay["accepted_tokens"] > relay["draft_tokens"] // 3, relay
 
 
+def drafter_setup(method: str, tokens: int) -> tuple[str, dict, tuple]:
+    """A drafter model's target, its `speculative_config` (`tokens` draft tokens a step) and `workload`'s
+    registered prompts and requests over the target's vocabulary: an EAGLE-3 head over the tiny GQA
+    Llama, or the MTP layer in the tiny MiMo's own checkpoint."""
+    model = get_model("tiny-llama-gqa" if method == "eagle3" else "tiny-mimo-mtp")
+    vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
+    spec = {"method": method, "num_speculative_tokens": tokens}
+    if method == "eagle3":
+        spec["model"] = get_model("tiny-llama-gqa-eagle3")
+    return model, spec, workload(vocab, seed=5)
+
+
 @pytest.mark.parametrize("method,tokens", [("eagle3", 1), ("mtp", 1), ("eagle3", 3), ("mtp", 2)])
 def test_relay_serves_drafter_models_exactly(tmp_path, method, tokens):
     """A drafter model: an EAGLE-3 head of one or three draft tokens a step, or MiMo's MTP layer (in the
@@ -170,12 +182,7 @@ def test_relay_serves_drafter_models_exactly(tmp_path, method, tokens):
     (The drafter's weights are random, so its drafts are mostly rejected: the drafts themselves are
     what the test compares, as the outputs of speculative decoding are the target's whatever the
     drafts.)"""
-    model = get_model("tiny-llama-gqa" if method == "eagle3" else "tiny-mimo-mtp")
-    vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
-    systems, prompts, num_relay = workload(vocab, seed=5)
-    spec = {"method": method, "num_speculative_tokens": tokens}
-    if method == "eagle3":
-        spec["model"] = get_model("tiny-llama-gqa-eagle3")
+    model, spec, (systems, prompts, num_relay) = drafter_setup(method, tokens)
     # No prompt chunked (vLLM's own drafts differ between a chunked and a whole prefill), the same for both.
     knobs = {"max_num_batched_tokens": 2048, "max_num_seqs": 16, "max_model_len": 512}
     relay_engine = {
