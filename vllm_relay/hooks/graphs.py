@@ -127,7 +127,7 @@ class RelayCudaGraphManager(ModelCudaGraphManager, _CaptureWithLevels):
         step = self.relay_state.step if self.relay_state is not None else None
         if step is None:
             return desc
-        if uniform_token_count == 1 and _has_twin(desc) and step.tree is not None:  # a one-token decode
+        if uniform_token_count == 1 and _has_twin(desc, self.decode_query_len) and step.tree is not None:
             twin = levels_twin(desc, True)
             if twin not in self.graphs or not _runs_unsplit(self.relay_state.planner, step, desc.num_tokens):
                 twin = levels_twin(desc)
