@@ -12,7 +12,7 @@ model=$(python3 -m vllm_relay.testing build "$name" | tail -1 | cut -f2)
 config=$(python3 -m tests.entrypoints.server)  # the relay configuration the tests expect
 port=8766
 key=relay-test-key
-VLLM_PLUGINS=relay python3 -m vllm.entrypoints.cli.main serve "$model" --load-format dummy \
+VLLM_PLUGINS=relay VLLM_SERVER_DEV_MODE=1 python3 -m vllm.entrypoints.cli.main serve "$model" --load-format dummy \
   --attention-backend relay --served-model-name "$name" --host 127.0.0.1 --port $port --max-model-len 4096 \
   --api-key $key --enable-prompt-tokens-details --additional-config "$config" >"$out/endpoints_server.log" 2>&1 &
 pid=$!

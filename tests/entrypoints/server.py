@@ -3,8 +3,8 @@
 By default a server of the tiny test model is started (once per test session, see the
 `relay_server` fixture in tests/conftest.py). With VLLM_RELAY_TEST_SERVER=<base url> (and
 VLLM_RELAY_TEST_API_KEY) the tests run against that server instead: it must have been started with
-`--attention-backend relay`, VLLM_PLUGINS=relay, `--enable-prompt-tokens-details` and this
-module's RELAY configuration (`python -m tests.entrypoints.server` prints it; see
+`--attention-backend relay`, VLLM_PLUGINS=relay, VLLM_SERVER_DEV_MODE=1, `--enable-prompt-tokens-details`
+and this module's RELAY configuration (`python -m tests.entrypoints.server` prints it; see
 benchmarks/gpu/endpoints.sh).
 """
 
@@ -35,6 +35,8 @@ RELAY = {
 # Blocks of 16 tokens (vLLM's CPU default is 128): relay shares a prompt's whole blocks only.
 ARGS = ["--max-model-len", "1024", "--enable-prompt-tokens-details", "--block-size", "32"]
 PROMPTS = "/v1/relay/system_prompts"
+# vLLM's /pause and /resume (the delete test holds its streams in flight with them).
+ENV = {"VLLM_SERVER_DEV_MODE": "1"}
 # How long a test waits for the server to catch up (a counter, a drain) before it fails: generous, as
 # a slow or shared machine only makes the wait longer; a waiting test returns as soon as it is there.
 WAIT_S = 120
@@ -153,7 +155,8 @@ def relay_server() -> Iterator[Server]:
     from vllm_relay.testing.models import get_model
     from vllm_relay.testing.server import RelayServer
 
-    with RelayServer(get_model("tiny-llama-gqa"), SERVED_NAME, relay=RELAY, args=ARGS, api_key=API_KEY) as s:
+    with RelayServer(get_model("tiny-llama-gqa"), SERVED_NAME, relay=RELAY, args=ARGS, api_key=API_KEY,
+                     env=ENV) as s:
         yield Server(s.url, API_KEY, SERVED_NAME, s.log_text)
 
 

@@ -17,9 +17,8 @@ pytestmark = pytest.mark.engine
 
 SUPPORT = ("You are the support assistant of a shipping company. Answer briefly and politely, and say where the "
            "customer can track a parcel when they ask about one.")
-# Tokens per stream in the delete test: enough that all 32 are still running when the delete
-# comes, also on a GPU (the delete follows every stream's first chunk).
-STREAM_TOKENS = 128
+# Tokens per stream in the delete test (the engine is paused while the delete comes).
+STREAM_TOKENS = 32
 
 
 @pytest.fixture
@@ -252,7 +251,7 @@ def test_text_prompt_and_chat_mismatch_are_reported(server):
 def test_delete_while_32_streams_are_in_flight(server):
     first = register(server, "drain", messages=[{"role": "system", "content": SUPPORT}])
     outputs, deleted, again = asyncio.run(streams_then_delete(server, 32))
-    assert deleted["state"] == "draining" and deleted["deleted"] is True and deleted["live_requests"] >= 1
+    assert deleted["state"] == "draining" and deleted["deleted"] is True and deleted["live_requests"] == 32
     assert (
         again["state"] == "ready"
         and again["slot"] != first["slot"]
@@ -283,13 +282,15 @@ def test_delete_while_32_streams_are_in_flight(server):
 
 
 async def streams_then_delete(server, n):
+    """Start `n` streams on "drain", delete it while all of them are in flight, register it again.
+
+    vLLM's engine is paused (mode "keep": requests stay, nothing runs) from before the streams to
+    after the new registration took its slot, so the delete finds every stream still running and
+    the new registration finds the old one still draining, however fast the engine decodes.
+    """
     import aiohttp
 
-    started = asyncio.Event()
-    first_chunks = 0
-
     async def stream(session, i):
-        nonlocal first_chunks
         body = {
             "model": server.model,
             "max_tokens": STREAM_TOKENS,
@@ -299,7 +300,7 @@ async def streams_then_delete(server, n):
             "stream_options": {"include_usage": True},
             "messages": [{"role": "system", "content": SUPPORT}, {"role": "user", "content": f"Parcel {i}?"}],
         }
-        text, finish, usage, counted_first = "", None, None, False
+        text, finish, usage = "", None, None
         async with session.post(server.url + "/v1/chat/completions", json=body) as r:
             assert r.status == 200, await r.text()
             async for line in r.content:
@@ -310,25 +311,36 @@ async def streams_then_delete(server, n):
                 for choice in chunk.get("choices") or []:
                     text += choice["delta"].get("content") or ""
                     finish = choice.get("finish_reason") or finish
-                    if not counted_first:
-                        counted_first = True
-                        first_chunks += 1
-                        if first_chunks == n:
-                            started.set()
                 usage = chunk.get("usage") or usage
         return {"text": text, "finish_reason": finish, "completion_tokens": usage["completion_tokens"]}
 
+    def call(method, path, body=None):
+        return asyncio.to_thread(server.call, method, path, body)
+
+    def live():
+        return (server.prompt("drain") or {}).get("live_requests") == n
+
+    def refilling():
+        _, listing = server.call("GET", PROMPTS)
+        return sorted(p["state"] for p in listing["data"] if p["name"] == "drain") == ["draining", "filling"]
+
+    paused = await call("POST", "/pause?mode=keep&clear_cache=false")
+    assert paused[0] == 200, f"the server must run with VLLM_SERVER_DEV_MODE=1 (vLLM's /pause): {paused}"
     timeout = aiohttp.ClientTimeout(total=600)
-    async with aiohttp.ClientSession(headers=server.headers(), timeout=timeout) as session:
-        tasks = [asyncio.create_task(stream(session, i)) for i in range(n)]
-        await asyncio.wait_for(started.wait(), 300)
-        deleted = await asyncio.to_thread(server.call, "DELETE", f"{PROMPTS}/drain")
-        again = await asyncio.to_thread(
-            server.call,
-            "POST",
-            PROMPTS,
-            {"name": "drain", "messages": [{"role": "system", "content": SUPPORT}]},
-        )
-        outputs = await asyncio.gather(*tasks)
-    assert deleted[0] == 200 and again[0] == 201, (deleted, again)
+    try:
+        async with aiohttp.ClientSession(headers=server.headers(), timeout=timeout) as session:
+            tasks = [asyncio.create_task(stream(session, i)) for i in range(n)]
+            await asyncio.to_thread(wait_for, live, what=f"{n} requests on the prompt")
+            deleted = await call("DELETE", f"{PROMPTS}/drain")
+            register_again = asyncio.create_task(
+                call("POST", PROMPTS, {"name": "drain", "messages": [{"role": "system", "content": SUPPORT}]})
+            )
+            # Its slot is taken at once; its fill runs once the engine resumes.
+            await asyncio.to_thread(wait_for, refilling, what="the new registration beside the draining one")
+            resumed = await call("POST", "/resume")
+            again = await register_again
+            outputs = await asyncio.gather(*tasks)
+    finally:
+        await call("POST", "/resume")  # never leave the shared server paused
+    assert deleted[0] == 200 and again[0] == 201 and resumed[0] == 200, (deleted, again, resumed)
     return outputs, deleted[1], again[1]
