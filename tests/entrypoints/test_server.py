@@ -320,27 +320,25 @@ async def streams_then_delete(server, n):
     def live():
         return (server.prompt("drain") or {}).get("live_requests") == n
 
-    def refilling():
+    def beside_draining():
         _, listing = server.call("GET", PROMPTS)
         return sorted(p["state"] for p in listing["data"] if p["name"] == "drain") == ["draining", "filling"]
 
     paused = await call("POST", "/pause?mode=keep&clear_cache=false")
     assert paused[0] == 200, f"the server must run with VLLM_SERVER_DEV_MODE=1 (vLLM's /pause): {paused}"
     timeout = aiohttp.ClientTimeout(total=600)
-    try:
-        async with aiohttp.ClientSession(headers=server.headers(), timeout=timeout) as session:
-            tasks = [asyncio.create_task(stream(session, i)) for i in range(n)]
+    async with aiohttp.ClientSession(headers=server.headers(), timeout=timeout) as session:
+        tasks = [asyncio.create_task(stream(session, i)) for i in range(n)]
+        try:
             await asyncio.to_thread(wait_for, live, what=f"{n} requests on the prompt")
             deleted = await call("DELETE", f"{PROMPTS}/drain")
-            register_again = asyncio.create_task(
-                call("POST", PROMPTS, {"name": "drain", "messages": [{"role": "system", "content": SUPPORT}]})
-            )
+            registering = asyncio.create_task(asyncio.to_thread(
+                register, server, "drain", messages=[{"role": "system", "content": SUPPORT}]))
             # Its slot is taken at once; its fill runs once the engine resumes.
-            await asyncio.to_thread(wait_for, refilling, what="the new registration beside the draining one")
-            resumed = await call("POST", "/resume")
-            again = await register_again
-            outputs = await asyncio.gather(*tasks)
-    finally:
-        await call("POST", "/resume")  # never leave the shared server paused
-    assert deleted[0] == 200 and again[0] == 201 and resumed[0] == 200, (deleted, again, resumed)
-    return outputs, deleted[1], again[1]
+            await asyncio.to_thread(wait_for, beside_draining, what="the new registration beside the draining one")
+        finally:
+            resumed = await call("POST", "/resume")  # also on failure: never leave the shared server paused
+        again = await registering
+        outputs = await asyncio.gather(*tasks)
+    assert deleted[0] == 200 and resumed[0] == 200, (deleted, resumed)
+    return outputs, deleted[1], again
