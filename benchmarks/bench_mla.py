@@ -104,8 +104,8 @@ def case(heads: int, n: int, P: int, c: int, device: str = "cuda", seed: int = 0
 
 
 def ops(q, latent, prompt, own_tables, own, tables, P):
-    """The two ways and relay's level call alone (closures over the output buffers FlashMLA writes), and
-    the two ways' outputs, [n, H, 512]."""
+    """The two ways and relay's level call alone, each returning its output [n, H, 512] (FlashMLA allocates
+    its outputs: its `out` argument takes the kernel's inner layout, not the one it returns)."""
     from vllm.v1.attention.ops.flashmla import flash_mla_with_kvcache, get_mla_metadata
 
     n, heads, _ = q.shape
@@ -115,39 +115,35 @@ def ops(q, latent, prompt, own_tables, own, tables, P):
     own_lens = torch.tensor(own, device=dev, dtype=torch.int32)
     sys_lens = torch.tensor([P], device=dev, dtype=torch.int32)
     meta_whole, meta_sys, meta_own = (get_mla_metadata()[0] for _ in range(3))
-    out_whole = torch.empty(n, 1, heads, LATENT, device=dev, dtype=q.dtype)
-    out_sys = torch.empty(1, n, heads, LATENT, device=dev, dtype=q.dtype)
-    out_own = torch.empty(n, 1, heads, LATENT, device=dev, dtype=q.dtype)
-
-    def call(query, table, lens, meta, out):
-        return flash_mla_with_kvcache(q=query, k_cache=cache, block_table=table, cache_seqlens=lens,
-                                      head_dim_v=LATENT, tile_scheduler_metadata=meta, softmax_scale=SCALE,
-                                      causal=False, is_fp8_kvcache=False, out=out)[1]
-
-    def flashmla():
-        call(q.unsqueeze(1), tables, whole_lens, meta_whole, out_whole)
-
+    out_relay = torch.empty(n, heads, LATENT, device=dev, dtype=q.dtype)
     prompt_table = prompt[None].contiguous()
 
-    def level():
-        return call(q.unsqueeze(0), prompt_table, sys_lens, meta_sys, out_sys)  # [1, H, n]
+    def call(query, table, lens, meta):  # (out [b, s_q, H, 512], lse [b, H, s_q])
+        return flash_mla_with_kvcache(q=query, k_cache=cache, block_table=table, cache_seqlens=lens,
+                                      head_dim_v=LATENT, tile_scheduler_metadata=meta, softmax_scale=SCALE,
+                                      causal=False, is_fp8_kvcache=False)
+
+    def flashmla():
+        return call(q.unsqueeze(1), tables, whole_lens, meta_whole)[0][:, 0]
+
+    def level():  # the n requests as one sequence of n query tokens over the prompt's pages
+        return call(q.unsqueeze(0), prompt_table, sys_lens, meta_sys)
 
     def relay():
-        lse_sys = level()
-        lse_own = call(q.unsqueeze(1), own_tables, own_lens, meta_own, out_own)  # [n, H, 1]
-        relay_fusion(out_sys[0], lse_sys[0].t(), out_own[:, 0], lse_own[:, :, 0], out=out_own[:, 0],
-                     lse_layout="th")
+        out_sys, lse_sys = level()  # [1, n, H, 512], [1, H, n]
+        out_own, lse_own = call(q.unsqueeze(1), own_tables, own_lens, meta_own)  # [n, 1, H, 512], [n, H, 1]
+        return relay_fusion(out_sys[0], lse_sys[0].t(), out_own[:, 0], lse_own[:, :, 0], out=out_relay,
+                            lse_layout="th")
 
-    return dict(flashmla=flashmla, relay=relay, level=level), out_whole[:, 0], out_own[:, 0]
+    return dict(flashmla=flashmla, relay=relay, level=level)
 
 
 def check(heads: int) -> float:
     """Both ways against the fp32 reference on a small step; the larger error."""
     q, latent, prompt, own_tables, own, tables = case(heads, n=5, P=4 * BLOCK, c=100, seed=1)
     ref = reference(q, latent, tables, torch.tensor([4 * BLOCK + o for o in own]))
-    fns, out_whole, out_relay = ops(q, latent, prompt, own_tables, own, tables, 4 * BLOCK)
-    fns["flashmla"]()
-    fns["relay"]()
+    fns = ops(q, latent, prompt, own_tables, own, tables, 4 * BLOCK)
+    out_whole, out_relay = fns["flashmla"](), fns["relay"]()
     torch.cuda.synchronize()
     return max((out.float() - ref).abs().max().item() for out in (out_whole, out_relay))
 
@@ -155,9 +151,8 @@ def check(heads: int) -> float:
 def point(name, heads, n, P, c, card, rep) -> dict:
     """One timed point: both ways checked against each other, then timed, with their bounds."""
     q, latent, prompt, own_tables, own, tables = case(heads, n, P, c)
-    fns, out_whole, out_relay = ops(q, latent, prompt, own_tables, own, tables, P)
-    fns["flashmla"]()
-    fns["relay"]()
+    fns = ops(q, latent, prompt, own_tables, own, tables, P)
+    out_whole, out_relay = fns["flashmla"](), fns["relay"]()
     diff = (out_whole.float() - out_relay.float()).abs().max().item()
     t = {k: graph_ms(fn, rep)[0] for k, fn in fns.items()}
     cost = step_cost(heads, P, own)
