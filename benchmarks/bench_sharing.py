@@ -233,6 +233,7 @@ def markdown(results, card, sh, args) -> str:
              "| point | " + " | ".join(configs) + " | bound | relay / bound | relay / default "
              "| relay / SGLang | relay / reachable |", "|---|" + "---|" * (len(configs) + 5)]
     pts = points(args)
+    bounds = {}  # point index: (the bound's seconds, its output tokens/s)
     for i, point in enumerate(pts):
         get = {c: results[c]["rows"][i] for c in configs}
         label = ", ".join(f"{k}={v}" for k, v in point.items())
@@ -246,6 +247,7 @@ def markdown(results, card, sh, args) -> str:
         if "ceiling" in get:
             b_s = bound_s(point, get["ceiling"]["elapsed_s"], card, sh, args)
             b = get["ceiling"]["tokens_per_s"] * get["ceiling"]["elapsed_s"] / b_s
+            bounds[i] = (b_s, b)
             bound = f"{b:.0f} | " + (f"{get['relay']['tokens_per_s'] / b:.2f}" if "relay" in get else "")
             floor = prefill_floor_s(point, card, sh)
             if floor is not None and "relay" in get:
@@ -256,9 +258,11 @@ def markdown(results, card, sh, args) -> str:
         return "\n".join(lines) + "\n"
     lines += ["", "Relay / reachable: against the bound plus the least time one prefill of the shared prompt "
               "takes (its FLOPs at the matmul rate above), which the bound leaves out and no engine can skip.", "",
-              "First token of the n completions of a cold prompt (s):", "",
-              "| point | " + " | ".join(configs) + " | relay / relay at n=1 |",
-              "|---|" + "---|" * (len(configs) + 1)]
+              "First token of the n completions of a cold prompt (s); and relay's output tokens/s against the "
+              "bound plus the prompt's one prefill as this engine ran it (relay's first token at n=1, the "
+              "same prefill as vLLM's), where the run has n=1:", "",
+              "| point | " + " | ".join(configs) + " | relay / relay at n=1 | relay / (bound + prefill at n=1) |",
+              "|---|" + "---|" * (len(configs) + 2)]
 
     def first(c, j):
         return results[c]["rows"][j]["first_token_s"]
@@ -269,8 +273,12 @@ def markdown(results, card, sh, args) -> str:
         one = [j for j, q in enumerate(pts)
                if q["workload"] == "samples" and q["P"] == point["P"] and q["n"] == 1]
         rel = f"{first('relay', i) / first('relay', one[0]):.2f}" if one and "relay" in results else ""
+        run = ""
+        if one and "relay" in results and i in bounds:
+            (b_s, b), tps = bounds[i], results["relay"]["rows"][i]["tokens_per_s"]
+            run = f"{tps * (b_s + first('relay', one[0])) / (b * b_s):.2f}"
         cells = " | ".join(f"{first(c, i):.3f}" for c in configs)
-        lines.append(f"| P={point['P']}, n={point['n']} | {cells} | {rel} |")
+        lines.append(f"| P={point['P']}, n={point['n']} | {cells} | {rel} | {run} |")
     return "\n".join(lines) + "\n"
 
 

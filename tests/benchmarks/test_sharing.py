@@ -105,13 +105,15 @@ def test_markdown_table_has_a_row_per_point_with_the_ratios():
             assert float(line.split(" | ")[-4]) < float(line.split(" | ")[-1].rstrip(" |"))  # relay / bound
     assert lines[-1].endswith("| 0.25 | | | | | |")  # latency rows: no bound, no ratios
     assert "no engine can skip" in md
-    # the first token of n completions, each config, and relay's against its own n=1 at the same P
+    # the first token of n completions, each config, and relay's against its own n=1 at the same P; relay's
+    # output tokens/s against the bound plus that n=1 first token (the prompt's prefill as the engine ran it)
     first = [line for line in md.splitlines() if line.startswith("| P=")]
     samples = [p for p in points if p["workload"] == "samples"]
     assert len(first) == len(samples)
     for line, p in zip(first, samples):
         ones = [q for q in samples if q["P"] == p["P"] and q["n"] == 1]
-        assert line.endswith(f"| {p['n']:.2f} |" if ones else "|  |")
+        b_s = bench.bound_s(p, 1.0, card, SHAPE, args)
+        assert line.endswith(f"| {p['n']:.2f} | {800 * (b_s + 1 / 800) / 1000:.2f} |" if ones else "|  |  |")
         assert line.split(" | ")[2] == f"{p['n'] / 800:.3f}"  # relay's column
     assert all(line.count("|") == lines[0].count("|") for line in lines)
     assert lines[-1].split(" | ")[1:5] == ["0.10", "0.12", "1.00", "0.25"]  # latency: ms per step
