@@ -226,6 +226,12 @@ def prefill_floor_s(point, card, sh) -> float | None:
     return flops / card["bf16_flop_per_s"]
 
 
+def over_bound_plus(tokens_per_s: float, bound: tuple[float, float], prefill_s: float) -> float:
+    """Output tokens/s against the bound (its seconds and tokens/s) with `prefill_s` added to its time."""
+    b_s, b = bound
+    return tokens_per_s * (b_s + prefill_s) / (b * b_s)
+
+
 def markdown(results, card, sh, args) -> str:
     configs = [c for c in results if c != "card"]
     lines = [f"{card['device']}: copy {card['copy_bytes_per_s'] / 1e12:.2f} TB/s, bf16 matmul "
@@ -251,7 +257,7 @@ def markdown(results, card, sh, args) -> str:
             bound = f"{b:.0f} | " + (f"{get['relay']['tokens_per_s'] / b:.2f}" if "relay" in get else "")
             floor = prefill_floor_s(point, card, sh)
             if floor is not None and "relay" in get:
-                most = f"{get['relay']['tokens_per_s'] * (b_s + floor) / (b * b_s):.2f}"
+                most = f"{over_bound_plus(get['relay']['tokens_per_s'], bounds[i], floor):.2f}"
         lines.append(f"| {label} | " + " | ".join(cells) + f" | {bound} | {ratio('relay', 'default')} | "
                      f"{ratio('relay', 'sglang')} | {most} |")
     if not any(w == "samples" for w in args.workloads.split(",")):
@@ -275,8 +281,8 @@ def markdown(results, card, sh, args) -> str:
         rel = f"{first('relay', i) / first('relay', one[0]):.2f}" if one and "relay" in results else ""
         run = ""
         if one and "relay" in results and i in bounds:
-            (b_s, b), tps = bounds[i], results["relay"]["rows"][i]["tokens_per_s"]
-            run = f"{tps * (b_s + first('relay', one[0])) / (b * b_s):.2f}"
+            tps = results["relay"]["rows"][i]["tokens_per_s"]
+            run = f"{over_bound_plus(tps, bounds[i], first('relay', one[0])):.2f}"
         cells = " | ".join(f"{first(c, i):.3f}" for c in configs)
         lines.append(f"| P={point['P']}, n={point['n']} | {cells} | {rel} | {run} |")
     return "\n".join(lines) + "\n"
