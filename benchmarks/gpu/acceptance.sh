@@ -85,7 +85,8 @@
 #             about 5 min per P)
 #   sglang-serve  chat through SGLang's OpenAI server, relay's and vLLM's default, as `serve` (about 9 min;
 #             SGLANG_CONFIGS=sglang,relay: about 6)
-# Steps run one after another, each well under a call's 600 s. With --side-by-side the test steps (not
+# A test step that fails leaves its engines' outputs in $OUT/STEP-outputs.tgz (KEEP_OUTPUTS=1: every test
+# step). Steps run one after another, each well under a call's 600 s. With --side-by-side the test steps (not
 # host and the throughput jobs, which need the machine alone) run at once, each engine on a share of the
 # GPU with a fixed KV cache (RELAY_TEST_GPU_SHARE, tests/e2e/engine_runner.py): vLLM's memory profiling
 # expects the GPU to itself and fails when other processes free memory meanwhile. Each step gets its own vLLM
@@ -204,6 +205,13 @@ run() {  # one step into $out/STEP.txt; its exit status
             --out "$out/sglang_serving_llama3_$stamp.json" ;;
     *) echo "unknown step $step" >&2; return 2 ;;
   esac > "$out/$step.txt" 2>&1
+  local rc=$?
+  # A failed test step's engines' outputs (every *.out.json: tokens and logprobs) come back as one file,
+  # to read which engine parted where; KEEP_OUTPUTS=1 keeps a passing step's too.
+  if { [ $rc != 0 ] || [ -n "${KEEP_OUTPUTS:-}" ]; } && [ -d "/tmp/pytest-relay/$step" ]; then
+    (cd "/tmp/pytest-relay/$step" && find . -name '*.out.json' | tar -czf "$out/$step-outputs.tgz" -T -)
+  fi
+  return $rc
 }
 
 if [ $side = 1 ]; then
