@@ -87,8 +87,10 @@ XARGS = "not an error: dropped, with a warning (only the engine core tags reques
 
 DRAFTER_BACKEND = "speculative_config.attention_backend=CPU_ATTN: with the relay attention backend the drafter's"
 RUNNER_ERROR = "VLLM_USE_V2_MODEL_RUNNER=0: the relay attention backend runs on vLLM's Model Runner V2 on GPUs"
+MLA_ERROR = ("MLA (multi-head latent attention, DeepSeek-V2/V3's): the relay attention backend extends vLLM's "
+             "FlashAttention backend, not an MLA one")
 ALL_ERRORS = [row[-1] for row in FRONT_END] + [e for _, e in REGISTRATION] + [
-    FILL_FAILED, ENGINE_FEATURES, MODEL_FEATURES, XARGS, RUNNER_ERROR, DRAFTER_BACKEND]
+    FILL_FAILED, ENGINE_FEATURES, MODEL_FEATURES, XARGS, RUNNER_ERROR, DRAFTER_BACKEND, MLA_ERROR]
 
 
 @pytest.fixture(autouse=True)
@@ -355,6 +357,20 @@ def test_the_v1_runner_is_refused_on_gpus_in_the_front_end(monkeypatch):
     check_runner(SimpleNamespace(use_v2_model_runner=True))
     with pytest.raises(ValueError, match=re.escape(RUNNER_ERROR)):
         check_runner(SimpleNamespace(use_v2_model_runner=False))
+
+
+def test_an_mla_model_is_refused_in_the_front_end():
+    """DeepSeek-V2-Lite's shape (latent attention, dense MLPs; config only): vLLM builds its engine config,
+    and with relay selected the front end refuses it, naming MLA, before any engine process starts
+    (without the check the CPU's workers would fail once started, vLLM having turned prefix caching off)."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    from vllm_relay.testing.models import get_model
+
+    args = dict(model=get_model("deepseek-v2-lite-shape"), load_format="dummy", max_model_len=4096)
+    assert EngineArgs(**args).create_engine_config().model_config.use_mla
+    with pytest.raises(ValueError, match=re.escape(MLA_ERROR)):
+        EngineArgs(**args, attention_backend="relay").create_engine_config()
 
 
 def test_readme_table_lists_every_tested_row():

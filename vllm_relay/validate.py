@@ -105,6 +105,7 @@ def validate_engine_config(vllm_config) -> dict[str, list[int]]:
     """
     envs.check()
     check_runner(vllm_config)
+    check_model(vllm_config)
     config = RelayConfig.from_vllm(vllm_config.additional_config)
     tools = PromptTools(vllm_config)
     # The block size is final here only if the user chose it: otherwise the engine picks the
@@ -113,6 +114,16 @@ def validate_engine_config(vllm_config) -> dict[str, list[int]]:
     block_size = cache.block_size if cache.user_specified_block_size else None
     return {name: resolve_prompt(name, spec, config, vllm_config, tools, block_size)
             for name, spec in config.system_prompts.items()}
+
+
+def check_model(vllm_config) -> None:
+    """Refuse, before any engine process starts, a model whose attention relay does not serve: MLA's
+    latent attention runs on vLLM's MLA backends, which relay does not extend (on the CPU vLLM would
+    also turn prefix caching off for it)."""
+    if getattr(vllm_config.model_config, "use_mla", False):
+        raise ValueError("MLA (multi-head latent attention, DeepSeek-V2/V3's): the relay attention backend extends "
+                         "vLLM's FlashAttention backend, not an MLA one; serve this model without "
+                         "--attention-backend relay")
 
 
 def check_runner(vllm_config) -> None:

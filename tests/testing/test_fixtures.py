@@ -206,8 +206,12 @@ def test_feature_shape_models_are_configs_vllm_reads_for_relay(built):
     from vllm.engine.arg_utils import EngineArgs
 
     for name in ("gemma-3-12b-shape", "gpt-oss-20b-attention-shape", "qwen2.5-vl-7b-shape", "llama-3-8b-shape-eagle3",
-                 "mimo-7b-shape"):
+                 "mimo-7b-shape", "deepseek-v2-lite-shape"):
         assert not list(built[name].glob("*.safetensors")), name
+    ds = AutoConfig.from_pretrained(built["deepseek-v2-lite-shape"])  # MLA; relay refuses it (test_validate.py)
+    assert (ds.num_attention_heads, ds.kv_lora_rank, ds.qk_rope_head_dim, ds.q_lora_rank, ds.num_hidden_layers,
+            ds.first_k_dense_replace) == (16, 512, 64, None, 27, 27)
+    assert len(AutoTokenizer.from_pretrained(built["deepseek-v2-lite-shape"])) == ds.vocab_size == 102400
     gemma = AutoConfig.from_pretrained(built["gemma-3-12b-shape"])
     assert (gemma.hidden_size, gemma.num_hidden_layers, gemma.num_attention_heads, gemma.num_key_value_heads,
             gemma.head_dim, gemma.sliding_window) == (3840, 48, 16, 8, 256, 1024)

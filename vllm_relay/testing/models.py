@@ -29,7 +29,8 @@ benchmarks load is built by this module:
 - ``gemma-3-12b-shape`` (five sliding-window layers of 1024 tokens to each global one, head size
   256), ``qwen2.5-vl-7b-shape`` (M-RoPE, with its vision tower; text prompts: ``VL_ENGINE``) and
   ``llama-3-8b-shape-eagle3`` (an EAGLE-3 head for ``llama-3-8b-shape``), ``mimo-7b-shape`` (MiMo-7B
-  with its MTP layer): the same, for the features relay serves at the sizes users serve them.
+  with its MTP layer): the same, for the features relay serves at the sizes users serve them;
+  ``deepseek-v2-lite-shape`` (DeepSeek-V2-Lite's latent attention, dense MLPs): an MLA model.
 
 Every folder carries the tokenizer from ``tokenizer.py`` (3072 tokens). In the
 shape folders it is padded with filler words up to ``vocab_size``, so every id a
@@ -142,8 +143,18 @@ SHAPE_MODELS["gpt-oss-20b-attention-shape"] = dict(
     num_hidden_layers=24, num_attention_heads=64, num_key_value_heads=8, head_dim=64, sliding_window=128,
     layer_types=["sliding_attention", "full_attention"] * 12, attention_sinks=True, attention_multiplier=0.125,
     rope_theta=150000.0, rms_norm_eps=1e-5, tie_word_embeddings=False, dtype="bfloat16")
+# DeepSeek-V2-Lite's multi-head latent attention (16 query heads; a latent of 512 and 64 rotary values a
+# token, cached as one 576-value vector; no query LoRA) with the dense MLP of its first layer in all 27 (its
+# MoE layers replaced: `first_k_dense_replace` = the layer count), its vocabulary: MLA at its real size.
+SHAPE_MODELS["deepseek-v2-lite-shape"] = dict(
+    vocab_size=102400, max_position_embeddings=16384, hidden_size=2048, intermediate_size=10944,
+    num_hidden_layers=27, num_attention_heads=16, num_key_value_heads=16, kv_lora_rank=512, q_lora_rank=None,
+    qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128, n_routed_experts=64, n_shared_experts=2,
+    moe_intermediate_size=1408, num_experts_per_tok=6, first_k_dense_replace=27, rope_theta=10000.0,
+    rms_norm_eps=1e-6, tie_word_embeddings=False, dtype="bfloat16")
 SHAPE_CONFIGS = {"gemma-3-12b-shape": "Gemma3TextConfig"}  # (Gemma3Config is the multimodal model's)
-SHAPE_ARCHITECTURES = {"gemma-3-12b-shape": "Gemma3ForCausalLM", "gpt-oss-20b-attention-shape": "GraniteForCausalLM"}
+SHAPE_ARCHITECTURES = {"gemma-3-12b-shape": "Gemma3ForCausalLM", "gpt-oss-20b-attention-shape": "GraniteForCausalLM",
+                       "deepseek-v2-lite-shape": "DeepseekV2ForCausalLM"}
 
 # Qwen2.5-VL: the text model of the tiny ones (head size 32: M-RoPE sections of 4, 6 and 6 rotary pairs)
 # and a vision tower of two blocks, for text-only prompts.
