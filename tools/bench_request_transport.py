@@ -1,12 +1,14 @@
-"""The transport of n samples of one prompt from the front end to the engine core, on the host's CPU.
+"""The transport of n samples of one prompt from the front end to the engine core: vLLM's against a relay
+engine's (`vllm_relay/hooks/transport.py`: a prompt sent right after itself goes as a reference), on the
+host's CPU.
 
-vLLM fans a request with n > 1 out in the front end: each of the n child requests travels to the engine
-core on its own, with its own copy of the prompt's token ids, encoded by the front end and decoded by the
-engine core's input thread with vLLM's msgpack codec (`vllm.v1.serial_utils`), before the scheduler can
-admit it. Timed here, ms for all n children (median of --reps), for a prompt of P tokens:
-  every     each child carries the prompt (vLLM's fan-out in the front end)
-  first     the first child alone carries it, the others none (what a fan-out in the engine core would send)
-  one       each child's prompt is one token (what n requests cost whatever their prompts)
+vLLM fans a request with n > 1 out in the front end: each child request travels to the engine core on its
+own, encoded by the front end and decoded by the engine core's input thread with vLLM's msgpack codec
+(`vllm.v1.serial_utils`), each with its own copy of the prompt's ids. Relay's front end sends the first
+child's prompt and marks the others as references (`outgoing`), and the engine core gives them the prompt
+back (`engine/requests.py`'s `SentPrompts.resolve`). Timed here: ms for all n children of a P-token
+prompt (median of --reps), encoding (front end) and decoding (engine core) apart, and the same for n
+children of a one-token prompt (what n requests cost whatever their prompts).
 Usage: python3 tools/bench_request_transport.py [--prompt-lens 2048,16000] [--n 256] [--out F.json]
 """
 
@@ -17,11 +19,10 @@ import random
 import statistics
 import time
 
-WAYS = ("every", "first", "one")
 
-
-def children(ids: list, n: int, way: str) -> list:
-    """The n child requests of one request with prompt `ids`, as the front end sends them."""
+def children(ids: list, n: int) -> list:
+    """The n child requests of one request with prompt `ids` as vLLM's front end makes them (shallow
+    copies: one prompt list)."""
     from vllm import SamplingParams
     from vllm.v1.engine import EngineCoreRequest
 
@@ -33,31 +34,36 @@ def children(ids: list, n: int, way: str) -> list:
     for i in range(n):
         child = copy.copy(parent)
         child.request_id = f"{i}_r"
-        if way == "one":
-            child.prompt_token_ids = ids[:1]
-        else:
-            child.prompt_token_ids = ids if way == "every" or i == 0 else []
         reqs.append(child)
     return reqs
 
 
-def transport_ms(reqs: list, reps: int) -> dict:
-    """Median ms to encode all of `reqs` (front end) and to decode them (engine core)."""
+class _Client:  # a front-end client (relay's front end remembers what it sent each one's engines)
+    pass
+
+
+def transport_ms(reqs: list, relay: bool, reps: int) -> dict:
+    """Median ms to send all of `reqs` (relay's `outgoing`, then encoding) and to receive them (decoding,
+    then relay's `SentPrompts.resolve`); the prompts received are checked against those sent."""
     from vllm.v1.engine import EngineCoreRequest
     from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
 
+    from vllm_relay.engine.requests import SentPrompts
+    from vllm_relay.hooks.transport import outgoing
+
     enc, dec = MsgpackEncoder(), MsgpackDecoder(EngineCoreRequest)
-    encode, decode = [], []
+    send, receive = [], []
     for _ in range(reps):
+        client, prompts = _Client(), SentPrompts()  # a fresh front end and engine core each round
         t0 = time.perf_counter()
-        frames = [enc.encode(r) for r in reqs]
+        frames = [enc.encode(outgoing(client, r, 0) if relay else r) for r in reqs]
         t1 = time.perf_counter()
-        for f in frames:
-            dec.decode(f)
+        got = [prompts.resolve(dec.decode(f)) if relay else dec.decode(f) for f in frames]
         t2 = time.perf_counter()
-        encode.append(t1 - t0)
-        decode.append(t2 - t1)
-    return {"encode_ms": statistics.median(encode) * 1e3, "decode_ms": statistics.median(decode) * 1e3,
+        send.append(t1 - t0)
+        receive.append(t2 - t1)
+        assert all(g.prompt_token_ids == r.prompt_token_ids for g, r in zip(got, reqs, strict=True))
+    return {"send_ms": statistics.median(send) * 1e3, "receive_ms": statistics.median(receive) * 1e3,
             "bytes": sum(len(x) for f in frames for x in f)}
 
 
@@ -70,13 +76,13 @@ def main():
     args = p.parse_args()
     rng = random.Random(0)
     rows = []
-    for length in map(int, args.prompt_lens.split(",")):
-        ids = [rng.randrange(100, 32000) for _ in range(length)]
-        for way in WAYS:
-            row = {"prompt_len": length, "n": args.n, "way": way, **transport_ms(children(ids, args.n, way), args.reps)}
+    for length in [1, *map(int, args.prompt_lens.split(","))]:
+        reqs = children([rng.randrange(100, 32000) for _ in range(length)], args.n)
+        for side in ("vllm", "relay"):
+            row = {"prompt_len": length, "n": args.n, "side": side, **transport_ms(reqs, side == "relay", args.reps)}
             rows.append(row)
-            print(f"P={length:6d} n={args.n} {way:6s} encode {row['encode_ms']:7.2f} ms  decode "
-                  f"{row['decode_ms']:7.2f} ms  {row['bytes'] / 1e6:6.2f} MB", flush=True)
+            print(f"P={length:6d} n={args.n} {side:5s} send {row['send_ms']:7.2f} ms  receive "
+                  f"{row['receive_ms']:7.2f} ms  {row['bytes'] / 1e6:6.2f} MB", flush=True)
     if args.out:
         json.dump({"args": vars(args), "rows": rows}, open(args.out, "w"), indent=1)
 
