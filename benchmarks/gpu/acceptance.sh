@@ -23,8 +23,8 @@
 #             vLLM's default and relay (CONFIGS; about 6 min); l3-mtp: the same with MiMo-7B's shape and
 #             its MTP layer (one draft token)
 #   host      the host-side timings of tools/ (prompt hashing, prefix-cache lookup of n samples, detokenizer
-#             priming: vLLM's code against relay's; n samples' transport to the engine core), CPU only (about
-#             1-2 min)
+#             priming, n samples' transport to the engine core, Model Runner V2's staging of new requests' ids):
+#             vLLM's code against relay's, CPU only (about 1-2 min)
 #   l3 l2     the P=2048 throughput jobs: Llama-3-8B shape default / relay / no prompt (about 7 min), Llama-2-7B
 #             shape relay / no prompt (about 5 min); run each three times, in three calls, for a median of jobs;
 #             l3 takes CONFIGS, and ENGINE_ARGS (JSON) turns a feature on for every side, e.g.
@@ -126,7 +126,8 @@ run() {  # one step into $out/STEP.txt; its exit status
     host) python3 tools/bench_prompt_hashes.py --out "$out/prompt_hashes.json" &&
           python3 tools/bench_cache_hits.py --rounds 5 --out "$out/cache_hits.json" &&
           python3 tools/bench_detokenizer.py --out "$out/detokenizer.json" &&
-          python3 tools/bench_request_transport.py --out "$out/request_transport.json" ;;
+          python3 tools/bench_request_transport.py --out "$out/request_transport.json" &&
+          python3 tools/bench_staged_tokens.py --out "$out/staged_tokens.json" ;;
     first-token) m=$(model llama-2-7b-shape)
         for c in relay default; do
           python3 tools/profile_first_token.py --config $c --model "$m" --out "$out/first_token_$c.json" || return

@@ -16,6 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
     ("bench_cache_hits.py", ["--prompt-lens", "256", "--n", "8", "--rounds", "1"]),
     ("bench_detokenizer.py", ["--prompt-lens", "256", "--n", "4", "--reps", "2", "--model", "tiny-llama-gqa"]),
     ("bench_request_transport.py", ["--prompt-lens", "256", "--n", "4", "--reps", "2"]),
+    ("bench_staged_tokens.py", ["--prompt-lens", "256", "--n", "4", "--reps", "2"]),
 ])
 def test_tool_runs_and_writes_json(script, args, tmp_path):
     out = tmp_path / "out.json"

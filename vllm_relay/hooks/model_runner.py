@@ -1,5 +1,6 @@
 """Worker hooks on Model Runner V2 (vLLM's runner on GPUs): relay's model state, the step planned
-before vLLM picks its CUDA graph, relay's graph manager, and a drafter's later passes (hooks/drafter.py).
+before vLLM picks its CUDA graph, relay's graph manager, a drafter's later passes (hooks/drafter.py) and
+the staging of new requests' token ids (hooks/staged_tokens.py).
 
 Applied in the worker when the first relay attention layer is built (`RelayAttentionImpl`), before
 vLLM makes the runner's model state; each hook acts only for a relay engine (a relay model state).
@@ -34,9 +35,10 @@ def _initialize_kv_cache(self, *args, **kwargs):
             from vllm_relay.hooks.graphs import relay_graphs
 
             relay_graphs(self.cudagraph_manager, self.model_state)
-        from vllm_relay.hooks import drafter
+        from vllm_relay.hooks import drafter, staged_tokens
 
         drafter.attach(self)  # a drafter of several tokens a step: its later passes on relay
+        staged_tokens.install(self.req_states)  # n samples' equal token lists converted once a step
     return result
 
 
