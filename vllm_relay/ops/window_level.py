@@ -34,8 +34,12 @@ _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 # The metadata tensors are slices of the planner's persistent buffers starting at rows that move with
 # the step (`prefix_table.py` says what a pointer's alignment costs): they are read an element at a time,
-# so no pointer is specialized on its alignment and one compiled variant serves every step.
+# so no pointer is specialized on its alignment and one compiled variant serves every step. Nor is the
+# LSE's row stride, which is the step's row count: 1, a multiple of 16 or neither would each compile a
+# variant of their own (as `fuse_in_place.py`'s LSE strides would), one of them first in some step after
+# the engine's start.
 _POINTERS = ["cu_ptr", "seqused_ptr", "bt_ptr", "key_start_ptr", "k_scale_ptr", "v_scale_ptr", "q_scale_ptr"]
+_MOVING = ["stride_lh", "stride_bt"]
 
 
 # Reductions spelled as `tl.max`, `tl.min` and `tl.sum` spell them, with their combine functions: those
@@ -68,7 +72,7 @@ def _dot(a, b, PRECISION: tl.constexpr, IN_FP32: tl.constexpr):
     return c
 
 
-@triton.jit(do_not_specialize=["stride_bt"], do_not_specialize_on_alignment=_POINTERS)
+@triton.jit(do_not_specialize=_MOVING, do_not_specialize_on_alignment=_POINTERS)
 def _window_level_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, cu_ptr, seqused_ptr, bt_ptr, key_start_ptr,
     q_scale_ptr, k_scale_ptr, v_scale_ptr, q_scale, k_scale, v_scale, softmax_scale, softcap,
