@@ -71,7 +71,7 @@ class StagedChunks:
         self._len = 0
         self.shared = 0
 
-    def __iter__(self):  # any other reader of the list (vLLM's fused writer of block tables iterates)
+    def __iter__(self):  # for a reader that iterates the list (vLLM's fused writer does, of other tensors')
         for start, n in self._pieces:
             yield from self._values[start: start + n]
 
