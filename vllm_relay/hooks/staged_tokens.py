@@ -14,7 +14,9 @@ Comparing two equal lists of 16000 ints costs about as much as converting one, u
 the same objects (Python compares those by identity first). The n samples' lists are made of the same
 ints: vLLM's front end gives its n children one prompt list, relay's transport sends it to the engine
 core once (`hooks/transport.py`), and each request's token list is a copy of its prompt list; so a
-sample's list compares equal to its first sibling's at a pointer compare a token.
+sample's list compares equal to its first sibling's at a pointer compare a token. The first one's
+values are sliced out of the staged values once, when a second list of its length and ends comes, and
+every later one compares with that slice.
 """
 
 from __future__ import annotations
@@ -39,7 +41,9 @@ class StagedChunks:
         self.dtype = dtype
         self._values: list = []  # every value but those of a repeated list, in order
         self._pieces: list[list[int]] = []  # the contents in order: [start, length] in `_values`
-        self._by_key: dict[tuple, list[int]] = {}  # (length, first, last) -> where such lists start
+        # (length, first, last) -> [start in `_values`, a private copy of the list (made when a second
+        # list of that key comes) or None] of each such list staged
+        self._by_key: dict[tuple, list[list]] = {}
         self._len = 0
         self.shared = 0  # values staged as a reference to an equal list of the step (until cleared)
 
@@ -54,13 +58,16 @@ class StagedChunks:
         values = values if isinstance(values, list) else list(values)
         n = len(values)
         if n >= MIN_SHARED:
-            starts = self._by_key.setdefault((n, values[0], values[-1]), [])
-            for start in starts:
-                if self._values[start: start + n] == values:
+            staged = self._by_key.setdefault((n, values[0], values[-1]), [])
+            for entry in staged:
+                start, copy = entry
+                if copy is None:  # one slice a distinct list, not one each list compared with it
+                    copy = entry[1] = self._values[start: start + n]
+                if copy == values:
                     self._add(start, n)
                     self.shared += n
                     return
-            starts.append(len(self._values))
+            staged.append([len(self._values), None])
         self._add(len(self._values), n)
         self._values.extend(values)
 
