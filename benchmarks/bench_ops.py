@@ -13,7 +13,10 @@ Each op is captured in a CUDA graph and its replay timed with triton.testing.do_
 L2 flushed between replays). Copy bandwidth is measured in the same run. Results go to
 <out>/ops_h200.json and <out>/ops_h200.md; the markdown table is printed last.
 
-Usage: python3 benchmarks/bench_ops.py [--quick] [--out DIR]
+Usage: python3 benchmarks/bench_ops.py [--quick] [--decode MODEL:B:S:c,...] [--out DIR]
+(--decode: only these decode steps, e.g. llama2-7b:256:16000:128, n=256 samples of a 16000-token prompt
+128 tokens in; relay's TFLOP/s are its attention's, four a head dimension a query-key pair, against the
+card's bf16 matmul rate.)
 """
 
 import json
@@ -152,40 +155,52 @@ def check_decode(fa):
         print(f"correctness ({name}, B=64, S=2048, c=200): relay and cascade match plain FA")
 
 
-def bench_decode(fa, copy_bw, quick):
+def decode_points(quick: bool, decode: str | None) -> list[tuple]:
+    """(model, B, S, c) of each decode step timed: `decode`'s (MODEL:B:S:c,...) or the grid."""
+    if decode:
+        points = [tuple(p.split(":")) for p in decode.split(",")]
+        if any(len(p) != 4 or p[0] not in MODELS for p in points):
+            sys.exit(f"--decode takes MODEL:B:S:c,... with MODEL one of {sorted(MODELS)}: {decode!r}")
+        return [(m, int(B), int(S), int(c)) for m, B, S, c in points]
     Bs, Ss, cs = ((32, 512), (2048,), (128,)) if quick else ((32, 128, 512), (512, 2048, 8192), (128, 512))
+    return [(name, B, S, c) for name in MODELS for B in Bs for S in Ss for c in cs]
+
+
+def bench_decode(fa, card, quick, decode=None):
+    copy_bw = card["copy_bytes_per_s"] / 1e9
     rows = []
-    for name, (hq, hkv) in MODELS.items():
-        for B in Bs:
-            for S in Ss:
-                for c in cs:
-                    relay, plain, cascade, _ = decode_case(fa, hq, hkv, B, S, c)
-                    t_a, mode = time_op(relay)
-                    t_b, _ = time_op(plain)
-                    # Eager launches too: with piecewise CUDA graphs vLLM runs attention eagerly.
-                    e_a = triton.testing.do_bench(relay, warmup=25, rep=ARGS.rep, return_mode="median")
-                    e_b = triton.testing.do_bench(plain, warmup=25, rep=ARGS.rep, return_mode="median")
-                    t_c = time_op(cascade)[0] if cascade is not None else float("nan")
-                    kv_tok = 2 * hkv * HEAD_DIM * 2  # K and V bytes per token
-                    qo = 2 * B * hq * HEAD_DIM * 2
-                    bytes_relay = qo + (S + B * c) * kv_tok
-                    bytes_plain = qo + B * (S + c) * kv_tok
-                    theory = (S + c + 2) / (S / B + c + 7)
-                    row = dict(model=name, B=B, S=S, c=c, timing=mode,
-                               relay_us=t_a * 1e3, plain_fa_us=t_b * 1e3, cascade_us=t_c * 1e3,
-                               relay_eager_us=e_a * 1e3, plain_fa_eager_us=e_b * 1e3,
-                               relay_gbs=bytes_relay / t_a / 1e6, plain_fa_gbs=bytes_plain / t_b / 1e6,
-                               cascade_gbs=bytes_relay / t_c / 1e6,
-                               speedup_plain_over_relay=t_b / t_a, speedup_cascade_over_relay=t_c / t_a,
-                               theory_speedup=theory, measured_over_theory=(t_b / t_a) / theory)
-                    row["relay_pct_copy"] = 100 * row["relay_gbs"] / copy_bw
-                    row["plain_fa_pct_copy"] = 100 * row["plain_fa_gbs"] / copy_bw
-                    rows.append(row)
-                    print(f"{name} B={B:4d} S={S:5d} c={c:4d}: relay {row['relay_us']:8.1f} us  "
-                          f"FA {row['plain_fa_us']:8.1f} us  cascade {row['cascade_us']:8.1f} us  "
-                          f"FA/relay {row['speedup_plain_over_relay']:.2f}x (theory {theory:.2f}x)")
-                    del relay, plain, cascade
-                    torch.cuda.empty_cache()
+    for name, B, S, c in decode_points(quick, decode):
+        hq, hkv = MODELS[name]
+        relay, plain, cascade, _ = decode_case(fa, hq, hkv, B, S, c)
+        t_a, mode = time_op(relay)
+        t_b, _ = time_op(plain)
+        # Eager launches too: with piecewise CUDA graphs vLLM runs attention eagerly.
+        e_a = triton.testing.do_bench(relay, warmup=25, rep=ARGS.rep, return_mode="median")
+        e_b = triton.testing.do_bench(plain, warmup=25, rep=ARGS.rep, return_mode="median")
+        t_c = time_op(cascade)[0] if cascade is not None else float("nan")
+        kv_tok = 2 * hkv * HEAD_DIM * 2  # K and V bytes per token
+        qo = 2 * B * hq * HEAD_DIM * 2
+        bytes_relay = qo + (S + B * c) * kv_tok
+        bytes_plain = qo + B * (S + c) * kv_tok
+        theory = (S + c + 2) / (S / B + c + 7)
+        row = dict(model=name, B=B, S=S, c=c, timing=mode,
+                   relay_us=t_a * 1e3, plain_fa_us=t_b * 1e3, cascade_us=t_c * 1e3,
+                   relay_eager_us=e_a * 1e3, plain_fa_eager_us=e_b * 1e3,
+                   relay_gbs=bytes_relay / t_a / 1e6, plain_fa_gbs=bytes_plain / t_b / 1e6,
+                   cascade_gbs=bytes_relay / t_c / 1e6,
+                   speedup_plain_over_relay=t_b / t_a, speedup_cascade_over_relay=t_c / t_a,
+                   theory_speedup=theory, measured_over_theory=(t_b / t_a) / theory)
+        row["relay_pct_copy"] = 100 * row["relay_gbs"] / copy_bw
+        row["plain_fa_pct_copy"] = 100 * row["plain_fa_gbs"] / copy_bw
+        row["relay_tflops"] = 4 * B * hq * HEAD_DIM * (S + c) / t_a / 1e9  # QK^T and PV, 2 a multiply-add
+        row["relay_pct_matmul"] = 100 * row["relay_tflops"] * 1e12 / card["bf16_flop_per_s"]
+        rows.append(row)
+        print(f"{name} B={B:4d} S={S:5d} c={c:4d}: relay {row['relay_us']:8.1f} us  "
+              f"FA {row['plain_fa_us']:8.1f} us  cascade {row['cascade_us']:8.1f} us  "
+              f"FA/relay {row['speedup_plain_over_relay']:.2f}x (theory {theory:.2f}x)  relay "
+              f"{row['relay_tflops']:.0f} TFLOP/s ({row['relay_pct_matmul']:.0f}% of matmul)")
+        del relay, plain, cascade
+        torch.cuda.empty_cache()
     return rows
 
 
@@ -234,18 +249,20 @@ def markdown(env, decode_rows, fusion_rows):
     lines = [f"# Ops benchmark: {env['gpu']}", "",
              f"torch {env['torch']}, triton {env['triton']}, vLLM {env['vllm']} "
              f"(FA{env['fa_version']}), bf16, "
-             f"D=128, block size 16. Copy bandwidth (read+write): {env['copy_gbs']:.0f} GB/s. "
+             f"D=128, block size 16. Copy bandwidth (read+write): {env['copy_gbs']:.0f} GB/s, bf16 matmul "
+             f"{env.get('matmul_tflops', float('nan')):.0f} TFLOP/s. "
              "Times are medians of CUDA-graph replays with L2 flushed; 'eager' columns launch from Python "
              "(host overhead included), as attention runs under vLLM's piecewise CUDA graphs.", "",
              "## Decode step: (a) relay vs (b) plain FlashAttention vs (c) vLLM cascade", "",
              "| model | B | S | c | relay us | FA us | cascade us | relay eager us | FA eager us | "
-             "relay GB/s | relay % copy | FA/relay | cascade/relay | theory | measured/theory |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "relay GB/s | relay % copy | relay TFLOP/s | relay % matmul | FA/relay | cascade/relay | theory | "
+             "measured/theory |", "|---|" + "---|" * 16]
     for r in decode_rows:
         lines.append(f"| {r['model']} | {r['B']} | {r['S']} | {r['c']} | {r['relay_us']:.1f} | "
                      f"{r['plain_fa_us']:.1f} | {r['cascade_us']:.1f} | {r['relay_eager_us']:.1f} | "
                      f"{r['plain_fa_eager_us']:.1f} | {r['relay_gbs']:.0f} | "
-                     f"{r['relay_pct_copy']:.0f}% | {r['speedup_plain_over_relay']:.2f}x | "
+                     f"{r['relay_pct_copy']:.0f}% | {r['relay_tflops']:.0f} | {r['relay_pct_matmul']:.0f}% | "
+                     f"{r['speedup_plain_over_relay']:.2f}x | "
                      f"{r['speedup_cascade_over_relay']:.2f}x | {r['theory_speedup']:.2f}x | "
                      f"{r['measured_over_theory']:.2f} |")
     lines += ["", "GB/s count the fewest bytes each op must move: relay and cascade read the system KV once, "
@@ -271,13 +288,15 @@ def main():
 
     torch.manual_seed(0)
     fa = FA()
-    copy_bw = measure_card()["copy_bytes_per_s"] / 1e9
+    card = measure_card()
+    copy_bw = card["copy_bytes_per_s"] / 1e9
     env = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-               vllm=vllm.__version__, fa_version=fa.version, copy_gbs=copy_bw, quick=ARGS.quick)
+               vllm=vllm.__version__, fa_version=fa.version, copy_gbs=copy_bw,
+               matmul_tflops=card["bf16_flop_per_s"] / 1e12, quick=ARGS.quick, decode=ARGS.decode)
     print(f"{env['gpu']}: copy bandwidth {copy_bw:.0f} GB/s (read+write), FA{fa.version}")
     check_decode(fa)
     fusion_rows = bench_fusion(copy_bw, ARGS.quick)
-    decode_rows = bench_decode(fa, copy_bw, ARGS.quick)
+    decode_rows = bench_decode(fa, card, ARGS.quick, ARGS.decode)
     env["seconds"] = time.time() - start
     os.makedirs(ARGS.out, exist_ok=True)
     with open(os.path.join(ARGS.out, "ops_h200.json"), "w") as f:
@@ -291,5 +310,6 @@ def main():
 
 if __name__ == "__main__":
     ARGS = kernel_args(__doc__, "a subset of the configurations",
-                       os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+                       os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"),
+                       more=lambda p: p.add_argument("--decode", help="MODEL:B:S:c,...: only these decode steps"))
     main()

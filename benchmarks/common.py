@@ -305,15 +305,18 @@ async def wait_healthy(session, base, proc, timeout):
     raise RuntimeError("server did not become healthy")
 
 
-def kernel_args(doc: str, quick: str, out: str = "/tmp/out"):
+def kernel_args(doc: str, quick: str, out: str = "/tmp/out", more=None):
     """The kernel benchmarks' command line (its description the first line of `doc`): --out DIR, --quick
-    (`quick` says what it keeps), --rep (do_bench's milliseconds per op)."""
+    (`quick` says what it keeps), --rep (do_bench's milliseconds per op); `more(parser)` adds a
+    benchmark's own."""
     import argparse
 
     p = argparse.ArgumentParser(description=doc.split("\n")[0])
     p.add_argument("--out", default=out)
     p.add_argument("--quick", action="store_true", help=quick)
     p.add_argument("--rep", type=int, default=100, help="do_bench repetition time per op, ms")
+    if more is not None:
+        more(p)
     return p.parse_args()
 
 

@@ -54,13 +54,15 @@
 #             P = $PS tokens (default 1024,4096,16000), 128 tokens each, and each one's first token: the ceiling,
 #             relay and vLLM's default (CONFIGS, REPEAT; bench_sharing.py; vLLM's default takes minutes a point
 #             at P=16000: PS and NS one or two values a call); SHAPE and ENGINE_ARGS as for l3 (a feature's
-#             n=64 samples of a 4K prompt: PS=4096 NS=64)
+#             n=64 samples of a 4K prompt: PS=4096 NS=64); PROFILE=DELAY,STEPS: vLLM's torch profiler over
+#             STEPS engine steps of the first point (bench_sharing.py --profile)
 #   tree      a 2048-token system prompt over 8 documents x 4 questions x 8 samples, Llama-2-7B shape: the
 #             ceiling, relay, relay with the registered prompt only, vLLM's default (CONFIGS; about 6 min)
 #   serve-plain  chat with no system prompt at all, as `serve`: vLLM's default and the relay backend with
 #             nothing registered (about 6 min)
 #   ops       one decode step's attention, relay's kernels against FlashAttention (bench_ops.py, QUICK=1 for
-#             fewer shapes; about 3-8 min); window-ops: a sliding-window layer's step over a shared prompt,
+#             fewer shapes, DECODE=MODEL:B:S:c,... for these only, e.g. llama2-7b:256:16000:128; about 3-8
+#             min); window-ops: a sliding-window layer's step over a shared prompt,
 #             relay's window level against FlashAttention's window, and its tiles (bench_window.py; about 2-3 min); mla-ops:
 #             does a shared latent level pay for MLA? FlashMLA's decode against a level read once (FlashMLA,
 #             n query tokens) plus each request's own tokens, merged by LSE, 16 / 64 / 128 query heads
@@ -186,12 +188,12 @@ run() {  # one step into $out/STEP.txt; its exit status
     samples) $bs --model "$(model "${SHAPE:-llama-2-7b-shape}")" --workloads samples \
             --prefix-lens "${PS:-1024,4096,16000}" --ns "${NS:-64,256,1024}" \
             --configs "${CONFIGS:-ceiling,relay,default}" --repeat "${REPEAT:-1}" ${ENGINE_ARGS:+--engine-args "$ENGINE_ARGS"} \
-            --out "$out/samples_${SHAPE:-llama2}_$stamp.json" ;;
+            ${PROFILE:+--profile "$PROFILE"} --out "$out/samples_${SHAPE:-llama2}_$stamp.json" ;;
     tree) $bs --model "$(model llama-2-7b-shape)" --workloads tree --max-model-len 8192 \
             --configs "${CONFIGS:-ceiling,relay,relay-sysonly,default}" --out "$out/tree_llama2_$stamp.json" ;;
     serve-plain) python3 benchmarks/bench_serving.py --model "$(model llama-3-8b-shape)" --rates 1,4,8 --duration 20 \
             --plain-fraction 1 --configs default,relay-plain --out "$out/serving_plain_llama3_$stamp.json" ;;
-    ops) python3 benchmarks/bench_ops.py ${QUICK:+--quick} --out "$out" ;;
+    ops) python3 benchmarks/bench_ops.py ${QUICK:+--quick} ${DECODE:+--decode "$DECODE"} --out "$out" ;;
     window-ops) python3 benchmarks/bench_window.py ${QUICK:+--quick} --out "$out" ;;
     mla-ops) python3 benchmarks/bench_mla.py ${QUICK:+--quick} --out "$out" ;;
     sglang) shape=${SHAPE:-llama-3-8b-shape} p=${P:-2048}
