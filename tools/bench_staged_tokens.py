@@ -58,8 +58,14 @@ def main():
     for length in map(int, args.prompt_lens.split(",")):
         for kind in KINDS:
             lists = requests(kind, length, args.n, random.Random(length))
+            chunks = StagedChunks(np.int32)  # one for every step, cleared after each, as the runner keeps it
+
+            def cleared(chunks=chunks):
+                chunks.clear()
+                return chunks
+
             row = {"prompt_len": length, "n": args.n, "kind": kind, "vllm_ms": step_ms(lists, list, args.reps),
-                   "relay_ms": step_ms(lists, lambda: StagedChunks(np.int32), args.reps)}
+                   "relay_ms": step_ms(lists, cleared, args.reps)}
             rows.append(row)
             print(f"P={length:6d} n={args.n} {kind:8s} vLLM {row['vllm_ms']:8.2f} ms  relay "
                   f"{row['relay_ms']:8.2f} ms a step", flush=True)

@@ -90,6 +90,27 @@ def test_equal_lists_are_converted_once_and_staged_values_do_not_move(monkeypatc
     assert real(floats.__array__()).tolist() == [0.5] * MIN_SHARED + [2.0]
 
 
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_steps_of_every_size_convert_into_kept_memory_as_a_list_converts(dtype):
+    rng = random.Random(11)
+    chunks = StagedChunks(dtype)
+    for step in range(8):  # growing and shrinking steps, as the runner clears and reuses it
+        ops = writes(rng)[: rng.randrange(1, 40)]
+        want = staged(ops, [])
+        staged(ops, chunks)
+        a, b = np.full(len(want) + 2, -1, dtype=dtype), np.full(len(want) + 2, -1, dtype=dtype)
+        a[: len(want)] = want
+        b[: len(chunks)] = chunks
+        assert (a == b).all(), step
+        assert len(chunks._values) == len(want) - chunks.shared  # each repeated list converted once
+        mine = np.array(chunks, copy=True)  # a copy asked for is the caller's own
+        chunks.clear()
+        chunks.extend([7] * MIN_SHARED)
+        np.asarray(chunks)
+        assert (mine == a[: len(want)]).all()
+        chunks.clear()
+
+
 class _Tensor:  # what `install` reads of a StagedWriteTensor
     def __init__(self, uva: bool):
         import torch

@@ -35,7 +35,9 @@ class StagedChunks:
     it). The values go into one list, as into vLLM's, except a list of `MIN_SHARED` values or more
     equal to one staged before in the step: that is kept as a reference to the earlier one's place,
     and numpy's conversion of the list is copied there. `dtype`: the numpy type to convert to (None:
-    numpy's choice)."""
+    numpy's choice, converted afresh each step); with one, the conversion goes into memory kept
+    from step to step (vLLM converts its list straight into its staging buffer: a fresh array each
+    step would cost traffic sharing nothing its page faults), and numpy is handed a view of it."""
 
     def __init__(self, dtype=None) -> None:
         self.dtype = dtype
@@ -83,10 +85,26 @@ class StagedChunks:
             yield from self._values[start: start + n]
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
-        values = np.array(self._values, dtype=self.dtype)
+        if self.dtype is None:  # numpy's choice of type: converted afresh
+            values = np.array(self._values)
+        else:  # into memory kept from step to step, as vLLM's list is converted into its staging buffer
+            values = self._scratch("_converted", len(self._values))
+            values[:] = self._values
         if self.shared:
-            values = np.concatenate([values[start: start + n] for start, n in self._pieces])
-        return values if dtype is None else values.astype(dtype, copy=False)
+            out = np.empty(self._len, values.dtype) if self.dtype is None else self._scratch("_expanded", self._len)
+            np.concatenate([values[start: start + n] for start, n in self._pieces], out=out)
+            values = out
+        if dtype is not None and np.dtype(dtype) != values.dtype:
+            return values.astype(dtype)
+        return values.copy() if copy else values  # (a view of the scratch memory: numpy copies it out)
+
+    def _scratch(self, name: str, n: int) -> np.ndarray:
+        """The first `n` elements of a buffer of `dtype` kept between steps (grown to powers of two)."""
+        buf = getattr(self, name, None)
+        if buf is None or len(buf) < n:
+            buf = np.empty(1 << max(n - 1, 1).bit_length(), dtype=self.dtype)
+            setattr(self, name, buf)
+        return buf[:n]
 
     def _add(self, start: int, n: int) -> None:
         """The next `n` values of the contents are `_values[start: start + n]` (merged with the last
