@@ -10,11 +10,15 @@ compute. Reading a shared prompt once for n requests saves bytes, not FLOPs: a l
 the step is memory-bound. This measures it.
 
 n requests share a P-token prompt and own 1..c tokens each after it; bf16, FlashMLA's 64-token pages,
-shuffled. Two ways of one step's attention:
+shuffled. Four ways of one step's attention:
   flashmla  FlashMLA's dense decode over each request's whole table (vLLM's FLASHMLA backend's call);
   relay     the prompt as one level: FlashMLA over its pages with the n requests as one sequence of n query
             tokens, not causal (all n x H query rows read the prompt once); each request's own tokens with
-            FlashMLA; the two merged by their LSEs (`relay_fusion`).
+            FlashMLA; the two merged by their LSEs (`relay_fusion`);
+  fa3       FlashAttention-3's MLA form over each request's whole table (vLLM's FLASH_ATTN_MLA backend's
+            call, ranked first on Hopper): rotary q and k, latent q_v and v;
+  relay_fa3 `relay_attention` over the latent cache with FlashAttention-3 (`ops.latent_varlen`): the prompt as
+            one level of n rows, each request's own pages in its context call, merged in place.
 Each checked first against an fp32 reference (`reference`), then timed (CUDA-graph replays, median, L2
 flushed). The bound of each: its bytes at the card's copy bandwidth or its FLOPs at its bf16 matmul rate,
 whichever takes longer (`bound_ms`).
@@ -31,7 +35,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import graph_ms, kernel_args, measure_card  # noqa: E402
-from vllm_relay.ops import relay_fusion  # noqa: E402
+from vllm_relay.ops import RelayPlan, SharedLevel, latent_varlen, relay_attention, relay_fusion  # noqa: E402
 
 LATENT, ROPE = 512, 64  # DeepSeek's kv_lora_rank and qk_rope_head_dim
 D_QK = LATENT + ROPE
@@ -135,7 +139,29 @@ def ops(q, latent, prompt, own_tables, own, tables, P):
         return relay_fusion(out_sys[0], lse_sys[0].t(), out_own[:, 0], lse_own[:, :, 0], out=out_relay,
                             lse_layout="th")
 
-    return dict(flashmla=flashmla, relay=relay, level=level)
+    from vllm.vllm_flash_attn import flash_attn_varlen_func
+
+    fa = latent_varlen(flash_attn_varlen_func, LATENT)
+    rows = torch.arange(n, device=dev, dtype=torch.int32)
+    cu_n = torch.arange(n + 1, device=dev, dtype=torch.int32)
+    own_max, values = max(own), cache[..., :LATENT]
+    out_fa3, out_relay_fa3 = (torch.empty(n, heads, LATENT, device=dev, dtype=q.dtype) for _ in range(2))
+
+    def fa3():
+        return fa(q=q, k=cache, v=values, out=out_fa3, cu_seqlens_q=cu_n, max_seqlen_q=1, seqused_k=whole_lens,
+                  max_seqlen_k=P + own_max, block_table=tables, softmax_scale=SCALE, causal=True, fa_version=3)
+
+    plan = RelayPlan(
+        context=dict(cu_seqlens_q=cu_n, seqused_k=own_lens, max_seqlen_q=1, max_seqlen_k=own_max,
+                     block_table=own_tables),
+        shared=[SharedLevel(perm=rows, row_index=rows.clone(),
+                            call=dict(cu_seqlens_q=torch.tensor([0, n], device=dev, dtype=torch.int32),
+                                      seqused_k=sys_lens, max_seqlen_q=n, max_seqlen_k=P, block_table=prompt_table))])
+
+    def relay_fa3():
+        return relay_attention(q, cache, values, plan, out_relay_fa3, SCALE, fa, attn_kwargs={"fa_version": 3})
+
+    return dict(flashmla=flashmla, relay=relay, level=level, fa3=fa3, relay_fa3=relay_fa3)
 
 
 def check(heads: int) -> float:
@@ -143,21 +169,22 @@ def check(heads: int) -> float:
     q, latent, prompt, own_tables, own, tables = case(heads, n=5, P=4 * BLOCK, c=100, seed=1)
     ref = reference(q, latent, tables, torch.tensor([4 * BLOCK + o for o in own]))
     fns = ops(q, latent, prompt, own_tables, own, tables, 4 * BLOCK)
-    out_whole, out_relay = fns["flashmla"](), fns["relay"]()
+    outs = [fns[k]() for k in ("flashmla", "relay", "fa3", "relay_fa3")]
     torch.cuda.synchronize()
-    return max((out.float() - ref).abs().max().item() for out in (out_whole, out_relay))
+    return max((out.float() - ref).abs().max().item() for out in outs)
 
 
 def point(name, heads, n, P, c, card, rep) -> dict:
     """One timed point: both ways checked against each other, then timed, with their bounds."""
     q, latent, prompt, own_tables, own, tables = case(heads, n, P, c)
     fns = ops(q, latent, prompt, own_tables, own, tables, P)
-    out_whole, out_relay = fns["flashmla"](), fns["relay"]()
-    diff = (out_whole.float() - out_relay.float()).abs().max().item()
-    t = {k: graph_ms(fn, rep)[0] for k, fn in fns.items()}
+    out_whole = fns["flashmla"]()
+    diff = max((out_whole.float() - fns[k]().float()).abs().max().item() for k in ("relay", "fa3", "relay_fa3"))
+    t = {k: graph_ms(fn, rep, eager_fallback=k.endswith("fa3"))[0] for k, fn in fns.items()}
     cost = step_cost(heads, P, own)
     return dict(shape=name, heads=heads, n=n, P=P, c=c, flashmla_us=t["flashmla"] * 1e3, relay_us=t["relay"] * 1e3,
                 level_us=t["level"] * 1e3, flashmla_over_relay=t["flashmla"] / t["relay"],
+                fa3_us=t["fa3"] * 1e3, relay_fa3_us=t["relay_fa3"] * 1e3, fa3_over_relay_fa3=t["fa3"] / t["relay_fa3"],
                 flashmla_bound_us=bound_ms(cost["flashmla_bytes"], cost["flops"], card) * 1e3,
                 relay_bound_us=bound_ms(cost["relay_bytes"], cost["flops"], card) * 1e3,
                 relay_tflops=cost["flops"] / t["relay"] / 1e9, flashmla_gbs=cost["flashmla_bytes"] / t["flashmla"] / 1e6,
@@ -175,7 +202,7 @@ def main():
             continue
         err = check(heads)
         if not err < 3e-2:
-            sys.exit(f"ABORT: {name}: FlashMLA or relay's split differs from the fp32 reference by {err}")
+            sys.exit(f"ABORT: {name}: FlashMLA, FlashAttention-3's MLA form or a relay split differs from the fp32 reference by {err}")
         for P in (4096, 16000):
             for n in ((64, 256) if args.quick else (16, 64, 256, 1024)):
                 try:
@@ -186,7 +213,8 @@ def main():
                 print(f"{name} n={n:5d} P={P:5d}: " + (r.get("error") or
                       f"flashmla {r['flashmla_us']:8.1f} us (bound {r['flashmla_bound_us']:7.1f})  relay "
                       f"{r['relay_us']:8.1f} us (bound {r['relay_bound_us']:7.1f}; its level {r['level_us']:.1f})"
-                      f"  flashmla/relay {r['flashmla_over_relay']:.2f}x"), flush=True)
+                      f"  flashmla/relay {r['flashmla_over_relay']:.2f}x  fa3 {r['fa3_us']:8.1f} us  relay_fa3 "
+                      f"{r['relay_fa3_us']:8.1f} us  fa3/relay_fa3 {r['fa3_over_relay_fa3']:.2f}x"), flush=True)
                 torch.cuda.empty_cache()
                 write(args.out, card, rows)  # each point as it comes: a fault in a later one keeps these
     with open(os.path.join(args.out, "mla_ops.md")) as f:
@@ -200,11 +228,12 @@ def write(out: str, card: dict, rows: list[dict]) -> None:
              f"bf16 matmul {card['bf16_flop_per_s'] / 1e12:.0f} TFLOP/s; medians of CUDA-graph replays, L2 flushed. "
              "Bounds: bytes at the copy rate or FLOPs at the matmul rate, the larger.", "",
              "| shape | heads | P | n | FlashMLA us | bound | relay us | bound | FlashMLA/relay | relay TFLOP/s "
-             "| FlashMLA GB/s | max diff |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| FlashMLA GB/s | FA3 us | relay FA3 us | FA3/relay FA3 | max diff |", "|---|" + "---|" * 14]
     lines += [f"| {r['shape']} | {r['heads']} | {r['P']} | {r['n']} | {r['error']} |" if "error" in r else
               f"| {r['shape']} | {r['heads']} | {r['P']} | {r['n']} | {r['flashmla_us']:.1f} | "
               f"{r['flashmla_bound_us']:.1f} | {r['relay_us']:.1f} | {r['relay_bound_us']:.1f} | "
               f"{r['flashmla_over_relay']:.2f}x | {r['relay_tflops']:.0f} | {r['flashmla_gbs']:.0f} | "
+              f"{r['fa3_us']:.1f} | {r['relay_fa3_us']:.1f} | {r['fa3_over_relay_fa3']:.2f}x | "
               f"{r['max_abs_diff']:.3g} |" for r in rows]
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "mla_ops.json"), "w") as f:

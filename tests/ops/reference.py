@@ -48,15 +48,15 @@ def fusion_ref(o_sys, lse_sys, o_ctx, lse_ctx):
 def attention_ref(q, k, v, scale, causal, softcap=0.0, sinks=None, first=None):
     """Dense attention of one sequence in fp32, one head at a time.
 
-    q: [L, Hq, D]; k, v: [K, Hkv, D]. Causal is bottom-right aligned: query i sees keys
+    q: [L, Hq, D]; k: [K, Hkv, D]; v: [K, Hkv, Dv] (Dv may differ from D: MLA's latent values). Causal is bottom-right aligned: query i sees keys
     j <= K - L + i. `first` (int [L]): query i sees no key before first[i] either (a sliding window).
     Rows that see no key give o = 0, lse = -inf. `softcap` > 0 caps the scaled
     scores to softcap * tanh(s / softcap). `sinks` [Hq]: each head's sink, one more logit in every
     row's softmax with a zero value (a row that sees no key then has lse = its sink).
-    Returns (o float32 [L, Hq, D], lse float32 [Hq, L]).
+    Returns (o float32 [L, Hq, Dv], lse float32 [Hq, L]).
     """
-    L, Hq, D = q.shape
-    K, Hkv = k.shape[0], k.shape[1]
+    L, Hq, _ = q.shape
+    K, Hkv, D = k.shape[0], k.shape[1], v.shape[2]
     o = torch.zeros(L, Hq, D)
     lse = torch.full((Hq, L), float("-inf"))
     if K == 0:

@@ -12,11 +12,14 @@ Public API (see each function's docstring for shapes and dtypes):
     the shared levels (the prefix tree of the step's block tables).
   * `RelayPlan`, `SharedLevel`, `relay_attention`: the context call and the shared levels composed
     (on a decode step, one call for both: `joint.joint_layout`, `fuse_in_place.fuse_joint`).
+  * `latent_varlen`: MLA's latent attention (keys the whole latent vector, values its first part) through
+    FlashAttention's split `q_v` form, for `relay_attention` over an MLA cache.
   * `force_one_split`: one key split for every batch of a FlashAttention-3 call captured split;
     `graph_split_cap`: the split cap a captured FA3 call can use (its workspace, nothing else).
 """
 
 from vllm_relay.ops.gather_rows import gather_rows, gather_rows_torch, gather_rows_triton
+from vllm_relay.ops.latent import latent_varlen
 from vllm_relay.ops.level_tree import LevelRule, LevelTree, find_levels, level_rows
 from vllm_relay.ops.prefix_table import (
     prefix_block_table,
@@ -39,6 +42,7 @@ __all__ = [
     "gather_rows",
     "gather_rows_torch",
     "gather_rows_triton",
+    "latent_varlen",
     "level_rows",
     "prefix_block_table",
     "prefix_block_table_torch",

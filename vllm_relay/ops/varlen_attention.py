@@ -69,8 +69,9 @@ def varlen_attention_torch(q, k_cache=None, v_cache=None, cu_seqlens_q=None, seq
 
     Args:
         q: queries, shape [Tq, Hq, D], fp16/bf16/fp32, last dim contiguous.
-        k_cache, v_cache: paged caches, shape [num_blocks, block_size, Hkv, D] each (FlashAttention's
-            layout; non-contiguous views allowed), q's dtype, or an FP8 KV cache (float8_e4m3fn or
+        k_cache, v_cache: paged caches, shape [num_blocks, block_size, Hkv, D] and [..., Hkv, Dv]
+            (FlashAttention's layout; non-contiguous views allowed; Dv may differ from D, as MLA's
+            latent cache read as keys of 576 values and values of their first 512), q's dtype, or an FP8 KV cache (float8_e4m3fn or
             float8_e5m2) read as `value * k_descale` / `value * v_descale`. Query head h reads KV
             head h // (Hq // Hkv).
         cu_seqlens_q: int32 [B + 1], request b owns query rows cu_seqlens_q[b]:cu_seqlens_q[b+1].
@@ -80,7 +81,7 @@ def varlen_attention_torch(q, k_cache=None, v_cache=None, cu_seqlens_q=None, seq
         causal: bottom-right aligned: query i of a request with L queries and K keys sees keys
             j <= K - L + i.
         block_table: int32 [B, max_blocks], physical block ids of each request.
-        out: optional output [Tq, Hq, D] in q's dtype; rows outside cu_seqlens_q are left as is.
+        out: optional output [Tq, Hq, Dv] in q's dtype; rows outside cu_seqlens_q are left as is.
         return_softmax_lse: also return the natural-log LSE, float32 [Hq, Tq].
         k_descale, v_descale: the FP8 cache's per-tensor scales: a float, or a tensor holding one
             value (FlashAttention's [B, Hkv] expanded from one); 1.0 when None.
@@ -92,7 +93,7 @@ def varlen_attention_torch(q, k_cache=None, v_cache=None, cu_seqlens_q=None, seq
             each row from its own first key, is `window_level_attention_torch`'s.)
 
     Returns:
-        `out` [Tq, Hq, D] in q's dtype, or `(out, lse)` with `return_softmax_lse`. Computed in fp32.
+        `out` [Tq, Hq, Dv] in q's dtype, or `(out, lse)` with `return_softmax_lse`. Computed in fp32.
         A row that sees no key (seqused_k == 0, or masked out by causality) gives out = 0 and
         lse = -inf (FlashAttention-3's convention), or its sink's logit with `s_aux`.
 
@@ -117,7 +118,7 @@ def varlen_attention_torch(q, k_cache=None, v_cache=None, cu_seqlens_q=None, seq
     else:
         kv = (k_cache, v_cache)
     T, Hq, D = q.shape
-    Hkv = k_cache.shape[2]
+    Hkv, Dv = k_cache.shape[2], v_cache.shape[3]
     group = Hq // Hkv
     scale = D ** -0.5 if softmax_scale is None else float(softmax_scale)
     if sinks is not None:
@@ -125,7 +126,7 @@ def varlen_attention_torch(q, k_cache=None, v_cache=None, cu_seqlens_q=None, seq
             raise ValueError(f"varlen_attention_torch: s_aux must be [Hq] = [{Hq}], got {tuple(sinks.shape)}")
         sinks = sinks.float().view(Hkv, group)
     if out is None:
-        out = torch.zeros_like(q)
+        out = q.new_zeros(T, Hq, Dv)
     lse = torch.full((Hq, T), float("-inf"), dtype=torch.float32, device=q.device)
 
     cu = cu_seqlens_q.tolist()
@@ -165,18 +166,18 @@ def varlen_attention_torch(q, k_cache=None, v_cache=None, cu_seqlens_q=None, seq
                 s = s.masked_fill(keys < first[q_start + c0: q_start + c1, None], float("-inf"))
             row_lse = _logsumexp(s, None if sinks is None else sinks[:, :, None])  # [Hkv, g, C]
             p = torch.exp(s - row_lse.masked_fill(row_lse == float("-inf"), 0.0)[..., None])
-            o = torch.einsum("hgqk,khd->qhgd", p, v).reshape(c1 - c0, Hq, D)
+            o = torch.einsum("hgqk,khd->qhgd", p, v).reshape(c1 - c0, Hq, Dv)
             out[q_start + c0: q_start + c1] = o.to(out.dtype)
             lse[:, q_start + c0: q_start + c1] = row_lse.reshape(Hq, c1 - c0)
     return (out, lse) if return_softmax_lse else out
 
 
 def _gather_blocks(k_cache, v_cache, table, k_len):
-    """The first `k_len` tokens of the blocks in `table` [n, W]: K and V, [n, k_len, Hkv, D] each, fp32."""
+    """The first `k_len` tokens of the blocks in `table` [n, W]: K and V, [n, k_len, Hkv, D or Dv], fp32."""
     n, w = table.shape
     bs, Hkv, D = k_cache.shape[1:]
     k = k_cache.index_select(0, table.flatten()).view(n, w * bs, Hkv, D)[:, :k_len].float()
-    v = v_cache.index_select(0, table.flatten()).view(n, w * bs, Hkv, D)[:, :k_len].float()
+    v = v_cache.index_select(0, table.flatten()).view(n, w * bs, Hkv, v_cache.shape[3])[:, :k_len].float()
     return k, v
 
 
@@ -216,7 +217,7 @@ def _decode_batch(q, k_cache, v_cache, reqs, cu, k_lens, block_table, scale, sof
         row_lse = _logsumexp(s, sinks)  # [n, Hkv, g]: -inf for a row that sees no key
         p = torch.exp(s - row_lse.masked_fill(row_lse == float("-inf"), 0.0)[..., None])
         o = torch.stack([torch.bmm(p[:, h], v[:, :, h]) for h in range(Hkv)], 1)  # [n, Hkv, g, D]
-        out[rows] = o.reshape(n, Hq, D).to(out.dtype)
+        out[rows] = o.reshape(n, Hq, v.shape[-1]).to(out.dtype)
         lse[:, rows] = row_lse.reshape(n, Hq).T
         i = j
 
@@ -262,9 +263,9 @@ def _check_args(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, out) 
             raise ValueError(f"varlen_attention_torch: {name} is required (a tensor), got {type(x).__name__}")
     if q.dim() != 3:
         raise ValueError(f"varlen_attention_torch: q must be [Tq, Hq, D], got {tuple(q.shape)}")
-    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
-        raise ValueError("varlen_attention_torch: k_cache and v_cache must both be [num_blocks, block_size, "
-                         f"Hkv, D], got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+    if k_cache.dim() != 4 or v_cache.dim() != 4 or k_cache.shape[:3] != v_cache.shape[:3]:
+        raise ValueError("varlen_attention_torch: k_cache and v_cache must be [num_blocks, block_size, "
+                         f"Hkv, D] and [..., Hkv, Dv], got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
     if k_cache.shape[3] != q.shape[2]:
         raise ValueError(f"varlen_attention_torch: head size of k_cache ({k_cache.shape[3]}) != q's "
                          f"({q.shape[2]})")
@@ -280,6 +281,7 @@ def _check_args(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, out) 
     if block_table.dim() != 2 or block_table.shape[0] < seqused_k.shape[0]:
         raise ValueError(f"varlen_attention_torch: block_table must be [B, max_blocks], got "
                          f"{tuple(block_table.shape)} for B={seqused_k.shape[0]}")
-    if out is not None and (out.shape != q.shape or out.dtype != q.dtype):
-        raise ValueError(f"varlen_attention_torch: out must be {q.dtype} {tuple(q.shape)}, got "
+    want = (*q.shape[:2], v_cache.shape[3])
+    if out is not None and (tuple(out.shape) != want or out.dtype != q.dtype):
+        raise ValueError(f"varlen_attention_torch: out must be {q.dtype} {want}, got "
                          f"{out.dtype} {tuple(out.shape)}")
