@@ -13,6 +13,7 @@ import glob
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -354,8 +355,26 @@ def graph_ms(fn, rep: int = 100, eager_fallback: bool = False) -> tuple[float, s
     return triton.testing.do_bench(run, warmup=25, rep=rep, return_mode="median"), mode
 
 
+def host_speed_us(rounds: int = 9) -> float:
+    """The median time (us) of a fixed piece of pure Python (dict stores, tuples, str): the host's speed for
+    the interpreter's own work, which a host-bound step is made of (GPU hosts differ by 1.5x and more)."""
+    def work():
+        d = {}
+        for i in range(20000):
+            d[i & 255] = (i, str(i))
+        return d
+
+    times = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        work()
+        times.append(time.perf_counter() - t)
+    return round(statistics.median(times) * 1e6, 1)
+
+
 def measure_card() -> dict:
-    """Copy bandwidth (bytes read + written per second) and bf16 matmul rate, measured once."""
+    """Copy bandwidth (bytes read + written per second) and bf16 matmul rate, measured once, and the
+    host's speed for pure Python (`host_speed_us`)."""
     import torch
     import triton
 
@@ -371,4 +390,4 @@ def measure_card() -> dict:
     # card the 3.2 GiB it held made a relay engine at 0.92 of the GPU run out of memory, H100, 2026-11-26).
     torch.cuda.empty_cache()
     return {"copy_bytes_per_s": 2 * (1 << 30) / copy_ms * 1e3, "bf16_flop_per_s": 2 * 8192 ** 3 / mm_ms * 1e3,
-            "device": torch.cuda.get_device_name()}
+            "device": torch.cuda.get_device_name(), "host_speed_us": host_speed_us()}

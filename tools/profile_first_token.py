@@ -29,7 +29,11 @@ import os
 import pstats
 import random
 import statistics
+import sys
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+from common import host_speed_us  # noqa: E402
 
 
 def top(stats: pstats.Stats, key: int, k: int) -> list[dict]:
@@ -38,23 +42,6 @@ def top(stats: pstats.Stats, key: int, k: int) -> list[dict]:
             for f, v in stats.stats.items() if "vllm" in f[0]]
     rows.sort(reverse=True)
     return [{"s": round(t, 4), "calls": n, "function": name} for t, n, name in rows[:k]]
-
-
-def host_speed_us(rounds: int = 9) -> float:
-    """The median time (us) of a fixed piece of pure Python (dict stores, tuples, str): the host's speed for
-    the interpreter's own work, which a host-bound step is made of."""
-    def work():
-        d = {}
-        for i in range(20000):
-            d[i & 255] = (i, str(i))
-        return d
-
-    times = []
-    for _ in range(rounds):
-        t = time.perf_counter()
-        work()
-        times.append(time.perf_counter() - t)
-    return round(statistics.median(times) * 1e6, 1)
 
 
 def model_vocab(model: str) -> int:
