@@ -202,7 +202,8 @@ def main():
             continue
         err = check(heads)
         if not err < 3e-2:
-            sys.exit(f"ABORT: {name}: FlashMLA, FlashAttention-3's MLA form or a relay split differs from the fp32 reference by {err}")
+            sys.exit(f"ABORT: {name}: FlashMLA, FlashAttention-3's MLA form or a relay split differs from the "
+                     f"fp32 reference by {err}")
         for P in (4096, 16000):
             for n in ((64, 256) if args.quick else (16, 64, 256, 1024)):
                 try:

@@ -234,7 +234,8 @@ def over_bound_plus(tokens_per_s: float, bound: tuple[float, float], prefill_s: 
 
 def markdown(results, card, sh, args) -> str:
     configs = [c for c in results if c != "card"]
-    host = f", the host's pure Python {card['host_speed_us']:.0f} us (common.host_speed_us)" if "host_speed_us" in card else ""
+    host = (f", the host's pure Python {card['host_speed_us']:.0f} us (common.host_speed_us)"
+            if "host_speed_us" in card else "")
     lines = [f"{card['device']}: copy {card['copy_bytes_per_s'] / 1e12:.2f} TB/s, bf16 matmul "
              f"{card['bf16_flop_per_s'] / 1e12:.0f} TFLOP/s{host}. Output tokens/s (latency: ms per decode step).", "",
              "| point | " + " | ".join(configs) + " | bound | relay / bound | relay / default "

@@ -1,4 +1,4 @@
-"""MLA's latent attention in `relay_attention`'s terms: keys of the whole latent vector, values its first part.
+"""MLA's latent attention in `relay_attention`'s terms: keys the whole latent vector, values its first part.
 
 DeepSeek's multi-head latent attention (MLA) caches one vector a token: `rank` latent values (512) and
 `rope` rotary ones (64). On decode each query head is absorbed into that space (its `rank` values times
@@ -26,8 +26,8 @@ def latent_varlen(fa_varlen, rank: int):
 
     def call(q, k, v, **kwargs):
         if q.shape[-1] != k.shape[-1] or v.shape[-1] != rank or k.shape[-1] <= rank:
-            raise ValueError(f"latent_varlen: q and k must hold {rank} latent values and the rotary ones, v the "
-                             f"latent ones: got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+            raise ValueError(f"latent_varlen: q and k must hold {rank} latent values and the rotary ones, "
+                             f"v the latent ones: got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
         return fa_varlen(q=q[..., rank:], k=k[..., rank:], v=v, q_v=q[..., :rank], **kwargs)
 
     return call
