@@ -90,6 +90,8 @@
 #             about 5 min per P)
 #   sglang-serve  chat through SGLang's OpenAI server, relay's and vLLM's default, as `serve` (about 9 min;
 #             SGLANG_CONFIGS=sglang,relay: about 6)
+# PACK=1: at the end, every file under $OUT goes into one archive, $OUT/pack_HHMMSS.tgz (a device call brings
+# back a few files only), the steps' exit lines and last output lines still printed.
 # A test step that fails leaves its engines' outputs in $OUT/STEP-outputs.tgz (KEEP_OUTPUTS=1: every test
 # step). Steps run one after another, each well under a call's 600 s. With --side-by-side the test steps (not
 # host and the throughput jobs, which need the machine alone) run at once, each engine on a share of the
@@ -221,6 +223,15 @@ run() {  # one step into $out/STEP.txt; its exit status
   return $rc
 }
 
+pack() {  # PACK=1: $out's files (not earlier packs) into one archive, the originals removed; its status
+  [ -n "${PACK:-}" ] || return "$1"
+  (cd "$out" && find . -type f ! -name 'pack_*.tgz' | sort > /tmp/pack_list_$stamp &&
+   tar -czf "pack_$stamp.tgz" -T /tmp/pack_list_$stamp && xargs -d '\n' rm -f < /tmp/pack_list_$stamp &&
+   find . -mindepth 1 -type d -empty -delete && echo "packed $(wc -l < /tmp/pack_list_$stamp) files: $out/pack_$stamp.tgz")
+  return "$1"
+}
+
+status=0
 if [ $side = 1 ]; then
   export RELAY_TEST_GPU_SHARE=${RELAY_TEST_GPU_SHARE:-0.08}
   for step in "$@"; do
@@ -235,10 +246,13 @@ if [ $side = 1 ]; then
   done
   i=0
   for step in "$@"; do
-    wait "${pids[$i]}"; echo "$step: exit $?"; tail -n 2 "$out/$step.txt"; i=$((i + 1))
+    wait "${pids[$i]}"; rc=$?; echo "$step: exit $rc"; tail -n 2 "$out/$step.txt"; i=$((i + 1))
+    [ $rc = 0 ] || status=$rc
   done
 else
   for step in "$@"; do
-    run "$step"; echo "$step: exit $?"; tail -n 3 "$out/$step.txt"
+    run "$step"; rc=$?; echo "$step: exit $rc"; tail -n 3 "$out/$step.txt"
+    [ $rc = 0 ] || status=$rc
   done
 fi
+pack $status
