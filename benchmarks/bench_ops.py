@@ -111,6 +111,16 @@ def decode_case(fa, hq, hkv, B, S, c):
     def relay():
         relay_attention(q, k_cache, v_cache, plan, out_a, scale, fa.varlen, attn_kwargs=fa_kw)
 
+    def level_with(splits: int):
+        """The level's call alone (its B rows over the S-token prompt, not causal), FA3 scheduled with
+        `splits` key splits at most (0: FA3's own heuristic)."""
+        sched = fa.schedule(1, cu_sys, B, sys_lens, S, False, hq, hkv, num_splits=splits)
+        out = torch.empty_like(q)
+        return lambda: fa.varlen(q=q, k=k_cache, v=v_cache, out=out, cu_seqlens_q=cu_sys, max_seqlen_q=B,
+                                 seqused_k=sys_lens, max_seqlen_k=S, softmax_scale=scale, causal=False,
+                                 block_table=level.call["block_table"], scheduler_metadata=sched,
+                                 fa_version=fa.version, num_splits=splits)
+
     # (b) plain FA decode over the full paged KV, as FlashAttentionImpl.forward calls it.
     sched_b = fa.schedule(B, cu_q, 1, full_lens, S + c, True, hq, hkv)
     out_b = torch.empty_like(q)
@@ -136,13 +146,13 @@ def decode_case(fa, hq, hkv, B, S, c):
                        None, (-1, -1), 0.0, full_table, S, 0, fa.version,
                        prefix_scheduler_metadata=sched_p, suffix_scheduler_metadata=sched_s)
 
-    return relay, plain, cascade, (out_a, out_b, out_c)
+    return relay, plain, cascade, (out_a, out_b, out_c), level_with
 
 
 def check_decode(fa):
     """(a) and (c) must match (b) before anything is timed."""
     for name, (hq, hkv) in MODELS.items():
-        relay, plain, cascade, (out_a, out_b, out_c) = decode_case(fa, hq, hkv, 64, 2048, 200)
+        relay, plain, cascade, (out_a, out_b, out_c), _ = decode_case(fa, hq, hkv, 64, 2048, 200)
         relay()
         plain()
         if cascade is not None:
@@ -171,7 +181,7 @@ def bench_decode(fa, card, quick, decode=None):
     rows = []
     for name, B, S, c in decode_points(quick, decode):
         hq, hkv = MODELS[name]
-        relay, plain, cascade, _ = decode_case(fa, hq, hkv, B, S, c)
+        relay, plain, cascade, _, level_with = decode_case(fa, hq, hkv, B, S, c)
         t_a, mode = time_op(relay)
         t_b, _ = time_op(plain)
         # Eager launches too: with piecewise CUDA graphs vLLM runs attention eagerly.
@@ -194,6 +204,15 @@ def bench_decode(fa, card, quick, decode=None):
         row["plain_fa_pct_copy"] = 100 * row["plain_fa_gbs"] / copy_bw
         row["relay_tflops"] = 4 * B * hq * HEAD_DIM * (S + c) / t_a / 1e9  # QK^T and PV, 2 a multiply-add
         row["relay_pct_matmul"] = 100 * row["relay_tflops"] * 1e12 / card["bf16_flop_per_s"]
+        if decode:  # the steps asked for: the level's call alone, by its cap on FA3's key splits
+            level_flops = 4 * B * hq * HEAD_DIM * S
+            row["level"] = {}
+            for splits in (0, 1, 2, 4, 8, 16):
+                ms = time_op(level_with(splits))[0]
+                row["level"][splits] = dict(us=ms * 1e3, tflops=level_flops / ms / 1e9,
+                                            pct_matmul=100 * level_flops / ms * 1e3 / card["bf16_flop_per_s"])
+            print("  the level alone, by FA3's split cap (0: its heuristic): " + ", ".join(
+                f"{k}: {v['us']:.0f} us {v['tflops']:.0f} TFLOP/s" for k, v in row["level"].items()))
         rows.append(row)
         print(f"{name} B={B:4d} S={S:5d} c={c:4d}: relay {row['relay_us']:8.1f} us  "
               f"FA {row['plain_fa_us']:8.1f} us  cascade {row['cascade_us']:8.1f} us  "
@@ -265,6 +284,14 @@ def markdown(env, decode_rows, fusion_rows):
                      f"{r['speedup_plain_over_relay']:.2f}x | "
                      f"{r['speedup_cascade_over_relay']:.2f}x | {r['theory_speedup']:.2f}x | "
                      f"{r['measured_over_theory']:.2f} |")
+    split_rows = [r for r in decode_rows if "level" in r]
+    if split_rows:
+        caps = list(split_rows[0]["level"])
+        lines += ["", "The level's call alone (its B rows over the S-token prompt), us and TFLOP/s by FA3's cap on key "
+                  "splits (0: FA3's heuristic):", "",
+                  "| model | B | S | " + " | ".join(f"cap {k}" for k in caps) + " |", "|---|---|---|" + "---|" * len(caps)]
+        lines += [f"| {r['model']} | {r['B']} | {r['S']} | " + " | ".join(
+            f"{r['level'][k]['us']:.0f} us, {r['level'][k]['tflops']:.0f}" for k in caps) + " |" for r in split_rows]
     lines += ["", "GB/s count the fewest bytes each op must move: relay and cascade read the system KV once, "
               "plain FA reads it once per request (so its GB/s can exceed HBM bandwidth through L2 hits). "
               "Theory: the RelayAttention paper's (s + c + 2) / (s/b + c + 7), which assumes MHA.", "",
