@@ -24,6 +24,7 @@ import os
 import sys
 import time
 
+import numpy as np
 import torch
 import triton
 
@@ -146,19 +147,56 @@ def decode_case(fa, hq, hkv, B, S, c):
                        None, (-1, -1), 0.0, full_table, S, 0, fa.version,
                        prefix_scheduler_metadata=sched_p, suffix_scheduler_metadata=sched_s)
 
-    return relay, plain, cascade, (out_a, out_b, out_c), level_with
+    def joint_with(rows_per_seq: int, splits: int):
+        """Relay's decode step as the planner makes it (ops/joint.py): one call over the level's rows in
+        sequences of `rows_per_seq` query rows (tokens x query heads per KV head, as `rules.joint_tokens`)
+        and a sequence per token over its own pages, then `fuse_joint`;
+        FA3 capped at `splits` key splits (1: unsplit; 0: its dynamic split). (The op, its output.)"""
+        from vllm_relay.ops.joint import joint_layout
+
+        tokens_per_seq = max(1, rows_per_seq // (hq // hkv))
+        _, cu_joint = joint_layout(np.array([0, B]), tokens_per_seq, B)
+        J = len(cu_joint) - 1 - B
+        width = max(n_sys, n_ctx)
+        table = torch.zeros(J + B, width, device=dev, dtype=torch.int32)
+        table[:J, :n_sys] = sys_blocks
+        table[J:, :n_ctx] = ctx_blocks
+        lens = torch.cat([torch.full((J,), S, device=dev, dtype=torch.int32), ctx_lens])
+        cu = torch.from_numpy(cu_joint).to(dev)
+        rows = torch.arange(B, device=dev, dtype=torch.int32)
+        joint = SharedLevel(
+            perm=torch.cat([rows, rows]), row_index=rows.clone(), ctx_start=torch.tensor([B], device=dev,
+                                                                                         dtype=torch.int32),
+            call=dict(cu_seqlens_q=cu, seqused_k=lens, max_seqlen_q=tokens_per_seq, max_seqlen_k=S,
+                      block_table=table, num_splits=splits,
+                      scheduler_metadata=fa.schedule(J + B, cu, tokens_per_seq, lens, S, False, hq, hkv,
+                                                     num_splits=splits)),
+            q_buf=torch.empty(2 * B, hq, HEAD_DIM, device=dev, dtype=DTYPE),
+            out_buf=torch.empty(2 * B, hq, HEAD_DIM, device=dev, dtype=DTYPE))
+        joint_plan = RelayPlan(context={}, shared=[joint])
+        out = torch.empty_like(q)
+        kw = {"fa_version": fa.version}
+        return (lambda: relay_attention(q, k_cache, v_cache, joint_plan, out, scale, fa.varlen, attn_kwargs=kw)), out
+
+    return relay, plain, cascade, (out_a, out_b, out_c), (level_with, joint_with)
 
 
 def check_decode(fa):
     """(a) and (c) must match (b) before anything is timed."""
     for name, (hq, hkv) in MODELS.items():
-        relay, plain, cascade, (out_a, out_b, out_c), _ = decode_case(fa, hq, hkv, 64, 2048, 200)
+        relay, plain, cascade, (out_a, out_b, out_c), (_, joint_with) = decode_case(fa, hq, hkv, 64, 2048, 200)
         relay()
         plain()
         if cascade is not None:
             cascade()
         torch.cuda.synchronize()
-        for label, o in (("relay", out_a), ("cascade", out_c if cascade is not None else out_b)):
+        joints = []
+        for rows, splits in ((64, 1), (128, 0)):
+            fn, o = joint_with(rows, splits)
+            fn()
+            joints.append((f"relay's joint call ({rows} rows, splits {splits})", o))
+        torch.cuda.synchronize()
+        for label, o in (("relay", out_a), ("cascade", out_c if cascade is not None else out_b), *joints):
             err = (o.float() - out_b.float()).abs().max().item()
             if not err < 2e-2 or torch.isnan(o).any():
                 sys.exit(f"ABORT: {label} differs from plain FlashAttention on {name}: max |diff| = {err}")
@@ -181,7 +219,7 @@ def bench_decode(fa, card, quick, decode=None):
     rows = []
     for name, B, S, c in decode_points(quick, decode):
         hq, hkv = MODELS[name]
-        relay, plain, cascade, _, level_with = decode_case(fa, hq, hkv, B, S, c)
+        relay, plain, cascade, _, (level_with, joint_with) = decode_case(fa, hq, hkv, B, S, c)
         t_a, mode = time_op(relay)
         t_b, _ = time_op(plain)
         # Eager launches too: with piecewise CUDA graphs vLLM runs attention eagerly.
@@ -204,15 +242,11 @@ def bench_decode(fa, card, quick, decode=None):
         row["plain_fa_pct_copy"] = 100 * row["plain_fa_gbs"] / copy_bw
         row["relay_tflops"] = 4 * B * hq * HEAD_DIM * (S + c) / t_a / 1e9  # QK^T and PV, 2 a multiply-add
         row["relay_pct_matmul"] = 100 * row["relay_tflops"] * 1e12 / card["bf16_flop_per_s"]
-        if decode:  # the steps asked for: the level's call alone, by its cap on FA3's key splits
-            level_flops = 4 * B * hq * HEAD_DIM * S
-            row["level"] = {}
-            for splits in (0, 1, 2, 4, 8, 16):
-                ms = time_op(level_with(splits))[0]
-                row["level"][splits] = dict(us=ms * 1e3, tflops=level_flops / ms / 1e9,
-                                            pct_matmul=100 * level_flops / ms * 1e3 / card["bf16_flop_per_s"])
-            print("  the level alone, by FA3's split cap (0: its heuristic): " + ", ".join(
-                f"{k}: {v['us']:.0f} us {v['tflops']:.0f} TFLOP/s" for k, v in row["level"].items()))
+        if decode:  # the steps asked for: their level's and joint call's forms (a failure reported, not fatal)
+            try:
+                row.update(forms(level_with, joint_with, 4 * B * hq * HEAD_DIM * S, card))
+            except Exception as e:  # noqa: BLE001
+                print(f"  (the level's forms failed: {type(e).__name__}: {e})")
         rows.append(row)
         print(f"{name} B={B:4d} S={S:5d} c={c:4d}: relay {row['relay_us']:8.1f} us  "
               f"FA {row['plain_fa_us']:8.1f} us  cascade {row['cascade_us']:8.1f} us  "
@@ -221,6 +255,23 @@ def bench_decode(fa, card, quick, decode=None):
         del relay, plain, cascade
         torch.cuda.empty_cache()
     return rows
+
+
+def forms(level_with, joint_with, level_flops: float, card: dict) -> dict:
+    """A decode step's level alone by its cap on FA3's key splits (us, TFLOP/s, % of the matmul rate), and
+    relay's joint call of the step by its level sequences' rows and split (us)."""
+    level = {}
+    for splits in (0, 1, 2, 4, 8, 16):
+        ms = time_op(level_with(splits))[0]
+        level[splits] = dict(us=ms * 1e3, tflops=level_flops / ms / 1e9,
+                             pct_matmul=100 * level_flops / ms * 1e3 / card["bf16_flop_per_s"])
+    print("  the level alone, by FA3's split cap (0: its heuristic): " + ", ".join(
+        f"{k}: {v['us']:.0f} us {v['tflops']:.0f} TFLOP/s" for k, v in level.items()))
+    joint = {f"{rows}x{splits}": time_op(joint_with(rows, splits)[0])[0] * 1e3
+             for rows in (64, 128) for splits in (1, 0)}
+    print("  the joint call (level sequences of 64 / 128 rows, unsplit x1 / FA3's dynamic split x0): "
+          + ", ".join(f"{k}: {v:.0f} us" for k, v in joint.items()))
+    return {"level": level, "joint": joint}
 
 
 def bench_fusion(copy_bw, quick):
@@ -286,12 +337,16 @@ def markdown(env, decode_rows, fusion_rows):
                      f"{r['measured_over_theory']:.2f} |")
     split_rows = [r for r in decode_rows if "level" in r]
     if split_rows:
-        caps = list(split_rows[0]["level"])
+        caps, forms = list(split_rows[0]["level"]), list(split_rows[0]["joint"])
         lines += ["", "The level's call alone (its B rows over the S-token prompt), us and TFLOP/s by FA3's cap on key "
-                  "splits (0: FA3's heuristic):", "",
-                  "| model | B | S | " + " | ".join(f"cap {k}" for k in caps) + " |", "|---|---|---|" + "---|" * len(caps)]
+                  "splits (0: FA3's heuristic); relay's joint call of the whole step (level sequences of 64 / 128 "
+                  "query rows, x1 unsplit, x0 FA3's dynamic split), us:", "",
+                  "| model | B | S | " + " | ".join(f"cap {k}" for k in caps) + " | "
+                  + " | ".join(f"joint {k}" for k in forms) + " |",
+                  "|---|---|---|" + "---|" * (len(caps) + len(forms))]
         lines += [f"| {r['model']} | {r['B']} | {r['S']} | " + " | ".join(
-            f"{r['level'][k]['us']:.0f} us, {r['level'][k]['tflops']:.0f}" for k in caps) + " |" for r in split_rows]
+            f"{r['level'][k]['us']:.0f} us, {r['level'][k]['tflops']:.0f}" for k in caps) + " | "
+            + " | ".join(f"{r['joint'][k]:.0f}" for k in forms) + " |" for r in split_rows]
     lines += ["", "GB/s count the fewest bytes each op must move: relay and cascade read the system KV once, "
               "plain FA reads it once per request (so its GB/s can exceed HBM bandwidth through L2 hits). "
               "Theory: the RelayAttention paper's (s + c + 2) / (s/b + c + 7), which assumes MHA.", "",
