@@ -207,8 +207,9 @@ def decode_points(quick: bool, decode: str | None) -> list[tuple]:
     """(model, B, S, c) of each decode step timed: `decode`'s (MODEL:B:S:c,...) or the grid."""
     if decode:
         points = [tuple(p.split(":")) for p in decode.split(",")]
-        if any(len(p) != 4 or p[0] not in MODELS for p in points):
-            sys.exit(f"--decode takes MODEL:B:S:c,... with MODEL one of {sorted(MODELS)}: {decode!r}")
+        if any(len(p) != 4 or p[0] not in MODELS or not all(x.isdigit() for x in p[1:]) for p in points):
+            sys.exit(f"--decode takes MODEL:B:S:c,... with MODEL one of {sorted(MODELS)} and B, S, c counts: "
+                     f"{decode!r}")
         return [(m, int(B), int(S), int(c)) for m, B, S, c in points]
     Bs, Ss, cs = ((32, 512), (2048,), (128,)) if quick else ((32, 128, 512), (512, 2048, 8192), (128, 512))
     return [(name, B, S, c) for name in MODELS for B in Bs for S in Ss for c in cs]
