@@ -141,7 +141,8 @@ def test_plot_draws_a_panel_per_prompt_length_context_and_tree(tmp_path):
 
 
 def test_a_profiled_run_keeps_the_kernel_table_beside_out_and_drops_the_traces(tmp_path):
-    """`--profile` puts vLLM's profiler output in <out>.<config>.profile/; the traces go, the table stays."""
+    """`--profile` puts vLLM's profiler output in <out>.<config>.profile/; the traces go, the table stays, and
+    each trace leaves its timeline (here one that cannot be read, which says so)."""
     common = load("common")
     args = bench.parser().parse_args(["--profile", "40,6", "--out", str(tmp_path / "s.json")])
     config = common.profiler_config(args, "relay")
@@ -152,7 +153,8 @@ def test_a_profiled_run_keeps_the_kernel_table_beside_out_and_drops_the_traces(t
     (folder / "rank0.pt.trace.json.gz").write_bytes(b"x")
     (folder / "profiler_out_0.txt").write_text("table")
     common.drop_traces(args, "relay")
-    assert [p.name for p in folder.iterdir()] == ["profiler_out_0.txt"]
+    assert sorted(p.name for p in folder.iterdir()) == ["profiler_out_0.txt", "rank0.pt.trace.json.gz.timeline.txt"]
+    assert (folder / "rank0.pt.trace.json.gz.timeline.txt").read_text().startswith("trace not read: ")
 
 
 def test_the_sglang_config_sends_each_point_with_its_n_and_refuses_short_runs(tmp_path, monkeypatch, capsys):
