@@ -3,9 +3,10 @@ bench_serving.py, bench_sharing.py). Each script runs every configuration in a p
 parent starts `<script> ... --worker CONFIG`, keeps its log beside `--out` and reads back what it
 prints (`RESULT {json}`). The offline throughput workloads (`single`, `multi`), their sampling and
 each configuration's engine arguments are here too, so that every script measures the same requests;
-the OpenAI servers bench_serving.py starts (vLLM's, relay's, SGLang's); and, last, how the kernel
-benchmarks (bench_ops.py, bench_window.py, bench_mla.py) take their command line, time an op on the GPU and read
-the card's limits."""
+the OpenAI servers bench_serving.py starts (vLLM's, relay's, SGLang's); a profiled run's traces summed up as
+text (`trace_summary`: when the GPU waited); and, last, how the kernel benchmarks (bench_ops.py,
+bench_window.py, bench_mla.py) take their command line, time an op on the GPU and read the card's limits and
+the host's speed."""
 
 import asyncio
 import functools
