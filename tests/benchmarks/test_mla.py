@@ -41,3 +41,16 @@ def test_bound_is_memory_or_compute_whichever_is_slower():
     card = {"copy_bytes_per_s": 1e12, "bf16_flop_per_s": 1e15}
     assert bench.bound_ms(1e9, 2e12, card) == pytest.approx(2.0)
     assert bench.bound_ms(3e9, 2e12, card) == pytest.approx(3.0)
+
+
+def test_the_table_leaves_fa3s_columns_empty_where_its_form_was_left_out(tmp_path):
+    card = dict(device="H", copy_bytes_per_s=3e12, bf16_flop_per_s=7.5e14)
+    base = dict(shape="s", heads=16, P=4096, n=64, c=256, flashmla_us=100.0, flashmla_bound_us=90.0, relay_us=50.0,
+                relay_bound_us=40.0, flashmla_over_relay=2.0, relay_tflops=300.0, flashmla_gbs=2500.0,
+                max_abs_diff=0.01)
+    rows = [dict(base, fa3_us=110.0, relay_fa3_us=45.0, fa3_over_relay_fa3=2.44), base]
+    bench.write(str(tmp_path), card, rows)
+    lines = (tmp_path / "mla_ops.md").read_text().splitlines()
+    header, with_fa3, without = lines[4], lines[6], lines[7]
+    assert header.count("|") == with_fa3.count("|") == without.count("|") == 16
+    assert "| 110.0 | 45.0 | 2.44x | 0.01 |" in with_fa3 and without.endswith("| 2500 |  | |  | 0.01 |")
