@@ -44,3 +44,11 @@ def test_tables_give_relays_tflops_and_the_levels_forms_where_timed():
     header = next(line for line in md.splitlines() if line.startswith("| model | B | S | c |"))
     separator = md.splitlines()[md.splitlines().index(header) + 1]
     assert header.count("|") == separator.count("|")
+
+
+def test_a_joint_call_left_out_leaves_the_levels_table_whole():
+    forms = row(level={0: dict(us=3500.0, tflops=615.0, pct_matmul=82.0)}, joint={})
+    lines = bench.markdown(ENV, [forms], [FUSION]).splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("| model | B | S | cap 0"))
+    assert lines[header] == "| model | B | S | cap 0 |" and lines[header + 1] == "|---|---|---|---|"
+    assert lines[header + 2] == "| llama2-7b | 256 | 16000 | 3500 us, 615 |"
