@@ -39,7 +39,6 @@ BLOCK = 16
 # vLLM 0.26's cap on FlashAttention's key splits in CUDA graphs (flash_attn_max_num_splits_for_cuda_graph)
 GRAPH_SPLITS = 32
 DTYPE = torch.bfloat16
-JOINT_WRONG: list[str] = []  # the joint calls check_decode found wrong or failing (then never timed)
 
 
 def time_op(fn):
@@ -116,12 +115,11 @@ def decode_case(fa, hq, hkv, B, S, c):
     def level_with(splits: int):
         """The level's call alone (its B rows over the S-token prompt, not causal), FA3 scheduled with
         `splits` key splits at most (0: FA3's own heuristic)."""
-        sched = fa.schedule(1, cu_sys, B, sys_lens, S, False, hq, hkv, num_splits=splits)
+        call = {**level.call, "num_splits": splits,
+                "scheduler_metadata": fa.schedule(1, cu_sys, B, sys_lens, S, False, hq, hkv, num_splits=splits)}
         out = torch.empty_like(q)
-        return lambda: fa.varlen(q=q, k=k_cache, v=v_cache, out=out, cu_seqlens_q=cu_sys, max_seqlen_q=B,
-                                 seqused_k=sys_lens, max_seqlen_k=S, softmax_scale=scale, causal=False,
-                                 block_table=level.call["block_table"], scheduler_metadata=sched,
-                                 fa_version=fa.version, num_splits=splits)
+        return lambda: fa.varlen(q=q, k=k_cache, v=v_cache, out=out, softmax_scale=scale, causal=False,
+                                 fa_version=fa.version, **call)
 
     # (b) plain FA decode over the full paged KV, as FlashAttentionImpl.forward calls it.
     sched_b = fa.schedule(B, cu_q, 1, full_lens, S + c, True, hq, hkv)
@@ -182,8 +180,10 @@ def decode_case(fa, hq, hkv, B, S, c):
     return relay, plain, cascade, (out_a, out_b, out_c), (level_with, joint_with)
 
 
-def check_decode(fa):
-    """(a) and (c) must match (b) before anything is timed."""
+def check_decode(fa) -> bool:
+    """(a) and (c) must match (b) before anything is timed; whether relay's joint calls match it too
+    (timed only then)."""
+    joint_right = True
     for name, (hq, hkv) in MODELS.items():
         relay, plain, cascade, (out_a, out_b, out_c), (_, joint_with) = decode_case(fa, hq, hkv, 64, 2048, 200)
         relay()
@@ -205,9 +205,10 @@ def check_decode(fa):
             except Exception as e:  # noqa: BLE001
                 err = f"{type(e).__name__}: {e}"
             if not (isinstance(err, float) and err < 2e-2 and not torch.isnan(o).any()):
-                JOINT_WRONG.append(f"{name}, {rows} rows, splits {splits}: {err}")
-                print(f"relay's joint call differs from plain FlashAttention or failed ({JOINT_WRONG[-1]}): "
-                      "its forms are not timed")
+                joint_right = False
+                print(f"relay's joint call differs from plain FlashAttention or failed ({name}, {rows} rows, "
+                      f"splits {splits}: {err}): its forms are not timed")
+    return joint_right
 
 
 def decode_points(quick: bool, decode: str | None) -> list[tuple]:
@@ -222,7 +223,7 @@ def decode_points(quick: bool, decode: str | None) -> list[tuple]:
     return [(name, B, S, c) for name in MODELS for B in Bs for S in Ss for c in cs]
 
 
-def bench_decode(fa, card, quick, decode=None):
+def bench_decode(fa, card, quick, decode=None, joint=True):
     copy_bw = card["copy_bytes_per_s"] / 1e9
     rows = []
     for name, B, S, c in decode_points(quick, decode):
@@ -252,7 +253,7 @@ def bench_decode(fa, card, quick, decode=None):
         row["relay_pct_matmul"] = 100 * row["relay_tflops"] * 1e12 / card["bf16_flop_per_s"]
         if decode:  # the steps asked for: their level's and joint call's forms (a failure reported, not fatal)
             try:
-                row.update(forms(level_with, joint_with, 4 * B * hq * HEAD_DIM * S, card))
+                row.update(forms(level_with, joint_with if joint else None, 4 * B * hq * HEAD_DIM * S, card))
             except Exception as e:  # noqa: BLE001
                 print(f"  (the level's forms failed: {type(e).__name__}: {e})")
         rows.append(row)
@@ -267,7 +268,7 @@ def bench_decode(fa, card, quick, decode=None):
 
 def forms(level_with, joint_with, level_flops: float, card: dict) -> dict:
     """A decode step's level alone by its cap on FA3's key splits (us, TFLOP/s, % of the matmul rate), and
-    relay's joint call of the step by its level sequences' rows and split (us)."""
+    relay's joint call of the step by its level sequences' rows and split (us; none without `joint_with`)."""
     level = {}
     for splits in (0, 1, 2, 4, 8, 16):
         ms = time_op(level_with(splits))[0]
@@ -275,7 +276,7 @@ def forms(level_with, joint_with, level_flops: float, card: dict) -> dict:
                              pct_matmul=100 * level_flops / ms * 1e3 / card["bf16_flop_per_s"])
     print("  the level alone, by FA3's split cap (0: its heuristic): " + ", ".join(
         f"{k}: {v['us']:.0f} us {v['tflops']:.0f} TFLOP/s" for k, v in level.items()))
-    if JOINT_WRONG:  # (check_decode)
+    if joint_with is None:  # (check_decode found it wrong)
         return {"level": level, "joint": {}}
     joint = {f"{rows}x{splits}": time_op(joint_with(rows, splits)[0])[0] * 1e3
              for rows in (64, 128) for splits in (1, 0)}
@@ -385,9 +386,9 @@ def main():
                vllm=vllm.__version__, fa_version=fa.version, copy_gbs=copy_bw,
                matmul_tflops=card["bf16_flop_per_s"] / 1e12, quick=ARGS.quick, decode=ARGS.decode)
     print(f"{env['gpu']}: copy bandwidth {copy_bw:.0f} GB/s (read+write), FA{fa.version}")
-    check_decode(fa)
+    joint_right = check_decode(fa)
     fusion_rows = bench_fusion(copy_bw, ARGS.quick)
-    decode_rows = bench_decode(fa, card, ARGS.quick, ARGS.decode)
+    decode_rows = bench_decode(fa, card, ARGS.quick, ARGS.decode, joint_right)
     env["seconds"] = time.time() - start
     os.makedirs(ARGS.out, exist_ok=True)
     with open(os.path.join(ARGS.out, "ops_h200.json"), "w") as f:
