@@ -380,7 +380,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--iteration-details", action="store_true", help="vLLM's per-step log in <out>.<config>.log")
     p.add_argument("--profile", help="DELAY,STEPS: vLLM's torch profiler over STEPS engine steps of the first "
                    "point, after DELAY (0,0: its whole first run); its kernel table lands in "
-                   "<out>.<config>.profile/profiler_out_0.txt")
+                   "<out>.<config>.profile/profiler_out_0.txt, each trace's text (traces.py) beside it")
     p.add_argument("--seed", type=int, default=0, help="SGLang's random seed (vLLM's engines take 0)")
     add_sglang_args(p)
     p.add_argument("--out")

@@ -3,15 +3,13 @@ bench_serving.py, bench_sharing.py). Each script runs every configuration in a p
 parent starts `<script> ... --worker CONFIG`, keeps its log beside `--out` and reads back what it
 prints (`RESULT {json}`). The offline throughput workloads (`single`, `multi`), their sampling and
 each configuration's engine arguments are here too, so that every script measures the same requests;
-the OpenAI servers bench_serving.py starts (vLLM's, relay's, SGLang's); a profiled run's traces summed up as
-text (`trace_summary`: when the GPU waited); and, last, how the kernel benchmarks (bench_ops.py,
+the OpenAI servers bench_serving.py starts (vLLM's, relay's, SGLang's); a profiled run's traces left as text
+(traces.py); and, last, how the kernel benchmarks (bench_ops.py,
 bench_window.py, bench_mla.py) take their command line, time an op on the GPU and read the card's limits and
 the host's speed."""
 
 import asyncio
 import functools
-import glob
-import gzip
 import json
 import os
 import socket
@@ -19,6 +17,9 @@ import statistics
 import subprocess
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from traces import drop_traces  # noqa: E402
 
 
 def model_config(model: str) -> dict:
@@ -39,92 +40,6 @@ def profiler_config(args, config: str) -> dict:
                 max_iterations=steps, torch_profiler_with_stack=False)
 
 
-TRACE_GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")  # a trace's GPU work
-
-
-def trace_events(path: str) -> list[dict]:
-    """The complete ("X") events of a trace file, plain or gzipped JSON."""
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt") as f:
-        data = json.load(f)
-    events = data["traceEvents"] if isinstance(data, dict) else data
-    return [e for e in events if e.get("ph") == "X" and "ts" in e and "dur" in e]
-
-
-def trace_busy(events: list[dict]) -> list[tuple[float, float]]:
-    """The GPU's work (kernels, copies, sets on any stream) merged into disjoint [start, end) intervals, us."""
-    spans = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"]))
-                   for e in events if e.get("cat") in TRACE_GPU_CATS)
-    merged: list[list[float]] = []
-    for start, end in spans:
-        if merged and start <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], end)
-        else:
-            merged.append([start, end])
-    return [(a, b) for a, b in merged]
-
-
-def trace_outermost(events: list[dict]) -> list[dict]:
-    """Each thread's annotated host ranges not inside another of that thread's, in time order."""
-    out = []
-    by_thread: dict = {}
-    for e in sorted((e for e in events if e.get("cat") == "user_annotation"),
-                    key=lambda e: (float(e["ts"]), -float(e["dur"]))):
-        key = (e.get("pid"), e.get("tid"))
-        end = by_thread.get(key, float("-inf"))
-        if float(e["ts"]) >= end:
-            out.append(e)
-            by_thread[key] = float(e["ts"]) + float(e["dur"])
-    return out
-
-
-def trace_summary(events: list[dict], gap_ms: float = 0.5, most: int = 80) -> str:
-    """When the GPU waited, and for what, from a torch profiler trace's events (`trace_events`; Chrome trace
-    format: "X" events with `ts` and `dur` in us), as text, times in ms from the trace's first event: the GPU's
-    busy time over the span, every idle gap of at least `gap_ms` between its kernels, memcpys and memsets
-    with the host's annotated ranges (`user_annotation`: `record_function`) overlapping it most, and the
-    host's outermost ranges in time order (`most` of them). A trace is too large to keep (hundreds of MB);
-    its kernel table (profiler_out_0.txt) sums kernels but says nothing of the GPU's waits."""
-    if not events:
-        return "no complete events in the trace\n"
-    t0 = min(float(e["ts"]) for e in events)
-    t1 = max(float(e["ts"]) + float(e["dur"]) for e in events)
-    busy = trace_busy(events)
-    ranges = trace_outermost(events)
-    ms = lambda us: (us - t0) / 1e3  # noqa: E731
-    lines = [f"trace span {(t1 - t0) / 1e3:.2f} ms; GPU busy {sum(b - a for a, b in busy) / 1e3:.2f} ms "
-             f"in {len(busy)} intervals"]
-    gaps = [(a, b) for a, b in zip([t0] + [end for _, end in busy], [start for start, _ in busy] + [t1])
-            if b - a >= gap_ms * 1e3]
-    lines.append(f"GPU idle gaps of {gap_ms} ms or more: {len(gaps)}, {sum(b - a for a, b in gaps) / 1e3:.2f} ms "
-                 "(start ms, length ms: the host's ranges overlapping it most)")
-    for a, b in gaps:
-        overlap = sorted(((min(b, float(e["ts"]) + float(e["dur"])) - max(a, float(e["ts"])), e["name"])
-                          for e in ranges if float(e["ts"]) < b and float(e["ts"]) + float(e["dur"]) > a),
-                         reverse=True)[:3]
-        what = "; ".join(f"{name[:60]} {t / 1e3:.2f}" for t, name in overlap) or "no annotated host work"
-        lines.append(f"  {ms(a):10.2f} {(b - a) / 1e3:8.2f}  {what}")
-    lines.append(f"host ranges (outermost of each thread; start ms, length ms, name), the first {most}:")
-    for e in ranges[:most]:
-        lines.append(f"  {ms(float(e['ts'])):10.2f} {float(e['dur']) / 1e3:8.2f}  {e['name'][:100]}")
-    if len(ranges) > most:
-        lines.append(f"  (+{len(ranges) - most} more)")
-    return "\n".join(lines) + "\n"
-
-
-def drop_traces(args, config: str) -> None:
-    """Keep vLLM's kernel table (profiler_out_0.txt) and each trace's timeline (`trace_summary`: when the GPU
-    waited, and on what host work) in `<trace>.timeline.txt`, not the traces (hundreds of MB each)."""
-    for trace in glob.glob(os.path.join(profile_dir(args, config), "*.pt.trace.json*")):
-        try:
-            text = trace_summary(trace_events(trace))
-        except (OSError, ValueError, KeyError) as e:  # a trace cut short: say so, drop it all the same
-            text = f"trace not read: {type(e).__name__}: {e}\n"
-        with open(f"{trace}.timeline.txt", "w") as f:
-            f.write(text)
-        os.remove(trace)
-
-
 def run_logged(cmd: list[str], args, config: str, env: dict | None = None) -> tuple[str, int]:
     """Run one configuration's process: (its output, exit code). Its log is kept beside `--out`
     as `<out>.<config>.log` (vLLM's step statistics and warnings); profiler traces are dropped."""
@@ -134,7 +49,7 @@ def run_logged(cmd: list[str], args, config: str, env: dict | None = None) -> tu
         with open(f"{os.path.splitext(args.out)[0]}.{config}.log", "w") as f:
             f.write(log)
     if getattr(args, "profile", None):
-        drop_traces(args, config)
+        drop_traces(profile_dir(args, config))
     return log, proc.returncode
 
 

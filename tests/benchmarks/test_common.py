@@ -78,57 +78,9 @@ def test_strip_system_keeps_bos_and_the_requests_own_tokens():
 
 
 def test_no_benchmark_imports_another_benchmarks_internals():
-    scripts = {p.stem for p in BENCH.glob("*.py")} - {"common"}
+    scripts = {p.stem for p in BENCH.glob("*.py")} - {"common", "traces"}
     for path in BENCH.glob("*.py"):
         nodes = list(ast.walk(ast.parse(path.read_text())))
         imported = {n.module for n in nodes if isinstance(n, ast.ImportFrom)} | {
             a.name for n in nodes if isinstance(n, ast.Import) for a in n.names}
-        assert not imported & scripts, f"{path.name} imports {imported & scripts}: shared helpers go in common.py"
-
-
-# A torch profiler trace summed up (`trace_summary`): a small trace made by hand.
-
-def trace_event(cat, name, start_ms, end_ms, tid=1):
-    return {"ph": "X", "cat": cat, "name": name, "ts": 1e6 + start_ms * 1e3, "dur": (end_ms - start_ms) * 1e3,
-            "pid": 7, "tid": tid}
-
-
-TRACE = [
-    trace_event("user_annotation", "execute_model", 0.0, 1.5),
-    trace_event("user_annotation", "inner_range", 0.2, 0.4),            # inside execute_model: not listed
-    trace_event("kernel", "gemm", 0.5, 1.2, tid=99),
-    trace_event("kernel", "attn", 1.0, 2.0, tid=98),                    # overlaps gemm: one busy interval 0.5-2.0
-    trace_event("user_annotation", "schedule", 2.0, 4.5),
-    trace_event("user_annotation", "execute_model", 4.5, 6.5),
-    trace_event("gpu_memcpy", "HtoD", 5.0, 5.2, tid=97),
-    trace_event("kernel", "gemm", 5.2, 6.0, tid=99),
-    {"ph": "i", "name": "marker", "ts": 1e6},                     # not a complete event: ignored
-]
-
-
-def test_trace_gaps_are_where_the_gpu_waited_and_name_the_host_work(tmp_path):
-    text = common.trace_summary(common.trace_events(write_trace(tmp_path / "t.json", TRACE)), gap_ms=0.4)
-    lines = text.splitlines()
-    assert lines[0] == "trace span 6.50 ms; GPU busy 2.50 ms in 2 intervals"
-    assert lines[1].startswith("GPU idle gaps of 0.4 ms or more: 3, 4.00 ms")
-    gaps = [line.split() for line in lines[2:5]]
-    assert [g[:2] for g in gaps] == [["0.00", "0.50"], ["2.00", "3.00"], ["6.00", "0.50"]]
-    assert lines[3].split("  ")[-1] == "schedule 2.50; execute_model 0.50"
-    host = lines[lines.index(next(x for x in lines if x.startswith("host ranges"))) + 1:]
-    assert [h.split()[-1] for h in host] == ["execute_model", "schedule", "execute_model"]
-
-
-def test_trace_summary_reads_gzipped_traces_and_one_without_events(tmp_path):
-    import gzip
-
-    path = tmp_path / "t.json.gz"
-    with gzip.open(path, "wt") as f:
-        json.dump({"traceEvents": TRACE}, f)
-    assert common.trace_summary(common.trace_events(str(path)), gap_ms=1.0).splitlines()[1].startswith(
-        "GPU idle gaps of 1.0 ms or more: 1, 3.00 ms")
-    assert common.trace_summary([]) == "no complete events in the trace\n"
-
-
-def write_trace(path, events):
-    path.write_text(json.dumps({"traceEvents": events}))
-    return str(path)
+        assert not imported & scripts, f"{path.name} imports {imported & scripts}: shared helpers go in common.py (traces.py)"

@@ -152,7 +152,7 @@ def test_a_profiled_run_keeps_the_kernel_table_beside_out_and_drops_the_traces(t
     folder.mkdir()
     (folder / "rank0.pt.trace.json.gz").write_bytes(b"x")
     (folder / "profiler_out_0.txt").write_text("table")
-    common.drop_traces(args, "relay")
+    load("traces").drop_traces(str(folder))
     assert sorted(p.name for p in folder.iterdir()) == ["profiler_out_0.txt", "rank0.pt.trace.json.gz.timeline.txt"]
     assert (folder / "rank0.pt.trace.json.gz.timeline.txt").read_text().startswith("trace not read: ")
 
