@@ -11,7 +11,7 @@ block size 16, every request sharing one S-token system prompt and owning c cont
   (d) relay_fusion alone vs vLLM's `merge_attn_states` (CUDA op and Triton kernel).
 Each op is captured in a CUDA graph and its replay timed with triton.testing.do_bench (median,
 L2 flushed between replays). Copy bandwidth is measured in the same run. Results go to
-<out>/ops_h200.json and <out>/ops_h200.md; the markdown table is printed last.
+<out>/ops.json and <out>/ops.md; the markdown table is printed last.
 
 Usage: python3 benchmarks/bench_ops.py [--quick] [--decode MODEL:B:S:c,...] [--out DIR]
 (--decode: only these decode steps, e.g. llama2-7b:256:16000:128, n=256 samples of a 16000-token prompt
@@ -391,12 +391,12 @@ def main():
     decode_rows = bench_decode(fa, card, ARGS.quick, ARGS.decode, joint_right)
     env["seconds"] = time.time() - start
     os.makedirs(ARGS.out, exist_ok=True)
-    with open(os.path.join(ARGS.out, "ops_h200.json"), "w") as f:
+    with open(os.path.join(ARGS.out, "ops.json"), "w") as f:
         json.dump(dict(env=env, decode=decode_rows, fusion=fusion_rows), f, indent=1)
     md = markdown(env, decode_rows, fusion_rows)
-    with open(os.path.join(ARGS.out, "ops_h200.md"), "w") as f:
+    with open(os.path.join(ARGS.out, "ops.md"), "w") as f:
         f.write(md)
-    print(f"\n(total {env['seconds']:.0f} s; wrote {ARGS.out}/ops_h200.json and ops_h200.md)\n")
+    print(f"\n(total {env['seconds']:.0f} s; wrote {ARGS.out}/ops.json and ops.md)\n")
     print(md)
 
 

@@ -63,8 +63,11 @@ JOINT_ROWS, JOINT_ROWS_LARGE, JOINT_LARGE_TOKENS = 64, 128, 256
 # multiprocessors; with fewer, FA3 splits each sequence by its share of the call's work (its dynamic
 # split): a few long level tiles would otherwise be the call's tail. Same bench (H100, us, dynamic /
 # one split against relay's two calls): Llama-3-8B, n=16, S=8192: 41 / 92 against 49; n=64: 63 / 97
-# against 70; Llama-2-7B, n=256, S=2048 (128 tiles): 290 / 253 against 294.
-JOINT_SPLIT_FILL = 0.25
+# against 70; Llama-2-7B, n=256, S=2048 (128 tiles): 290 / 253 against 294. At S=16000, n=256, c=128
+# (H100, 2026-12-06, bench_ops.py --decode, benchmarks/results/2026-12-06_h100_vllm033_samples_sglang/):
+# Llama-3-8B (128 rows: 64 tiles, 0.48 of the multiprocessors) 204 / 222, Llama-2-7B (64 rows: 128 tiles)
+# 402 / 374. So the split from fewer tiles than 0.48 of them, unsplit from 0.97: the threshold between.
+JOINT_SPLIT_FILL = 0.75
 
 def query_tiles(rows: np.ndarray, gqa: int) -> np.ndarray:
     """FA3's query tiles (a KV head's query heads packed) for each count of query rows."""
@@ -91,7 +94,7 @@ def joint_one_split(group_rows: np.ndarray, tokens_per_seq: int, num_kv_heads: i
     multiprocessors.
 
     Example:
-        >>> joint_one_split(np.array([64, 1]), 64, 32, 132), joint_one_split(np.array([64]), 64, 32, 132)
+        >>> joint_one_split(np.array([256]), 64, 32, 132), joint_one_split(np.array([64, 1]), 64, 32, 132)
         (True, False)
     """
     seqs = int((-(-np.asarray(group_rows, dtype=np.int64) // tokens_per_seq)).sum())
