@@ -13,7 +13,7 @@ from vllm_relay.ops.level_tree import LevelRule, LevelTree, find_levels, saved_b
 
 class LevelFinder:
     """`RelayPlanner`'s level search (its attributes: shared_path, levels, max_depth, max_groups,
-    auto_levels, chunk_levels, gqa, page_size, num_slots, device, `_last`)."""
+    auto_levels, chunk_levels, max_level_query_len, gqa, page_size, num_slots, device, `_last`)."""
 
     def rule(self, max_groups: int | None = None) -> LevelRule | None:
         """When a shared run becomes a level (None: no levels at all), at most `max_groups` levels
@@ -74,10 +74,13 @@ class LevelFinder:
         """Rows that may read levels: any row, as a level's pages all precede its first query token
         (a decode token, or a prompt chunk whose shared part is cached: the n samples of a prompt,
         requests over one document). With shared_path "auto", not a chunk that fills its own query
-        tiles (`fills_tiles`)."""
+        tiles (`fills_tiles`). Never a request of more than `max_level_query_len` tokens this step
+        (None: no bound): an MLA backend computes longer chunks in another form."""
         can = step.q_lens > 0
         if self.shared_path == "auto" and not self.chunk_levels:
             can &= ~fills_tiles(step.q_lens, self.gqa)
+        if self.max_level_query_len is not None:
+            can &= step.q_lens <= self.max_level_query_len
         return can
 
     def _root_pages(self, step) -> np.ndarray:

@@ -67,7 +67,8 @@ class RelayPlanner(LevelFinder):
     def __init__(self, vllm_config, kv_cache_spec, device, num_layers: int = 1, *, joint: bool = True,
                  joint_rows: int | None = None, graph_levels: int = GRAPH_LEVELS, one_split: bool = True,
                  chunk_levels: bool = False, query_dtype: torch.dtype | None = None, levels: bool = True,
-                 window: int = 0, level_fn=None) -> None:
+                 window: int = 0, level_fn=None, value_size: int | None = None,
+                 max_level_query_len: int | None = None) -> None:
         """The keywords are the measured rules' choices (`rules.py`), which every engine runs; tests
         set them to check the other forms, which compute the same attention:
         `joint` a decode step's levels and context in one call (else two), `joint_rows` the query rows of
@@ -79,9 +80,13 @@ class RelayPlanner(LevelFinder):
         `levels`: whether the layers may read levels. `window`: the layers' sliding window in tokens (0:
         none): each level row reads the level from its first visible key on (`key_start` in the level's
         call, ops/window_rows.py), with `level_fn` (`window_level_attention` or its torch twin), and no
-        joint call."""
+        joint call. `value_size`: the layers' value size where it differs from the key's (MLA's latent
+        cache: one vector a token, keys all of it, values its first `value_size`). `max_level_query_len`:
+        a request with more tokens in a step never reads levels (an MLA backend's prefill form)."""
         if window and level_fn is None:
             raise ValueError("RelayPlanner: a sliding window's levels need level_fn (each row's first key)")
+        if value_size and joint:
+            raise ValueError("RelayPlanner: values narrower than keys (MLA) take two calls, not a joint one")
         cfg = RelayConfig.from_vllm(vllm_config.additional_config)
         model, sched, comp = vllm_config.model_config, vllm_config.scheduler_config, vllm_config.compilation_config
         hq = model.get_num_attention_heads(vllm_config.parallel_config)
@@ -89,9 +94,11 @@ class RelayPlanner(LevelFinder):
         self.gqa = hq // self.hkv
         head_size = model.get_head_size()
         self.page_size = kv_cache_spec.block_size
-        # K and V of one token in every layer this planner serves: what a page read not again saves.
-        self.kv_bytes_per_token = 2 * self.hkv * head_size * torch.empty((), dtype=model.dtype).element_size() \
-            * num_layers
+        # K and V of one token in every layer this planner serves (MLA: its one vector): what a page read
+        # not again saves.
+        self.kv_bytes_per_token = (1 if value_size else 2) * self.hkv * head_size \
+            * torch.empty((), dtype=model.dtype).element_size() * num_layers
+        self.max_level_query_len = max_level_query_len
         self.num_slots, self.max_pages = relay_step.slot_shape(cfg, self.page_size)
         self._synced = (None, -1)  # the slot pages (and their version) last copied to the device
         # The step vLLM's V1 runner (the CPU's) prepared, handed over by the runner hook until the
@@ -143,10 +150,11 @@ class RelayPlanner(LevelFinder):
         # A gather, an attention call and the fusion: their buffers.
         self.q_buf = torch.empty(self.max_rows + tokens, hq, head_size, dtype=query_dtype or model.dtype,
                                  device=self.device)
-        self.out_buf = torch.empty(self.q_buf.shape, dtype=model.dtype, device=self.device)
+        self.out_buf = torch.empty(*self.q_buf.shape[:2], value_size or head_size, dtype=model.dtype,
+                                   device=self.device)
         # Compiled now, not by the first large steps of a loaded server (a second or more each).
         for levels in range(1, self.max_depth + 1):
-            warm_up_fuse_in_place(hq, head_size, model.dtype, self.device, max_tokens, levels=levels,
+            warm_up_fuse_in_place(hq, value_size or head_size, model.dtype, self.device, max_tokens, levels=levels,
                                   joint_too=self.joint)
         # The level sequences' tables and lengths, then the contexts', in one tensor each: a joint call
         # reads the end of the first part and the start of the second (a step's level tables end at
@@ -232,9 +240,11 @@ class RelayPlanner(LevelFinder):
         prefix_block_table(cm.block_table_tensor[:B], cm.seq_lens[:B], self.ctx_front[:B], self.ctx_slot[:B],
                            self.slot_pages, self.page_size, ctx_table, ctx_lens, start=self.ctx_skip[:B])
         max_seq_len = cm.max_seq_len + staged.max_front * self.page_size
-        # Host copies and caches derived from the own lengths would be stale: drop them.
+        # The context lengths' host bound, as `prefix_block_table` makes them (MLA's prefill reads it); the
+        # cache derived from the own lengths would be stale: dropped.
         context = dataclasses.replace(cm, seq_lens=ctx_lens, block_table_tensor=ctx_table, max_seq_len=max_seq_len,
-                                      seq_lens_cpu_upper_bound=None, _num_computed_tokens_cache=None)
+                                      seq_lens_cpu_upper_bound=self._context_bound(cm, B),
+                                      _num_computed_tokens_cache=None)
         if not capture:
             add_stats(self.stats, staged.counts)
             add_stats(self.stats, {"graph_steps": graph, "one_split_steps": staged.one_split,
@@ -281,6 +291,17 @@ class RelayPlanner(LevelFinder):
             zero = torch.zeros(1, dtype=torch.int32, device=self.device)
             prefix_block_table(cm.block_table_tensor[:1], zero, zero, zero, self.slot_pages, self.page_size,
                                self.level_table, self._level_lens, src_row=zero, start=zero)
+
+    def _context_bound(self, cm, B: int):
+        """`cm.seq_lens_cpu_upper_bound` for the context tables: each request's own bound plus its front
+        pages less its skipped ones, in tokens (None where vLLM gave none)."""
+        bound = cm.seq_lens_cpu_upper_bound
+        if bound is None:
+            return None
+        moved = self.staging.host_part("ctx_front", B) - self.staging.host_part("ctx_skip", B)
+        bound = bound.clone()
+        bound[:B] += torch.from_numpy(moved * self.page_size).to(bound.dtype)
+        return bound
 
     def _stage_plan(self, cm, step, tree, B, T, graph, key, joint) -> Staged:
         """Plan what the step's rows and tree decide (all but the context lengths) into the staging

@@ -32,6 +32,11 @@ class StagingBuffer:
         self.dev = torch.zeros_like(self.host, device=device)
         self.views = dict(zip(PARTS, (self.dev[a: a + n] for a, n in zip(self.offsets[:-1], sizes))))
 
+    def host_part(self, name: str, n: int) -> np.ndarray:
+        """The first `n` values of one part as the last `stage` wrote them, on the host (a view)."""
+        start = int(self.offsets[PARTS.index(name)])
+        return self.host_np[start: start + n]
+
     def stage(self, B, T, depth, groups, ctx_front, ctx_slot, ctx_skip, perm, cu, lens, facts, row_index) -> None:
         """Write the host arrays (padding: cu flat to `groups` + 1, row_index -1; `facts`: each level
         sequence's (row, start, own, front, slot), or None) and copy the used span to the device in
