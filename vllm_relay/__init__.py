@@ -11,6 +11,7 @@ __version__ = "0.1.0"
 # Dotted paths, so that registering imports nothing heavy.
 RELAY_BACKEND = "vllm_relay.attention.backend.RelayAttentionBackend"
 RELAY_CPU_BACKEND = "vllm_relay.attention.cpu_backend.RelayCPUBackend"
+RELAY_MLA_BACKEND = "vllm_relay.attention.mla_backend.RelayMLABackend"  # MLA layers on CUDA (hooks/platform.py)
 
 
 def register() -> None:

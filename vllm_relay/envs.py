@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     VLLM_RELAY_SYSTEM_PROMPTS_FILE: str | None = None
     VLLM_RELAY_CACHE: str | None = None
     VLLM_RELAY_UNSPLIT_GRAPHS: int = 1
+    VLLM_RELAY_MLA: int = 0
 
 
 def _str(name: str) -> str | None:
@@ -56,6 +57,9 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # attention either way; 1 measured +0.9% at P=8192 against 0, for 0.12 GiB more graph memory
     # (Llama-2-7B shape, H200, 2026-11-28: benchmarks/results/2026-11-28_1337_h200/).
     "VLLM_RELAY_UNSPLIT_GRAPHS": lambda: _choice("VLLM_RELAY_UNSPLIT_GRAPHS", 1, UNSPLIT_GRAPHS),
+    # 1: serve MLA models (DeepSeek's latent attention) on CUDA with relay's MLA backend
+    # (attention/mla_backend.py), which its GPU tests have not yet passed; 0 (the default): refuse them.
+    "VLLM_RELAY_MLA": lambda: _choice("VLLM_RELAY_MLA", 0, {0: "refuse MLA models", 1: "serve them (untested)"}),
 }
 
 

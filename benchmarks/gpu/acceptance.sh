@@ -13,7 +13,8 @@
 #   seeded    seeded samples against vLLM's, requests all at once and one per step (about 4 min)
 #   features  soft-capping, sinks, an FP8 KV cache, sliding windows, sinks with windows (gpt-oss's attention),
 #             M-RoPE, full graphs of every batch and images in shared prompts against FLASH_ATTN with each on (four engines each, about 4-6
-#             min each); features-softcap, -sinks, -fp8, -window, -gptoss, -mrope, -fullgraphs, -images: one each
+#             min each); features-softcap, -sinks, -fp8, -window, -gptoss, -mrope, -fullgraphs, -images: one each;
+#             features-mla: an MLA model (tiny-deepseek-v2) on relay's MLA backend against FLASH_ATTN_MLA
 #   ngram     n-gram speculative decoding against FLASH_ATTN with the same drafter (four engines, about 5 min)
 #   drafters  EAGLE-3 drafts of one and three tokens a step, and MiMo's MTP drafts, against FLASH_ATTN with
 #             the same drafter: outputs and drafts (fifteen engines, about 15-18 min; eagle3-1, eagle3-3,

@@ -89,14 +89,16 @@ PARALLEL = {"tp1": {}, "tp2": {"tensor_parallel_size": 2}, "tp4": {"tensor_paral
             "dp2": {"data_parallel_size": 2}}
 
 
-def run_four(spec: dict, base: dict, relay_config: dict, tmp_path) -> tuple[dict, str]:
+def run_four(spec: dict, base: dict, relay_config: dict, tmp_path,
+             backends: tuple = ("FLASH_ATTN", "TRITON_ATTN")) -> tuple[dict, str]:
     """The same requests on relay with vLLM's default CUDA graphs, relay eager, and vLLM's FLASH_ATTN and
-    TRITON_ATTN with graphs: ({"relay", "eager", "flash", "triton"}: outputs, relay's log)."""
+    TRITON_ATTN with graphs (`backends`: an MLA model's FLASH_ATTN_MLA and TRITON_MLA): ({"relay", "eager",
+    "flash", "triton"}: outputs, relay's log)."""
     graphs = {"enforce_eager": False}
     relay = {"attention_backend": "relay", "additional_config": relay_config}
     engines = {"relay": {**base, **graphs, **relay}, "eager": {**base, **relay},
-               "flash": {**base, **graphs, "attention_backend": "FLASH_ATTN"},
-               "triton": {**base, **graphs, "attention_backend": "TRITON_ATTN"}}
+               "flash": {**base, **graphs, "attention_backend": backends[0]},
+               "triton": {**base, **graphs, "attention_backend": backends[1]}}
     runs, log = {}, ""
     for name, engine in engines.items():
         runs[name], out = run_engine({**spec, "engine": engine}, tmp_path, name)
@@ -257,6 +259,34 @@ def test_features_on_cuda_against_flash(feature, tmp_path):
         assert stats["prefix_requests"] == 0, stats
     if feature == "fullgraphs":  # prompt chunks replayed vLLM's graphs, no levels in them
         assert stats["graph_steps"] > stats["level_graph_steps"], stats
+
+
+def test_features_mla_on_cuda_against_flash_attn_mla(tmp_path, monkeypatch):
+    """DeepSeek-V2's latent attention (`tiny-deepseek-v2`: 16 heads, a 512 + 64 latent) on relay's MLA backend
+    (attention/mla_backend.py, VLLM_RELAY_MLA=1): within the rule against vLLM's FLASH_ATTN_MLA (TRITON_MLA
+    the yardstick), with full CUDA graphs and eagerly; the decodes and short prompt chunks read their levels
+    in the latent space, a prompt chunk of more than 512 tokens runs vLLM's MHA form over its context
+    table (its registered prompt's pages in front)."""
+    import random
+
+    monkeypatch.setenv("VLLM_RELAY_MLA", "1")
+    systems, prompts, num_relay = workload(3072, seed=5)
+    rng = random.Random(5)
+    prompts.append(systems["a"] + [rng.randrange(8, 3072) for _ in range(600)])  # one chunk of 700 tokens
+    num_relay += 1
+    base = {"model": get_model("tiny-deepseek-v2"), "dtype": "bfloat16", "max_model_len": 1024,
+            "max_num_batched_tokens": 1024, **TIE_LOGPROBS["engine"]}
+    relay_config = {"relay": {"system_prompts": systems, "max_prompts": 2, "max_prompt_tokens": 256,
+                              "shared_path": "always"}}
+    spec = {"prompts": prompts, "max_tokens": 16, **TIE_LOGPROBS["spec"]}
+    runs, log = run_four(spec, base, relay_config, tmp_path, backends=("FLASH_ATTN_MLA", "TRITON_MLA"))
+    assert "implementation: cuda-flash-attn-3-mla" in log
+    assert runs["relay"]["relay_stats"]["relay_requests"] == num_relay, runs["relay"]["relay_stats"]
+    assert_graphs_and_eager_within_rule("mla", runs)
+    graph_stats, eager_stats = runs["relay"]["worker_stats"], runs["eager"]["worker_stats"]
+    print("mla: worker stats: graphs", graph_stats, "eager", eager_stats)
+    assert graph_stats["level_graph_steps"] > 0 and graph_stats["shared_tokens"] > 0, graph_stats
+    assert eager_stats["shared_tokens"] > 0 and eager_stats["prefix_requests"] > 0, eager_stats
 
 
 def test_ngram_speculative_decoding_on_cuda_against_flash(tmp_path):

@@ -15,6 +15,8 @@ benchmarks load is built by this module:
   layer (two KV-cache groups in vLLM).
 - ``tiny-llama-loops``: the GQA model with Llama's default initializer, whose
   greedy continuations loop, for n-gram speculative decoding.
+- ``tiny-deepseek-v2``: DeepSeek-V2's latent attention (MLA) at FlashAttention-3's
+  sizes (16 heads, a 512 + 64 latent), 2 layers, for relay's MLA backend on CUDA.
 - ``tiny-qwen2.5-vl``: Qwen2.5-VL (M-RoPE positions in three sections) with a
   two-block vision tower, for text-only prompts (engines with
   ``limit_mm_per_prompt`` 0 per modality: ``VL_ENGINE``); the tokenizer gains
@@ -102,9 +104,19 @@ TINY_MODELS = {
     # Llama's default initializer (0.02): greedy continuations fall into short loops, which n-gram
     # speculative decoding drafts and the model accepts (the 0.1 models' continuations keep varying).
     "tiny-llama-loops": dict(_TINY, num_key_value_heads=2, initializer_range=0.02),
+    # DeepSeek-V2's multi-head latent attention at FlashAttention-3's MLA sizes (a latent of 512 and 64
+    # rotary values a token; 16 query heads, as DeepSeek-V2-Lite or V3 over 8 GPUs), 2 layers, dense MLPs
+    # (`first_k_dense_replace` = the layer count), no query LoRA: for relay's MLA backend on CUDA.
+    "tiny-deepseek-v2": dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=16,
+                             num_key_value_heads=16, kv_lora_rank=512, q_lora_rank=None, qk_rope_head_dim=64,
+                             qk_nope_head_dim=64, v_head_dim=64, first_k_dense_replace=2, n_routed_experts=4,
+                             n_shared_experts=1, moe_intermediate_size=128, num_experts_per_tok=2,
+                             max_position_embeddings=4096, rope_theta=10000.0, rms_norm_eps=1e-6,
+                             initializer_range=0.1, tie_word_embeddings=False, dtype="float32"),
 }
 ARCHITECTURES = {"tiny-gemma2-softcap": "Gemma2ForCausalLM", "tiny-gemma2-window": "Gemma2ForCausalLM",
-                 "tiny-granite-sinks": "GraniteForCausalLM", "tiny-granite-window-sinks": "GraniteForCausalLM"}
+                 "tiny-granite-sinks": "GraniteForCausalLM", "tiny-granite-window-sinks": "GraniteForCausalLM",
+                 "tiny-deepseek-v2": "DeepseekV2ForCausalLM"}
 
 # What every shape has in common (Llama-2's vocab and RoPE; Llama-3 overrides them). The context
 # length is 16384 for all: room for 8k-token system prompts plus output (Llama-3-8B has 8192).

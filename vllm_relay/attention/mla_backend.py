@@ -1,0 +1,172 @@
+"""The relay backend for MLA (DeepSeek's multi-head latent attention) on CUDA: vLLM's FLASH_ATTN_MLA
+backend (FlashAttention-3, Hopper), extended.
+
+vLLM runs an MLA layer in two forms. A step's requests of up to `reorder_batch_threshold` (512) tokens
+read the latent cache as MQA (`forward_mqa`): each query head absorbed into the latent space, one KV
+head whose key is the whole vector (512 latent and 64 rotary values) and whose value its latent part;
+longer ones up-project their context and run as MHA (`forward_mha`). Relay changes the first form only:
+the levels a step's MQA rows share are read once for all of them (`ops/latent.py`: a level in
+`relay_attention`'s terms, merged in the latent space before the up-projection), each request's own
+pages in the context call. The MHA form reads its whole context from the context tables as vLLM
+builds it (a registered prompt's pages in front: the prefix path; the planner never gives such a
+request levels, `max_level_query_len`).
+
+As relay's FlashAttention backend (backend.py): the planner plans once per step, a full-graph decode
+step with levels captures the levels' call over persistent plan tensors and runs it on the level
+stream; the levels and the context are two calls (keys and values of different sizes: no joint call).
+"""
+
+import dataclasses
+
+import torch
+from vllm.utils.math_utils import round_up
+from vllm.v1.attention.backend import AttentionType
+from vllm.v1.attention.backends.fa_utils import flash_attn_varlen_func, get_scheduler_metadata
+from vllm.v1.attention.backends.mla.flashattn_mla import (
+    FlashAttnMLABackend,
+    FlashAttnMLAImpl,
+    FlashAttnMLAMetadataBuilder,
+)
+
+from vllm_relay.attention import step as relay_step
+from vllm_relay.attention.backend import LEVEL_STREAM, check_runner, level_stream
+from vllm_relay.attention.common import check_engine, check_layer, log_active, logger
+from vllm_relay.attention.planner import RelayPlanner
+from vllm_relay.ops import RelayPlan, force_one_split, latent_varlen, relay_attention
+
+
+class RelayMLABackend(FlashAttnMLABackend):
+    @staticmethod
+    def get_name() -> str:
+        return "CUSTOM"  # the enum member `relay` aliases (vllm_relay.register; hooks/platform.py routes MLA here)
+
+    @staticmethod
+    def get_builder_cls() -> type["RelayMLAMetadataBuilder"]:
+        return RelayMLAMetadataBuilder
+
+    @staticmethod
+    def get_impl_cls() -> type["RelayMLAImpl"]:
+        return RelayMLAImpl
+
+    @classmethod
+    def supports_attn_type(cls, attn_type: str) -> bool:
+        return attn_type == AttentionType.DECODER
+
+
+class RelayMLAMetadataBuilder(FlashAttnMLAMetadataBuilder):
+    # As RelayMetadataBuilder (backend.py): a plan holds more than the block table, the model state
+    # hands each step to `build` and says whether the graph being captured holds the levels.
+    supports_update_block_table = False
+    takes_relay_step = True
+    draft_of = None
+
+    def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        self.rank = self.mla_dims.kv_lora_rank
+        self.planner = RelayPlanner(vllm_config, kv_cache_spec, device, num_layers=len(layer_names), joint=False,
+                                    value_size=self.rank, max_level_query_len=self.reorder_batch_threshold)
+        self.capturing = (False, False)  # (with the levels, unsplit): set by the model state
+        self.supports_draft_decode_metadata_update = False
+        self.level_stream = level_stream(device)
+        self.level_scheduler_metadata = None
+        if self.use_full_cuda_graph and self.fa_aot_schedule:
+            self.level_scheduler_metadata = torch.zeros(1 + round_up(self.planner.max_call_seqs, 4) * 4,
+                                                        dtype=torch.int32, device=self.device)
+
+    def build(self, common_prefix_len, common_attn_metadata, fast_build: bool = False, relay_step=None):
+        return self._build(common_attn_metadata, fast_build, relay_step)
+
+    def build_for_cudagraph_capture(self, common_attn_metadata):
+        return self._build(common_attn_metadata, False, None, capture=True)
+
+    def use_cascade_attention(self, *args, **kwargs) -> bool:
+        return False
+
+    def _build(self, cm, fast_build: bool, step, capture: bool = False):
+        draft = step is None and self.draft_of is not None and not capture
+        if draft:  # a drafter's pass of one token a row (hooks/drafter.py)
+            step = self.draft_of.draft_step
+        step = relay_step.covering(step, cm.num_reqs, cm.num_actual_tokens)
+        levels = self.capturing[0] if capture else False
+        graph = None if draft else capture or (step is not None and step.graph_levels is not None)
+        plan = self.planner.plan(cm, step, capture=capture, levels=levels, graph=graph)
+        if plan is None:
+            meta = super().build(0, cm, fast_build)
+            meta.relay = None
+            return meta
+        meta = super().build(0, plan.context, fast_build)  # vLLM's two forms over the context tables
+        decode = meta.decode
+        if decode is None:  # no MQA rows this step: no levels (the planner gives MHA rows none)
+            meta.relay = None
+            return meta
+        level = plan.level
+        level.call["num_splits"] = decode.max_num_splits
+        if plan.run_level or plan.graph:
+            sched = self._schedule_level(level.call, decode.max_num_splits, fast_build)
+            if sched is not None:
+                if (plan.one_split and decode.max_num_splits > 1
+                        and not force_one_split(sched, level.call["seqused_k"].shape[0])):
+                    logger.warning_once("vllm-relay: FlashAttention's schedule is not FA3's dynamic-split "
+                                        "layout: graph levels keep FA3's split (one_split_steps overcounts)")
+                level.call["scheduler_metadata"] = sched
+        num_mqa = meta.num_decode_tokens
+        if plan.run_level and num_mqa < cm.num_actual_tokens:
+            if plan.graph:  # (a full graph runs uniform decode batches: every token is an MQA row)
+                raise RuntimeError(f"vllm-relay: a full-graph MLA step with {cm.num_actual_tokens - num_mqa} "
+                                   "tokens in the MHA form")
+            # forward_mqa's output holds the MQA rows only (vLLM orders them first): the fusion's row index too
+            level = dataclasses.replace(level, row_index=level.row_index[..., :num_mqa].contiguous())
+        context = dict(cu_seqlens_q=decode.query_start_loc, seqused_k=decode.seq_lens,
+                       max_seqlen_q=max(decode.max_query_len, 1), max_seqlen_k=decode.max_seq_len,
+                       block_table=decode.block_table, scheduler_metadata=decode.scheduler_metadata,
+                       num_splits=decode.max_num_splits)
+        stream = self.level_stream if plan.graph or LEVEL_STREAM == "all" else None
+        meta.relay = RelayPlan(context=context, shared=[level] if plan.run_level else [], level_stream=stream)
+        return meta
+
+    def _schedule_level(self, call: dict, num_splits: int, fast_build: bool):
+        """FlashAttention-3's ahead-of-time schedule of the levels' call, as the MLA builder makes its
+        decode call's (`_schedule_decode`, non-causal), into a persistent buffer with full graphs."""
+        if not self.fa_aot_schedule or fast_build or call["max_seqlen_q"] == 0:
+            return None
+        sched = get_scheduler_metadata(
+            batch_size=call["seqused_k"].shape[0], max_seqlen_q=call["max_seqlen_q"],
+            max_seqlen_k=call["max_seqlen_k"], num_heads_q=self.num_heads, num_heads_kv=1,
+            headdim=self.mla_dims.qk_rope_head_dim, cache_seqlens=call["seqused_k"],
+            qkv_dtype=self.kv_cache_spec.dtype, headdim_v=self.rank, page_size=self.page_size,
+            cu_seqlens_q=call["cu_seqlens_q"], causal=False, num_splits=num_splits,
+        )
+        buf = self.level_scheduler_metadata
+        if buf is None:
+            return sched
+        n = sched.shape[0]
+        buf[:n] = sched
+        buf[n:] = 0  # as FlashAttention does: stale entries could let extra blocks write
+        return buf[:n]
+
+
+class RelayMLAImpl(FlashAttnMLAImpl):
+    def __init__(self, num_heads, head_size, scale, num_kv_heads, alibi_slopes, sliding_window, kv_cache_dtype,
+                 logits_soft_cap, attn_type, kv_sharing_target_layer_name, **mla_args) -> None:
+        check_layer("CUDA", alibi_slopes=alibi_slopes, attn_type=attn_type,
+                    kv_sharing_target_layer_name=kv_sharing_target_layer_name)
+        check_engine()
+        check_runner()
+        super().__init__(num_heads, head_size, scale, num_kv_heads, alibi_slopes, sliding_window, kv_cache_dtype,
+                         logits_soft_cap, attn_type, kv_sharing_target_layer_name, **mla_args)
+        if self.dcp_world_size > 1:
+            raise NotImplementedError("The relay attention backend does not support decode context parallelism "
+                                      "with MLA (its levels are whole on every rank)")
+        self.latent_fn = latent_varlen(flash_attn_varlen_func, self.kv_lora_rank)
+        log_active("cuda-flash-attn-3-mla (vllm.vllm_flash_attn)")
+
+    def forward_mqa(self, q, kv_c_and_k_pe_cache, attn_metadata, layer):
+        plan = getattr(attn_metadata, "relay", None)
+        if plan is None or not plan.shared:  # over the context tables, or vLLM's own: FLASH_ATTN_MLA's call
+            return super().forward_mqa(q, kv_c_and_k_pe_cache, attn_metadata, layer)
+        q = torch.cat(q, dim=-1) if isinstance(q, tuple) else q  # [T, H, rank + rope]
+        cache = kv_c_and_k_pe_cache.unsqueeze(-2)  # [blocks, page, 1, rank + rope]
+        out = q.new_empty(q.shape[0], q.shape[1], self.kv_lora_rank)
+        relay_attention(q, cache, cache[..., : self.kv_lora_rank], plan, out, self.scale, self.latent_fn,
+                        {"fa_version": 3})
+        return out, None
