@@ -70,8 +70,12 @@ class RelayAttentionBackend(FlashAttentionBackend):
         return attn_type == AttentionType.DECODER
 
 
-class RelayMetadataBuilder(FlashAttentionMetadataBuilder):
-    # CUDA-graph support is FlashAttention's (full graphs with FA3): every tensor the relay path
+class RelayBuilder:
+    """What relay's CUDA metadata builders share (FlashAttention's below, FLASH_ATTN_MLA's in mla_backend.py),
+    first in their bases, before vLLM's builder: how a step reaches the planner, and where FA3's schedule of
+    the levels' call is kept. A subclass has `planner`, `capturing`, `level_scheduler_metadata` and `_build`."""
+
+    # CUDA-graph support is vLLM's builder's (full graphs with FA3): every tensor the relay path
     # reads is a persistent planner buffer. Cached metadata must never be reused for another
     # group's block table: it holds more than the table.
     supports_update_block_table = False
@@ -82,6 +86,44 @@ class RelayMetadataBuilder(FlashAttentionMetadataBuilder):
     # (hooks/drafter.py); None for the target's builders.
     draft_of = None
 
+    def build(self, common_prefix_len, common_attn_metadata, fast_build: bool = False, relay_step=None):
+        return self._build(common_attn_metadata, fast_build, relay_step)
+
+    def build_for_cudagraph_capture(self, common_attn_metadata):
+        return self._build(common_attn_metadata, False, None, capture=True)
+
+    def use_cascade_attention(self, *args, **kwargs) -> bool:
+        return False  # relay replaces cascade attention; never stack the two
+
+    def _vllm_build(self, cm, fast_build: bool):
+        """vLLM's builder's metadata for `cm` (the base after this class)."""
+        return super().build(0, cm, fast_build)
+
+    def _plan(self, cm, step, capture: bool):
+        """The planner's plan of this step (None: vLLM's own metadata is the whole story), the step it
+        planned, and whether the graph being captured runs its levels unsplit."""
+        draft = step is None and self.draft_of is not None and not capture
+        if draft:  # a drafter's pass of one token a row
+            step = self.draft_of.draft_step
+        step = relay_step.covering(step, cm.num_reqs, cm.num_actual_tokens)
+        levels, unsplit = self.capturing if capture else (False, False)
+        # A drafter's pass: vLLM picks its graph unseen, so it is planned as a graph step wherever the
+        # planner's rule says one runs (a captured graph reads the plan's tables, relay rows or not).
+        graph = None if draft else capture or (step is not None and step.graph_levels is not None)
+        return self.planner.plan(cm, step, capture=capture, levels=levels, graph=graph), step, unsplit
+
+    def _kept(self, sched):
+        """FA3's schedule of the levels' call, copied into the persistent buffer when full CUDA graphs are on."""
+        buf = self.level_scheduler_metadata
+        if buf is None:
+            return sched
+        n = sched.shape[0]
+        buf[:n] = sched
+        buf[n:] = 0  # as FlashAttention does: stale entries could let extra blocks write
+        return buf[:n]
+
+
+class RelayMetadataBuilder(RelayBuilder, FlashAttentionMetadataBuilder):
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         self.fp8 = is_quantized_kv_cache(vllm_config.cache_config.cache_dtype)
@@ -107,32 +149,13 @@ class RelayMetadataBuilder(FlashAttentionMetadataBuilder):
             self.level_scheduler_metadata = torch.zeros(1 + round_up(self.planner.max_call_seqs, 4) * 4,
                                                         dtype=torch.int32, device=self.device)
 
-    def build(self, common_prefix_len, common_attn_metadata, fast_build: bool = False, relay_step=None):
-        return self._build(common_attn_metadata, fast_build, relay_step)
-
-    def build_for_cudagraph_capture(self, common_attn_metadata):
-        return self._build(common_attn_metadata, False, None, capture=True)
-
-    def use_cascade_attention(self, *args, **kwargs) -> bool:
-        return False  # relay replaces cascade attention; never stack the two
-
     def _build(self, cm, fast_build: bool, step, capture: bool = False):
-        draft = step is None and self.draft_of is not None and not capture
-        if draft:  # a drafter's pass of one token a row
-            step = self.draft_of.draft_step
-        step = relay_step.covering(step, cm.num_reqs, cm.num_actual_tokens)
-        levels, unsplit = self.capturing if capture else (False, False)
-        graph = capture or (step is not None and step.graph_levels is not None)
-        if draft:
-            # vLLM picks the pass's graph unseen: planned as a graph step wherever the planner's rule
-            # says one runs, since a captured graph reads the plan's tables, relay rows or not.
-            graph = None
-        plan = self.planner.plan(cm, step, capture=capture, levels=levels, graph=graph)
+        plan, step, unsplit = self._plan(cm, step, capture)
         if plan is None:
-            meta = super().build(0, cm, fast_build)
+            meta = self._vllm_build(cm, fast_build)
             meta.relay = None
             return meta
-        meta = super().build(0, plan.context, fast_build)  # FlashAttention over the context tables
+        meta = self._vllm_build(plan.context, fast_build)  # FlashAttention over the context tables
         level = plan.level
         splits = meta.max_num_splits
         if plan.joint and (level.call["seqused_k"].shape[0] > FA3_DYNAMIC_SPLIT_BATCHES
@@ -171,13 +194,7 @@ class RelayMetadataBuilder(FlashAttentionMetadataBuilder):
             cu_seqlens_q=call["cu_seqlens_q"], page_size=self.block_size, causal=False,
             window_size=(-1, -1), num_splits=num_splits,
         )
-        buf = self.level_scheduler_metadata
-        if buf is None:
-            return sched
-        n = sched.shape[0]
-        buf[:n] = sched
-        buf[n:] = 0  # as FlashAttention does: stale entries could let extra blocks write
-        return buf[:n]
+        return self._kept(sched)
 
 
 # Levels on their own stream: a decode step's context call is bound by its reads, a system level by

@@ -28,8 +28,7 @@ from vllm.v1.attention.backends.mla.flashattn_mla import (
     FlashAttnMLAMetadataBuilder,
 )
 
-from vllm_relay.attention import step as relay_step
-from vllm_relay.attention.backend import LEVEL_STREAM, check_runner, level_stream
+from vllm_relay.attention.backend import LEVEL_STREAM, RelayBuilder, check_runner, level_stream
 from vllm_relay.attention.common import check_engine, check_layer, log_active, logger
 from vllm_relay.attention.planner import RelayPlanner
 from vllm_relay.ops import RelayPlan, force_one_split, latent_varlen, relay_attention
@@ -53,13 +52,7 @@ class RelayMLABackend(FlashAttnMLABackend):
         return attn_type == AttentionType.DECODER
 
 
-class RelayMLAMetadataBuilder(FlashAttnMLAMetadataBuilder):
-    # As RelayMetadataBuilder (backend.py): a plan holds more than the block table, the model state
-    # hands each step to `build` and says whether the graph being captured holds the levels.
-    supports_update_block_table = False
-    takes_relay_step = True
-    draft_of = None
-
+class RelayMLAMetadataBuilder(RelayBuilder, FlashAttnMLAMetadataBuilder):
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         self.rank = self.mla_dims.kv_lora_rank
@@ -73,28 +66,13 @@ class RelayMLAMetadataBuilder(FlashAttnMLAMetadataBuilder):
             self.level_scheduler_metadata = torch.zeros(1 + round_up(self.planner.max_call_seqs, 4) * 4,
                                                         dtype=torch.int32, device=self.device)
 
-    def build(self, common_prefix_len, common_attn_metadata, fast_build: bool = False, relay_step=None):
-        return self._build(common_attn_metadata, fast_build, relay_step)
-
-    def build_for_cudagraph_capture(self, common_attn_metadata):
-        return self._build(common_attn_metadata, False, None, capture=True)
-
-    def use_cascade_attention(self, *args, **kwargs) -> bool:
-        return False
-
     def _build(self, cm, fast_build: bool, step, capture: bool = False):
-        draft = step is None and self.draft_of is not None and not capture
-        if draft:  # a drafter's pass of one token a row (hooks/drafter.py)
-            step = self.draft_of.draft_step
-        step = relay_step.covering(step, cm.num_reqs, cm.num_actual_tokens)
-        levels = self.capturing[0] if capture else False
-        graph = None if draft else capture or (step is not None and step.graph_levels is not None)
-        plan = self.planner.plan(cm, step, capture=capture, levels=levels, graph=graph)
+        plan, step, _ = self._plan(cm, step, capture)
         if plan is None:
-            meta = super().build(0, cm, fast_build)
+            meta = self._vllm_build(cm, fast_build)
             meta.relay = None
             return meta
-        meta = super().build(0, plan.context, fast_build)  # vLLM's two forms over the context tables
+        meta = self._vllm_build(plan.context, fast_build)  # vLLM's two forms over the context tables
         decode = meta.decode
         if decode is None:  # no MQA rows this step: no levels (the planner gives MHA rows none)
             meta.relay = None
@@ -129,20 +107,13 @@ class RelayMLAMetadataBuilder(FlashAttnMLAMetadataBuilder):
         decode call's (`_schedule_decode`, non-causal), into a persistent buffer with full graphs."""
         if not self.fa_aot_schedule or fast_build or call["max_seqlen_q"] == 0:
             return None
-        sched = get_scheduler_metadata(
+        return self._kept(get_scheduler_metadata(
             batch_size=call["seqused_k"].shape[0], max_seqlen_q=call["max_seqlen_q"],
             max_seqlen_k=call["max_seqlen_k"], num_heads_q=self.num_heads, num_heads_kv=1,
             headdim=self.mla_dims.qk_rope_head_dim, cache_seqlens=call["seqused_k"],
             qkv_dtype=self.kv_cache_spec.dtype, headdim_v=self.rank, page_size=self.page_size,
             cu_seqlens_q=call["cu_seqlens_q"], causal=False, num_splits=num_splits,
-        )
-        buf = self.level_scheduler_metadata
-        if buf is None:
-            return sched
-        n = sched.shape[0]
-        buf[:n] = sched
-        buf[n:] = 0  # as FlashAttention does: stale entries could let extra blocks write
-        return buf[:n]
+        ))
 
 
 class RelayMLAImpl(FlashAttnMLAImpl):
