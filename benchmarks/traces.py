@@ -107,18 +107,18 @@ def trace_steps(events: list[dict], top: int = 6, most: int = 12) -> str:
     if not work:
         return "GPU work by host range: no kernel matched to a launch inside an annotated range\n"
     t0 = min(float(e["ts"]) for e in events)
-    busy_ms = lambda ks: sum(b - a for a, b in trace_busy(ks)) / 1e3  # noqa: E731
-    ranked = sorted(work.values(), key=lambda rk: busy_ms(rk[1]), reverse=True)[:most]
+    busy = [(r, ks, sum(b - a for a, b in trace_busy(ks)) / 1e3) for r, ks in work.values()]
+    ranked = sorted(busy, key=lambda rkb: rkb[2], reverse=True)[:most]
     lines = [f"GPU work by the host range that launched it (start ms, GPU span ms, busy ms, kernels; "
              f"the {top} heaviest: total ms x count), the {len(ranked)} of {len(work)} with the most:"]
-    for r, ks in sorted(ranked, key=lambda rk: float(rk[0]["ts"])):
+    for r, ks, busy_ms in sorted(ranked, key=lambda rkb: float(rkb[0]["ts"])):
         first, last = min(float(k["ts"]) for k in ks), max(float(k["ts"]) + float(k["dur"]) for k in ks)
         names: dict = {}
         for k in ks:
             total, count = names.get(k["name"], (0.0, 0))
             names[k["name"]] = (total + float(k["dur"]), count + 1)
         heavy = sorted(names.items(), key=lambda kv: kv[1][0], reverse=True)[:top]
-        lines.append(f"  {(float(r['ts']) - t0) / 1e3:10.2f} {(last - first) / 1e3:8.2f} {busy_ms(ks):8.2f} "
+        lines.append(f"  {(float(r['ts']) - t0) / 1e3:10.2f} {(last - first) / 1e3:8.2f} {busy_ms:8.2f} "
                      f"{len(ks):6d}  {r['name'][:100]}")
         lines += [f"      {total / 1e3:8.2f} x{count:<5d} {name[:110]}" for name, (total, count) in heavy]
     return "\n".join(lines) + "\n"

@@ -72,8 +72,9 @@ class RelayAttentionBackend(FlashAttentionBackend):
 
 class RelayBuilder:
     """What relay's CUDA metadata builders share (FlashAttention's below, FLASH_ATTN_MLA's in mla_backend.py),
-    first in their bases, before vLLM's builder: how a step reaches the planner, and where FA3's schedule of
-    the levels' call is kept. A subclass has `planner`, `capturing`, `level_scheduler_metadata` and `_build`."""
+    first in their bases, before vLLM's builder: the relay state beside the planner (`_relay_state`), how a
+    step reaches the planner, where FA3's schedule of the levels' call is kept, and the plan the layers
+    read. A subclass calls `_relay_state` in its `__init__` and has `_build`."""
 
     # CUDA-graph support is vLLM's builder's (full graphs with FA3): every tensor the relay path
     # reads is a persistent planner buffer. Cached metadata must never be reused for another
@@ -94,6 +95,22 @@ class RelayBuilder:
 
     def use_cascade_attention(self, *args, **kwargs) -> bool:
         return False  # relay replaces cascade attention; never stack the two
+
+    def _relay_state(self, planner, device, aot_schedule: bool) -> None:
+        """The planner, whether the graph being captured holds the levels (the model state sets it), the
+        level stream and, with full CUDA graphs and FA3's ahead-of-time schedule, the persistent buffer
+        of the levels' call's schedule."""
+        self.planner = planner
+        self.capturing = (False, False)  # (with the levels, unsplit)
+        # vLLM's in-place update of a drafter's metadata between its passes would leave relay's
+        # context tables and lengths as they were: vLLM builds each pass's instead.
+        self.supports_draft_decode_metadata_update = False
+        self.level_stream = level_stream(device)
+        self.level_stream_eager = LEVEL_STREAM == "all"
+        self.level_scheduler_metadata = None
+        if self.use_full_cuda_graph and aot_schedule:
+            self.level_scheduler_metadata = torch.zeros(1 + round_up(planner.max_call_seqs, 4) * 4,
+                                                        dtype=torch.int32, device=self.device)
 
     def _vllm_build(self, cm, fast_build: bool):
         """vLLM's builder's metadata for `cm` (the base after this class)."""
@@ -122,6 +139,24 @@ class RelayBuilder:
         buf[n:] = 0  # as FlashAttention does: stale entries could let extra blocks write
         return buf[:n]
 
+    def _use_schedule(self, plan, splits: int, sched) -> None:
+        """The levels' call runs with FA3's schedule `sched` (None: none made). The graph's levels unsplit
+        this step (rules.graph_one_split), where the schedule has FA3's layout; else FA3's split stands
+        (the stat overcounts)."""
+        if sched is None:
+            return
+        call = plan.level.call
+        if plan.one_split and splits > 1 and not force_one_split(sched, call["seqused_k"].shape[0]):
+            logger.warning_once("vllm-relay: FlashAttention's schedule is not FA3's dynamic-split "
+                                "layout: graph levels keep FA3's split (one_split_steps overcounts)")
+        call["scheduler_metadata"] = sched
+
+    def _relay_plan(self, plan, context: dict, level) -> RelayPlan:
+        """What the layers read: `plan`'s level (`level`: it, or a view of it) after the context call of
+        `context`'s keywords, on the level stream in graphs (and eagerly with LEVEL_STREAM "all")."""
+        stream = self.level_stream if plan.graph or self.level_stream_eager else None
+        return RelayPlan(context=context, shared=[level] if plan.run_level else [], level_stream=stream)
+
 
 class RelayMetadataBuilder(RelayBuilder, FlashAttentionMetadataBuilder):
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
@@ -130,24 +165,15 @@ class RelayMetadataBuilder(RelayBuilder, FlashAttentionMetadataBuilder):
         impls = layer_impls(vllm_config, layer_names)
         # FP8 queries where the layers quantize them (FlashAttention's choice, per its version).
         quantized_q = self.fp8 and any(getattr(impl, "supports_quant_query_input", False) for impl in impls)
-        self.planner = RelayPlanner(vllm_config, kv_cache_spec, device, num_layers=len(layer_names),
-                                    joint=not any_sinks(impls), window=window_of(impls),
-                                    level_fn=window_level_attention,
-                                    query_dtype=current_platform.fp8_dtype() if quantized_q else None)
-        self.capturing = (False, False)  # (with the levels, unsplit)
-        # vLLM's in-place update of a drafter's metadata between its passes would leave relay's
-        # context tables and lengths as they were: vLLM builds each pass's instead.
-        self.supports_draft_decode_metadata_update = False
+        self._relay_state(RelayPlanner(vllm_config, kv_cache_spec, device, num_layers=len(layer_names),
+                                       joint=not any_sinks(impls), window=window_of(impls),
+                                       level_fn=window_level_attention,
+                                       query_dtype=current_platform.fp8_dtype() if quantized_q else None),
+                          device, self.aot_schedule)
         if self.use_full_cuda_graph and self.aot_schedule:
             # FA3's split workspace in every graph, for the context and the levels' calls alike
             # (vLLM's cap, 32, is 8x what FA3 can use with 32 KV heads on an H100).
             self.max_num_splits = graph_split_cap(self.max_num_splits, self.planner.num_sms, self.num_heads_kv)
-        self.level_stream = level_stream(device)
-        self.level_stream_eager = LEVEL_STREAM == "all"
-        self.level_scheduler_metadata = None
-        if self.use_full_cuda_graph and self.aot_schedule:
-            self.level_scheduler_metadata = torch.zeros(1 + round_up(self.planner.max_call_seqs, 4) * 4,
-                                                        dtype=torch.int32, device=self.device)
 
     def _build(self, cm, fast_build: bool, step, capture: bool = False):
         plan, step, unsplit = self._plan(cm, step, capture)
@@ -164,21 +190,12 @@ class RelayMetadataBuilder(RelayBuilder, FlashAttentionMetadataBuilder):
             splits = 1  # (FA3 would split every sequence alike, the tokens' too; or unsplit)
         level.call["num_splits"] = splits
         if (plan.run_level or plan.graph) and not self.planner.window:  # (a window's levels: no FA call)
-            sched = self._schedule_level(level.call, splits, fast_build)
-            if sched is not None:
-                # The graph's levels unsplit this step (rules.graph_one_split), where the
-                # schedule has FA3's layout; else FA3's split stands (the stat overcounts).
-                if (plan.one_split and splits > 1
-                        and not force_one_split(sched, level.call["seqused_k"].shape[0])):
-                    logger.warning_once("vllm-relay: FlashAttention's schedule is not FA3's dynamic-split "
-                                        "layout: graph levels keep FA3's split (one_split_steps overcounts)")
-                level.call["scheduler_metadata"] = sched
+            self._use_schedule(plan, splits, self._schedule_level(level.call, splits, fast_build))
         context = dict(cu_seqlens_q=meta.query_start_loc, seqused_k=meta.seq_lens,
                        max_seqlen_q=meta.max_query_len, max_seqlen_k=meta.max_seq_len,
                        block_table=meta.block_table, scheduler_metadata=meta.scheduler_metadata,
                        num_splits=meta.max_num_splits)
-        stream = self.level_stream if plan.graph or self.level_stream_eager else None
-        meta.relay = RelayPlan(context=context, shared=[level] if plan.run_level else [], level_stream=stream)
+        meta.relay = self._relay_plan(plan, context, level)
         return meta
 
     def _schedule_level(self, call: dict, num_splits: int, fast_build: bool):

@@ -19,7 +19,6 @@ stream; the levels and the context are two calls (keys and values of different s
 import dataclasses
 
 import torch
-from vllm.utils.math_utils import round_up
 from vllm.v1.attention.backend import AttentionType
 from vllm.v1.attention.backends.fa_utils import flash_attn_varlen_func, get_scheduler_metadata
 from vllm.v1.attention.backends.mla.flashattn_mla import (
@@ -28,10 +27,10 @@ from vllm.v1.attention.backends.mla.flashattn_mla import (
     FlashAttnMLAMetadataBuilder,
 )
 
-from vllm_relay.attention.backend import LEVEL_STREAM, RelayBuilder, check_runner, level_stream
-from vllm_relay.attention.common import check_engine, check_layer, log_active, logger
+from vllm_relay.attention.backend import RelayBuilder, check_runner
+from vllm_relay.attention.common import check_engine, check_layer, log_active
 from vllm_relay.attention.planner import RelayPlanner
-from vllm_relay.ops import RelayPlan, force_one_split, latent_varlen, relay_attention
+from vllm_relay.ops import latent_varlen, relay_attention
 
 
 class RelayMLABackend(FlashAttnMLABackend):
@@ -56,18 +55,12 @@ class RelayMLAMetadataBuilder(RelayBuilder, FlashAttnMLAMetadataBuilder):
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         self.rank = self.mla_dims.kv_lora_rank
-        self.planner = RelayPlanner(vllm_config, kv_cache_spec, device, num_layers=len(layer_names), joint=False,
-                                    value_size=self.rank, max_level_query_len=self.reorder_batch_threshold)
-        self.capturing = (False, False)  # (with the levels, unsplit): set by the model state
-        self.supports_draft_decode_metadata_update = False
-        self.level_stream = level_stream(device)
-        self.level_scheduler_metadata = None
-        if self.use_full_cuda_graph and self.fa_aot_schedule:
-            self.level_scheduler_metadata = torch.zeros(1 + round_up(self.planner.max_call_seqs, 4) * 4,
-                                                        dtype=torch.int32, device=self.device)
+        self._relay_state(RelayPlanner(vllm_config, kv_cache_spec, device, num_layers=len(layer_names), joint=False,
+                                       value_size=self.rank, max_level_query_len=self.reorder_batch_threshold),
+                          device, self.fa_aot_schedule)
 
     def _build(self, cm, fast_build: bool, step, capture: bool = False):
-        plan, step, _ = self._plan(cm, step, capture)
+        plan, _, _ = self._plan(cm, step, capture)
         if plan is None:
             meta = self._vllm_build(cm, fast_build)
             meta.relay = None
@@ -80,13 +73,8 @@ class RelayMLAMetadataBuilder(RelayBuilder, FlashAttnMLAMetadataBuilder):
         level = plan.level
         level.call["num_splits"] = decode.max_num_splits
         if plan.run_level or plan.graph:
-            sched = self._schedule_level(level.call, decode.max_num_splits, fast_build)
-            if sched is not None:
-                if (plan.one_split and decode.max_num_splits > 1
-                        and not force_one_split(sched, level.call["seqused_k"].shape[0])):
-                    logger.warning_once("vllm-relay: FlashAttention's schedule is not FA3's dynamic-split "
-                                        "layout: graph levels keep FA3's split (one_split_steps overcounts)")
-                level.call["scheduler_metadata"] = sched
+            self._use_schedule(plan, decode.max_num_splits,
+                               self._schedule_level(level.call, decode.max_num_splits, fast_build))
         num_mqa = meta.num_decode_tokens
         if plan.run_level and num_mqa < cm.num_actual_tokens:
             if plan.graph:  # (a full graph runs uniform decode batches: every token is an MQA row)
@@ -98,8 +86,7 @@ class RelayMLAMetadataBuilder(RelayBuilder, FlashAttnMLAMetadataBuilder):
                        max_seqlen_q=max(decode.max_query_len, 1), max_seqlen_k=decode.max_seq_len,
                        block_table=decode.block_table, scheduler_metadata=decode.scheduler_metadata,
                        num_splits=decode.max_num_splits)
-        stream = self.level_stream if plan.graph or LEVEL_STREAM == "all" else None
-        meta.relay = RelayPlan(context=context, shared=[level] if plan.run_level else [], level_stream=stream)
+        meta.relay = self._relay_plan(plan, context, level)
         return meta
 
     def _schedule_level(self, call: dict, num_splits: int, fast_build: bool):

@@ -22,23 +22,25 @@ def _relay_requested(selected_backend) -> bool:
     )
 
 
+def _validated(path: str, device_capability, attn_selector_config, where: str) -> str:
+    """`path` (a relay backend class's), after its own validation against the layer's configuration,
+    as vLLM's CUDA platform validates a selected backend: a `ValueError` with its reasons."""
+    from vllm.utils.import_utils import resolve_obj_by_qualname
+
+    reasons = resolve_obj_by_qualname(path).validate_configuration(
+        device_capability=device_capability, **attn_selector_config._asdict()
+    )
+    if reasons:
+        raise ValueError(f"The relay attention backend does not support this {where}: {'; '.join(reasons)}.")
+    return path
+
+
 def _get_attn_backend_cls(cls, selected_backend, attn_selector_config, num_heads=None):
     if not _relay_requested(selected_backend):
         return original(CpuPlatform, "get_attn_backend_cls").__func__(
             cls, selected_backend, attn_selector_config, num_heads
         )
-    from vllm.utils.import_utils import resolve_obj_by_qualname
-
-    backend_cls = resolve_obj_by_qualname(RELAY_CPU_BACKEND)
-    reasons = backend_cls.validate_configuration(
-        device_capability=None, **attn_selector_config._asdict()
-    )
-    if reasons:
-        raise ValueError(
-            f"The relay attention backend does not support this configuration on CPU: "
-            f"{'; '.join(reasons)}."
-        )
-    return RELAY_CPU_BACKEND
+    return _validated(RELAY_CPU_BACKEND, None, attn_selector_config, "configuration on CPU")
 
 
 def _get_cuda_attn_backend_cls(cls, selected_backend, attn_selector_config, num_heads=None):
@@ -46,18 +48,8 @@ def _get_cuda_attn_backend_cls(cls, selected_backend, attn_selector_config, num_
         return original(CudaPlatformBase, "get_attn_backend_cls").__func__(
             cls, selected_backend, attn_selector_config, num_heads
         )
-    from vllm.utils.import_utils import resolve_obj_by_qualname
-
-    backend_cls = resolve_obj_by_qualname(RELAY_MLA_BACKEND)
-    reasons = backend_cls.validate_configuration(
-        device_capability=cls.get_device_capability(), **attn_selector_config._asdict()
-    )
-    if reasons:
-        raise ValueError(
-            f"The relay attention backend does not support this MLA configuration (it extends "
-            f"FLASH_ATTN_MLA): {'; '.join(reasons)}."
-        )
-    return RELAY_MLA_BACKEND
+    return _validated(RELAY_MLA_BACKEND, cls.get_device_capability(), attn_selector_config,
+                      "MLA configuration (it extends FLASH_ATTN_MLA)")
 
 
 CpuPlatform = None
