@@ -30,6 +30,7 @@ from vllm.v1.attention.backends.mla.flashattn_mla import (
 from vllm_relay.attention.backend import RelayBuilder, check_runner
 from vllm_relay.attention.common import check_engine, check_layer, log_active
 from vllm_relay.attention.planner import RelayPlanner
+from vllm_relay.attention.rules import mla_one_split
 from vllm_relay.ops import latent_varlen, relay_attention
 
 
@@ -87,6 +88,19 @@ class RelayMLAMetadataBuilder(RelayBuilder, FlashAttnMLAMetadataBuilder):
                        block_table=decode.block_table, scheduler_metadata=decode.scheduler_metadata,
                        num_splits=decode.max_num_splits)
         meta.relay = self._relay_plan(plan, context, level)
+        return meta
+
+    def _build_decode(self, **kwargs):
+        """vLLM's MQA metadata; a step whose MQA rows fill the multiprocessors unsplit runs unsplit, its
+        context call and its levels' (`rules.mla_one_split`: FA3's split buffers would exceed vLLM's
+        memory profile). vLLM splits only the graphs' decode batches, up to its cap; the rest FA3 chooses."""
+        meta = super()._build_decode(**kwargs)
+        if meta.max_num_splits == 0 and mla_one_split(kwargs["num_decode_tokens"], self.num_heads,
+                                                      self.planner.num_sms):
+            schedule = self._schedule_decode(num_reqs=meta.seq_lens.shape[0], cu_query_lens=meta.query_start_loc,
+                                             max_query_len=meta.max_query_len, seqlens=meta.seq_lens,
+                                             max_seq_len=meta.max_seq_len, causal=True, max_num_splits=1)
+            meta = dataclasses.replace(meta, scheduler_metadata=schedule, max_num_splits=1)
         return meta
 
     def _schedule_level(self, call: dict, num_splits: int, fast_build: bool):

@@ -68,6 +68,13 @@ JOINT_ROWS, JOINT_ROWS_LARGE, JOINT_LARGE_TOKENS = 64, 128, 256
 # Llama-3-8B (128 rows: 64 tiles, 0.48 of the multiprocessors) 204 / 222, Llama-2-7B (64 rows: 128 tiles)
 # 402 / 374. So the split from fewer tiles than 0.48 of them, unsplit from 0.97: the threshold between.
 JOINT_SPLIT_FILL = 0.75
+# An MLA step's MQA rows (tokens x query heads, all on the one latent KV head) run unsplit once FA3's
+# query tiles of this many rows fill the multiprocessors: a split then buys no parallelism, and FA3
+# allocates its split buffers ([splits, heads, tokens, 512] fp32) at each call, outside vLLM's memory
+# profile (which runs the MHA form). Relay's requests carry only their own tokens, so their prompts ride
+# the MQA form: a step of 16384 such tokens (DeepSeek-V2-Lite shape, H100, FA3's own choice of 4 splits)
+# asked for 2 GiB more and ran out of memory; vLLM's own MQA rows are decodes of one token each.
+MLA_TILE_ROWS = 64
 
 def query_tiles(rows: np.ndarray, gqa: int) -> np.ndarray:
     """FA3's query tiles (a KV head's query heads packed) for each count of query rows."""
@@ -99,6 +106,16 @@ def joint_one_split(group_rows: np.ndarray, tokens_per_seq: int, num_kv_heads: i
     """
     seqs = int((-(-np.asarray(group_rows, dtype=np.int64) // tokens_per_seq)).sum())
     return seqs * num_kv_heads >= JOINT_SPLIT_FILL * num_sms
+
+
+def mla_one_split(num_tokens: int, num_heads: int, num_sms: int) -> bool:
+    """Whether an MLA step's MQA call over `num_tokens` rows of `num_heads` query heads runs unsplit.
+
+    Example:
+        >>> mla_one_split(256, 16, 132), mla_one_split(16384, 16, 132)
+        (False, True)
+    """
+    return -(-num_tokens * num_heads // MLA_TILE_ROWS) >= num_sms
 
 
 def fills_tiles(q_lens: np.ndarray, gqa: int) -> np.ndarray:

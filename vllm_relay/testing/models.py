@@ -104,12 +104,13 @@ TINY_MODELS = {
     # Llama's default initializer (0.02): greedy continuations fall into short loops, which n-gram
     # speculative decoding drafts and the model accepts (the 0.1 models' continuations keep varying).
     "tiny-llama-loops": dict(_TINY, num_key_value_heads=2, initializer_range=0.02),
-    # DeepSeek-V2's multi-head latent attention at FlashAttention-3's MLA sizes (a latent of 512 and 64
-    # rotary values a token; 16 query heads, as DeepSeek-V2-Lite or V3 over 8 GPUs), 2 layers, dense MLPs
+    # DeepSeek-V2's multi-head latent attention at its sizes (a latent of 512 and 64 rotary values a token,
+    # heads of 128 + 64 and values of 128: FlashAttention's MLA prefill takes no others; 16 query heads, as
+    # DeepSeek-V2-Lite or V3 over 8 GPUs), 2 layers, dense MLPs
     # (`first_k_dense_replace` = the layer count), no query LoRA: for relay's MLA backend on CUDA.
     "tiny-deepseek-v2": dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=16,
                              num_key_value_heads=16, kv_lora_rank=512, q_lora_rank=None, qk_rope_head_dim=64,
-                             qk_nope_head_dim=64, v_head_dim=64, first_k_dense_replace=2, n_routed_experts=4,
+                             qk_nope_head_dim=128, v_head_dim=128, first_k_dense_replace=2, n_routed_experts=4,
                              n_shared_experts=1, moe_intermediate_size=128, num_experts_per_tok=2,
                              max_position_embeddings=4096, rope_theta=10000.0, rms_norm_eps=1e-6,
                              initializer_range=0.1, tie_word_embeddings=False, dtype="float32"),
