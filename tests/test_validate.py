@@ -89,10 +89,8 @@ DRAFTER_BACKEND = "speculative_config.attention_backend=CPU_ATTN: with the relay
 RUNNER_ERROR = "VLLM_USE_V2_MODEL_RUNNER=0: the relay attention backend runs on vLLM's Model Runner V2 on GPUs"
 MLA_ERROR = ("MLA (multi-head latent attention, DeepSeek-V2/V3's) on the CPU: the relay attention backend extends "
              "vLLM's CPU attention backend, not its MLA one")
-MLA_GPU_ERROR = ("MLA (multi-head latent attention, DeepSeek-V2/V3's): relay's MLA backend (vLLM's FLASH_ATTN_MLA, "
-                 "extended) has not yet passed its GPU tests; set VLLM_RELAY_MLA=1")
 ALL_ERRORS = [row[-1] for row in FRONT_END] + [e for _, e in REGISTRATION] + [
-    FILL_FAILED, ENGINE_FEATURES, MODEL_FEATURES, XARGS, RUNNER_ERROR, DRAFTER_BACKEND, MLA_ERROR, MLA_GPU_ERROR]
+    FILL_FAILED, ENGINE_FEATURES, MODEL_FEATURES, XARGS, RUNNER_ERROR, DRAFTER_BACKEND, MLA_ERROR]
 
 
 @pytest.fixture(autouse=True)
@@ -375,9 +373,10 @@ def test_an_mla_model_is_refused_in_the_front_end():
         EngineArgs(**args, attention_backend="relay").create_engine_config()
 
 
-def test_an_mla_model_on_cuda_needs_the_mla_switch(monkeypatch):
-    """On CUDA relay's MLA backend serves latent attention only with VLLM_RELAY_MLA=1 (its GPU tests pending):
-    refused without it, naming the switch; let through with it (an invalid value: refused by `envs.check`)."""
+def test_an_mla_model_on_cuda_goes_to_relays_mla_backend(monkeypatch):
+    """On CUDA the front end lets an MLA model through (relay's MLA backend serves it, hooks/platform.py
+    routes its layers there), on the CPU it refuses it; the switch that once gated the backend is refused
+    by `envs.check`, saying to unset it."""
     from types import SimpleNamespace
 
     from vllm.platforms import current_platform
@@ -385,15 +384,14 @@ def test_an_mla_model_on_cuda_needs_the_mla_switch(monkeypatch):
     from vllm_relay.validate import check_model
 
     config = SimpleNamespace(model_config=SimpleNamespace(use_mla=True))
-    monkeypatch.setattr(current_platform, "is_cuda", lambda: True)
-    with pytest.raises(ValueError, match=re.escape(MLA_GPU_ERROR)):
+    monkeypatch.setattr(current_platform, "is_cuda", lambda: False)
+    with pytest.raises(ValueError, match=re.escape(MLA_ERROR)):
         check_model(config)
-    monkeypatch.setenv("VLLM_RELAY_MLA", "1")
+    monkeypatch.setattr(current_platform, "is_cuda", lambda: True)
     check_model(config)
-    monkeypatch.setenv("VLLM_RELAY_MLA", "yes")
-    with pytest.raises(ValueError, match="VLLM_RELAY_MLA='yes': expected one of 0"):
+    monkeypatch.setenv("VLLM_RELAY_MLA", "1")
+    with pytest.raises(ValueError, match="VLLM_RELAY_MLA is no longer read by vllm-relay: relay's MLA backend"):
         envs.check()
-    check_model(SimpleNamespace(model_config=SimpleNamespace(use_mla=False)))  # not MLA: nothing to check
 
 
 def test_readme_table_lists_every_tested_row():

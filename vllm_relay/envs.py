@@ -16,7 +16,6 @@ if TYPE_CHECKING:
     VLLM_RELAY_SYSTEM_PROMPTS_FILE: str | None = None
     VLLM_RELAY_CACHE: str | None = None
     VLLM_RELAY_UNSPLIT_GRAPHS: int = 1
-    VLLM_RELAY_MLA: int = 0
 
 
 def _str(name: str) -> str | None:
@@ -57,9 +56,6 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # attention either way; 1 measured +0.9% at P=8192 against 0, for 0.12 GiB more graph memory
     # (Llama-2-7B shape, H200, 2026-11-28: benchmarks/results/2026-11-28_1337_h200/).
     "VLLM_RELAY_UNSPLIT_GRAPHS": lambda: _choice("VLLM_RELAY_UNSPLIT_GRAPHS", 1, UNSPLIT_GRAPHS),
-    # 1: serve MLA models (DeepSeek's latent attention) on CUDA with relay's MLA backend
-    # (attention/mla_backend.py), which its GPU tests have not yet passed; 0 (the default): refuse them.
-    "VLLM_RELAY_MLA": lambda: _choice("VLLM_RELAY_MLA", 0, {0: "refuse MLA models", 1: "serve them (untested)"}),
 }
 
 
@@ -87,6 +83,7 @@ KNOBS = ("LEVEL_KERNEL", "LEVEL_SPLITS", "GRAPH_LEVELS", "GRAPH_ONE_SPLIT", "GRA
 SECTION = "in the relay section of --additional-config"
 REMOVED = {"VLLM_RELAY_MAX_PROMPTS": f"set max_prompts {SECTION}",
            "VLLM_RELAY_MAX_PROMPT_TOKENS": f"set max_prompt_tokens {SECTION}",
+           "VLLM_RELAY_MLA": "relay's MLA backend serves MLA models on CUDA without it: unset it",
            **{f"VLLM_RELAY_{knob}": KNOB for knob in KNOBS}}
 
 

@@ -119,8 +119,7 @@ def validate_engine_config(vllm_config) -> dict[str, list[int]]:
 def check_model(vllm_config) -> None:
     """Refuse, before any engine process starts, a model whose attention relay does not serve: MLA's
     latent attention on the CPU (relay extends no CPU MLA backend, and vLLM turns prefix caching off for
-    it there), and on CUDA unless `VLLM_RELAY_MLA=1` (relay's MLA backend, attention/mla_backend.py, has
-    not yet passed its GPU tests)."""
+    it there). On CUDA relay's MLA backend serves it (attention/mla_backend.py)."""
     if not getattr(vllm_config.model_config, "use_mla", False):
         return
     from vllm.platforms import current_platform
@@ -129,10 +128,6 @@ def check_model(vllm_config) -> None:
         raise ValueError("MLA (multi-head latent attention, DeepSeek-V2/V3's) on the CPU: the relay attention "
                          "backend extends vLLM's CPU attention backend, not its MLA one; serve this model without "
                          "--attention-backend relay")
-    if not envs.VLLM_RELAY_MLA:
-        raise ValueError("MLA (multi-head latent attention, DeepSeek-V2/V3's): relay's MLA backend (vLLM's "
-                         "FLASH_ATTN_MLA, extended) has not yet passed its GPU tests; set VLLM_RELAY_MLA=1 to "
-                         "serve this model with it anyway, or serve it without --attention-backend relay")
 
 
 def check_runner(vllm_config) -> None:

@@ -261,15 +261,14 @@ def test_features_on_cuda_against_flash(feature, tmp_path):
         assert stats["graph_steps"] > stats["level_graph_steps"], stats
 
 
-def test_features_mla_on_cuda_against_flash_attn_mla(tmp_path, monkeypatch):
+def test_features_mla_on_cuda_against_flash_attn_mla(tmp_path):
     """DeepSeek-V2's latent attention (`tiny-deepseek-v2`: 16 heads, a 512 + 64 latent) on relay's MLA backend
-    (attention/mla_backend.py, VLLM_RELAY_MLA=1): within the rule against vLLM's FLASH_ATTN_MLA (TRITON_MLA
+    (attention/mla_backend.py): within the rule against vLLM's FLASH_ATTN_MLA (TRITON_MLA
     the yardstick), with full CUDA graphs and eagerly; the decodes and short prompt chunks read their levels
     in the latent space, a prompt chunk of more than 512 tokens runs vLLM's MHA form over its context
     table (its registered prompt's pages in front)."""
     import random
 
-    monkeypatch.setenv("VLLM_RELAY_MLA", "1")
     systems, prompts, num_relay = workload(3072, seed=5)
     rng = random.Random(5)
     prompts.append(systems["a"] + [rng.randrange(8, 3072) for _ in range(600)])  # one chunk of 700 tokens
