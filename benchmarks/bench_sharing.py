@@ -160,6 +160,8 @@ def worker(args):
                 got["first_token_s"] = first
                 if latency:
                     got["ms_per_step"] = (elapsed - first) / steps * 1e3
+                elif steps > 1:  # the job less its first token: its later tokens' decode steps
+                    got["decode_ms_per_step"] = (elapsed - first) / (steps - 1) * 1e3
             runs.append(got)
         row = summarize(point, runs)
         rows.append(row)
@@ -181,7 +183,7 @@ def summarize(point: dict, runs: list[dict]) -> dict:
     elapsed = statistics.median(r["elapsed_s"] for r in runs)
     row = {**point, "elapsed_s": elapsed, "completions": runs[0]["completions"],
            "tokens_per_s": runs[0]["tokens"] / elapsed}
-    for key in ("ms_per_step", "first_token_s"):
+    for key in ("ms_per_step", "first_token_s", "decode_ms_per_step"):
         if key in runs[0]:
             row[key] = statistics.median(r[key] for r in runs)
     if len(runs) > 1:
@@ -266,11 +268,13 @@ def markdown(results, card, sh, args) -> str:
         return "\n".join(lines) + "\n"
     lines += ["", "Relay / reachable: against the bound plus the least time one prefill of the shared prompt "
               "takes (its FLOPs at the matmul rate above), which the bound leaves out and no engine can skip.", "",
-              "First token of the n completions of a cold prompt (s); and relay's output tokens/s against the "
+              "First token of the n completions of a cold prompt (s); ms a decode step (the job less its first "
+              "token, over its later tokens); and relay's output tokens/s against the "
               "bound plus the prompt's one prefill as this engine ran it (relay's first token at n=1, the "
               "same prefill as vLLM's), where the run has n=1:", "",
-              "| point | " + " | ".join(configs) + " | relay / relay at n=1 | relay / (bound + prefill at n=1) |",
-              "|---|" + "---|" * (len(configs) + 2)]
+              "| point | " + " | ".join(configs) + " | " + " | ".join(f"{c} ms a step" for c in configs)
+              + " | relay / relay at n=1 | relay / (bound + prefill at n=1) |",
+              "|---|" + "---|" * (2 * len(configs) + 2)]
 
     def first(c, j):
         return results[c]["rows"][j]["first_token_s"]
@@ -286,7 +290,9 @@ def markdown(results, card, sh, args) -> str:
             tps = results["relay"]["rows"][i]["tokens_per_s"]
             run = f"{over_bound_plus(tps, bounds[i], first('relay', one[0])):.2f}"
         cells = " | ".join(f"{first(c, i):.3f}" for c in configs)
-        lines.append(f"| P={point['P']}, n={point['n']} | {cells} | {rel} | {run} |")
+        steps = " | ".join(f"{results[c]['rows'][i]['decode_ms_per_step']:.2f}"
+                           if "decode_ms_per_step" in results[c]["rows"][i] else "" for c in configs)
+        lines.append(f"| P={point['P']}, n={point['n']} | {cells} | {steps} | {rel} | {run} |")
     return "\n".join(lines) + "\n"
 
 

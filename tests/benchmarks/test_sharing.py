@@ -40,6 +40,9 @@ def test_a_repeated_point_reports_its_median_run_and_every_run():
                               [{"elapsed_s": 1.0, "completions": 1, "tokens": 33, "ms_per_step": m}
                                for m in (7.0, 9.0, 6.0)])
     assert latency["ms_per_step"] == 7.0
+    decode = bench.summarize(point, [{**r, "first_token_s": 0.1, "decode_ms_per_step": m}
+                                     for r, m in zip(runs, (5.0, 3.0, 4.0))])
+    assert decode["decode_ms_per_step"] == 4.0 and decode["first_token_s"] == 0.1
     single = bench.summarize(point, runs[1:2])
     assert single["elapsed_s"] == 1.0 and "runs_tokens_per_s" not in single  # one run: the row as before
 
@@ -87,11 +90,12 @@ def test_markdown_table_has_a_row_per_point_with_the_ratios():
     points = bench.points(args)
     card = {"copy_bytes_per_s": 4e12, "bf16_flop_per_s": 8e14, "device": "card"}
 
-    def rows(speed):
+    def rows(speed, decode=True):
         return {"rows": [{**p, "elapsed_s": 1000 / speed, "tokens_per_s": speed, "ms_per_step": 100 / speed,
-                          "first_token_s": p.get("n", 1) / speed} for p in points]}
+                          "first_token_s": p.get("n", 1) / speed, **({"decode_ms_per_step": 10 / speed} if decode
+                                                                    else {})} for p in points]}
 
-    results = {"ceiling": rows(1000.0), "relay": rows(800.0), "default": rows(100.0), "sglang": rows(400.0)}
+    results = {"ceiling": rows(1000.0), "relay": rows(800.0), "default": rows(100.0), "sglang": rows(400.0, False)}
     md = bench.markdown(results, card, SHAPE, args)
     lines = [line for line in md.splitlines() if line.startswith("| workload=")]
     assert len(lines) == len(points)
@@ -115,6 +119,8 @@ def test_markdown_table_has_a_row_per_point_with_the_ratios():
         b_s = bench.bound_s(p, 1.0, card, SHAPE, args)
         assert line.endswith(f"| {p['n']:.2f} | {800 * (b_s + 1 / 800) / 1000:.2f} |" if ones else "|  |  |")
         assert line.split(" | ")[2] == f"{p['n'] / 800:.3f}"  # relay's column
+        # ms a decode step, each config (SGLang's run without one: empty)
+        assert line.split(" | ")[5:9] == ["0.01", "0.01", "0.10", ""]
     assert all(line.count("|") == lines[0].count("|") for line in lines)
     assert lines[-1].split(" | ")[1:5] == ["0.10", "0.12", "1.00", "0.25"]  # latency: ms per step
 
