@@ -171,9 +171,10 @@ def worker(args):
               + (f" (median of {len(runs)})" if len(runs) > 1 else ""), flush=True)
     result = {"config": args.worker, "rows": rows}
     if args.worker.startswith("relay"):
-        from vllm_relay.stats import relay_stats
+        from vllm_relay.stats import planner_stats, relay_stats
 
         result["relay_stats"] = {k: v for k, v in relay_stats(llm).items() if k != "prompts"}
+        result["planner_stats"] = planner_stats(llm)  # steps planned, graph steps with levels, rows
     print("RESULT " + json.dumps(result), flush=True)
 
 
