@@ -95,8 +95,9 @@ class RelayMLAMetadataBuilder(RelayBuilder, FlashAttnMLAMetadataBuilder):
         context call and its levels' (`rules.mla_one_split`: FA3's split buffers would exceed vLLM's
         memory profile). vLLM splits only the graphs' decode batches, up to its cap; the rest FA3 chooses."""
         meta = super()._build_decode(**kwargs)
-        if meta.max_num_splits == 0 and mla_one_split(kwargs["num_decode_tokens"], self.num_heads,
-                                                      self.planner.num_sms):
+        rows = kwargs["num_decode_tokens"]
+        graph = self.use_full_cuda_graph and rows <= (self.max_cudagraph_size or 0)  # (vLLM's split, captured)
+        if meta.max_num_splits == 0 and not graph and mla_one_split(rows, self.num_heads, self.planner.num_sms):
             schedule = self._schedule_decode(num_reqs=meta.seq_lens.shape[0], cu_query_lens=meta.query_start_loc,
                                              max_query_len=meta.max_query_len, seqlens=meta.seq_lens,
                                              max_seq_len=meta.max_seq_len, causal=True, max_num_splits=1)
