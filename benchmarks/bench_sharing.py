@@ -36,8 +36,9 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (add_sglang_args, json_object, measure_card, model_config, profiler_config,  # noqa: E402
-                    result_line, run_logged, sglang_command, sglang_engine, sglang_sampling, worker_command)
+from common import (add_sglang_args, compiled_during, json_object, measure_card, model_config,  # noqa: E402
+                    profiler_config, result_line, run_logged, sglang_command, sglang_engine, sglang_sampling,
+                    worker_command)
 
 
 def shape(model: str) -> dict:
@@ -135,14 +136,18 @@ def worker(args):
         steps = args.latency_steps if latency else args.output_len
 
         def run(prompts, n, max_tokens):
-            t0 = time.perf_counter()
+            t0, wall0 = time.perf_counter(), time.time()
             completions, tokens = generate(prompts, n, max_tokens)
+            elapsed, compiled = time.perf_counter() - t0, compiled_during(wall0, time.time())
             if completions != len(prompts) * n or tokens != completions * max_tokens:
                 raise RuntimeError(f"{args.worker}: {completions} completions, {tokens} tokens, not "
                                    f"{len(prompts) * n} x {max_tokens}")
-            return time.perf_counter() - t0, completions, tokens
+            if compiled:  # start-up work inside the timed run: its time is in the figure
+                print(f"  {args.worker}: Triton kernels compiled during a timed run: {compiled}", flush=True)
+            triton_compiled.extend(compiled)
+            return elapsed, completions, tokens
 
-        runs = []
+        runs, triton_compiled = [], []
         for r in range(args.repeat):
             rng = random.Random(1000 + i + 100003 * r)  # the same ids for every config, fresh ones each run
             prompts, n, _ = requests(point, args.worker, rng, sh["vocab"], system)
@@ -164,6 +169,7 @@ def worker(args):
                     got["decode_ms_per_step"] = (elapsed - first) / (steps - 1) * 1e3
             runs.append(got)
         row = summarize(point, runs)
+        row["triton_compiled"] = triton_compiled  # in the point's timed runs (first-token runs too)
         rows.append(row)
         print(f"  {args.worker} {point}: {row['elapsed_s']:.2f} s, {row['tokens_per_s']:.0f} tok/s"
               + (f", {row['ms_per_step']:.2f} ms/step" if "ms_per_step" in row else "")
@@ -266,7 +272,7 @@ def markdown(results, card, sh, args) -> str:
         lines.append(f"| {label} | " + " | ".join(cells) + f" | {bound} | {ratio('relay', 'default')} | "
                      f"{ratio('relay', 'sglang')} | {most} |")
     if not any(w == "samples" for w in args.workloads.split(",")):
-        return "\n".join(lines) + "\n"
+        return "\n".join(lines + compiled_lines(results, configs, pts)) + "\n"
     lines += ["", "Relay / reachable: against the bound plus the least time one prefill of the shared prompt "
               "takes (its FLOPs at the matmul rate above), which the bound leaves out and no engine can skip.", "",
               "First token of the n completions of a cold prompt (s); ms a decode step (the job less its first "
@@ -294,7 +300,15 @@ def markdown(results, card, sh, args) -> str:
         steps = " | ".join(f"{results[c]['rows'][i]['decode_ms_per_step']:.2f}"
                            if "decode_ms_per_step" in results[c]["rows"][i] else "" for c in configs)
         lines.append(f"| P={point['P']}, n={point['n']} | {cells} | {steps} | {rel} | {run} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + compiled_lines(results, configs, pts)) + "\n"
+
+
+def compiled_lines(results, configs, pts) -> list[str]:
+    """The markdown's note of Triton kernels compiled inside timed runs (start-up work in a figure), if any."""
+    leaks = [f"{c} at {', '.join(f'{k}={v}' for k, v in pts[i].items())}: {', '.join(row['triton_compiled'])}"
+             for c in configs for i, row in enumerate(results[c]["rows"]) if row.get("triton_compiled")]
+    return ["", "Triton kernels compiled during timed runs (their time is in the figure): " + "; ".join(leaks)] \
+        if leaks else []
 
 
 def plot(path: str, sh: dict | None = None) -> str:

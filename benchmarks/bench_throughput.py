@@ -22,8 +22,9 @@ for B in 1..256. Each configuration runs in its own process (a fresh engine, its
 
 `--repeat K` runs each workload K times on the same engine, the prefix cache reset before each
 repeat (the same prompts again would hit it; relay then fills its prompts again), the first run
-staying the headline figure; `--triton-cache DIR` gives each configuration a fresh Triton cache
-and lists the kernels compiled inside each timed run.
+staying the headline figure. Each run lists the Triton kernels compiled inside it (start-up work
+leaking into the measurement, `common.compiled_during`); `--triton-cache DIR` gives each configuration
+a fresh Triton cache, so that kernels a warm cache would load are compiled, and seen, too.
 `--accuracy` instead compares relay with FLASH_ATTN on the same full prompts (greedy, top-5
 logprobs over the first 8 generated tokens). `--tensor-parallel-size N` runs every configuration
 over N GPUs (data parallelism is a serving feature: vllm.LLM refuses it). Usage (GPU host):
@@ -40,9 +41,9 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (add_sglang_args, add_workload_args, engine_kwargs, model_config,  # noqa: E402
-                    result_line, run_logged, sampling_params, sglang_command, sglang_engine, sglang_sampling,
-                    strip_system, worker_command, workload)
+from common import (add_sglang_args, add_workload_args, compiled_during, engine_kwargs,  # noqa: E402
+                    model_config, result_line, run_logged, sampling_params, sglang_command, sglang_engine,
+                    sglang_sampling, strip_system, worker_command, workload)
 
 
 def decode_latency(llm, system_ids, args):
@@ -68,20 +69,6 @@ def decode_latency(llm, system_ids, args):
         rows.append({"batch": B, "ms_per_step": statistics.median(per_req) * 1e3})
         print(f"  latency B={B:4d}: {rows[-1]['ms_per_step']:.2f} ms/step", flush=True)
     return rows
-
-
-def compiled_during(t0: float, t1: float) -> list[str]:
-    """Triton kernels (of any process of this run) compiled between wall times t0 and t1: a
-    compilation inside a timed run is start-up work that leaked into the measurement."""
-    cache = os.environ.get("TRITON_CACHE_DIR")
-    if not cache or not os.path.isdir(cache):
-        return []
-    names = []
-    for entry in os.scandir(cache):
-        for f in os.scandir(entry.path) if entry.is_dir() else ():
-            if f.name.endswith(".json") and not f.name.startswith("__grp__") and t0 <= f.stat().st_mtime <= t1:
-                names.append(f.name[:-5])
-    return sorted(names)
 
 
 ALLOCATOR_KEYS = ("num_alloc_retries", "num_ooms", "num_sync_all_streams", "num_device_alloc", "num_device_free")

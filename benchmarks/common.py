@@ -10,6 +10,7 @@ the host's speed."""
 
 import asyncio
 import functools
+import glob
 import json
 import os
 import socket
@@ -38,6 +39,32 @@ def profiler_config(args, config: str) -> dict:
     delay, steps = map(int, args.profile.split(","))
     return dict(profiler="torch", torch_profiler_dir=profile_dir(args, config), delay_iterations=delay,
                 max_iterations=steps, torch_profiler_with_stack=False)
+
+
+def triton_cache_dirs() -> list[str]:
+    """Every Triton cache a run's processes may compile into: TRITON_CACHE_DIR, Triton's default
+    (~/.triton/cache), and those vLLM's compiler points its engine at when none is set (under its
+    cache root's torch_compile_cache)."""
+    home = os.environ.get("TRITON_HOME") or os.path.expanduser("~")
+    root = os.environ.get("VLLM_CACHE_ROOT") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "vllm")
+    dirs = [os.environ.get("TRITON_CACHE_DIR"), os.path.join(home, ".triton", "cache"),
+            *glob.glob(os.path.join(root, "torch_compile_cache", "**", "triton_cache"), recursive=True)]
+    return [d for d in dict.fromkeys(dirs) if d and os.path.isdir(d)]
+
+
+def compiled_during(t0: float, t1: float, dirs: list[str] | None = None) -> list[str]:
+    """Triton kernels (of any process of this run) compiled between wall times t0 and t1, in `dirs`
+    (default `triton_cache_dirs()`): a compilation inside a timed run is start-up work that leaked into
+    the measurement. A kernel a warm cache held is loaded, not compiled, and not listed."""
+    names = []
+    for cache in triton_cache_dirs() if dirs is None else dirs:
+        for entry in os.scandir(cache):
+            for f in os.scandir(entry.path) if entry.is_dir() else ():
+                kernel = f.name.endswith(".json") and not f.name.startswith("__grp__")
+                if kernel and t0 <= f.stat().st_mtime <= t1:
+                    names.append(f.name[:-5])
+    return sorted(names)
 
 
 def run_logged(cmd: list[str], args, config: str, env: dict | None = None) -> tuple[str, int]:

@@ -84,3 +84,34 @@ def test_no_benchmark_imports_another_benchmarks_internals():
         imported = {n.module for n in nodes if isinstance(n, ast.ImportFrom)} | {
             a.name for n in nodes if isinstance(n, ast.Import) for a in n.names}
         assert not imported & scripts, f"{path.name} imports {imported & scripts}: shared helpers go in common.py (traces.py)"
+
+
+def test_compiled_during_lists_the_kernels_written_inside_the_window(tmp_path):
+    """Triton's cache: a folder per kernel hash holding <kernel>.json (and __grp__<kernel>.json); a
+    kernel is listed when its .json was written between the run's wall times."""
+    import os
+
+    cache = tmp_path / "triton"
+    for h, name, mtime in (("a1", "_fuse_in_place_kernel", 150.0), ("b2", "_gather_rows_kernel", 50.0),
+                           ("c3", "_prefix_block_table_kernel", 199.0)):
+        (cache / h).mkdir(parents=True)
+        for f in (f"{name}.json", f"__grp__{name}.json", f"{name}.cubin"):
+            (cache / h / f).write_text("{}")
+            os.utime(cache / h / f, (mtime, mtime))
+    assert common.compiled_during(100.0, 200.0, [str(cache)]) == ["_fuse_in_place_kernel", "_prefix_block_table_kernel"]
+    assert common.compiled_during(200.5, 300.0, [str(cache)]) == []
+
+
+def test_triton_cache_dirs_include_the_ones_vllm_gives_its_engine(tmp_path, monkeypatch):
+    """With no TRITON_CACHE_DIR, vLLM's compiler points its engine's Triton at a folder under its cache
+    root (torch_compile_cache/<hash>/.../triton_cache): compilations there count as well."""
+    vllm_cache = tmp_path / "vllm" / "torch_compile_cache" / "c9f45ffef8" / "rank_0_0" / "triton_cache"
+    vllm_cache.mkdir(parents=True)
+    own = tmp_path / "own"
+    own.mkdir()
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "vllm"))
+    monkeypatch.setenv("TRITON_HOME", str(tmp_path / "home"))  # no ~/.triton/cache there
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    assert common.triton_cache_dirs() == [str(vllm_cache)]
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(own))
+    assert common.triton_cache_dirs() == [str(own), str(vllm_cache)]

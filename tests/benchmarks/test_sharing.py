@@ -125,6 +125,23 @@ def test_markdown_table_has_a_row_per_point_with_the_ratios():
     assert lines[-1].split(" | ")[1:5] == ["0.10", "0.12", "1.00", "0.25"]  # latency: ms per step
 
 
+def test_markdown_names_the_triton_kernels_compiled_inside_timed_runs():
+    args = SimpleNamespace(**{**vars(ARGS), "workloads": "samples", "prefix_lens": "1024", "ns": "16,64"})
+    points = bench.points(args)
+    card = {"copy_bytes_per_s": 4e12, "bf16_flop_per_s": 8e14, "device": "card"}
+
+    def rows(compiled):
+        return {"rows": [{**p, "elapsed_s": 1.0, "tokens_per_s": 1000.0, "first_token_s": 0.1,
+                          "triton_compiled": compiled if i == 1 else []} for i, p in enumerate(points)]}
+
+    quiet = bench.markdown({"ceiling": rows([]), "relay": rows([])}, card, SHAPE, args)
+    assert "compiled during timed runs" not in quiet
+    md = bench.markdown({"ceiling": rows([]), "relay": rows(["_fuse_in_place_kernel"])}, card, SHAPE, args)
+    note = md.splitlines()[-1]
+    assert note.startswith("Triton kernels compiled during timed runs")
+    assert "relay at workload=samples, P=1024, n=64: _fuse_in_place_kernel" in note and "ceiling" not in note
+
+
 def test_plot_draws_a_panel_per_prompt_length_context_and_tree(tmp_path):
     """One PNG per results file: a panel per shared-prompt length (samples), per context (latency)
     and one for the tree, 5 inches at 110 dpi each."""
@@ -198,6 +215,41 @@ def test_the_sglang_config_sends_each_point_with_its_n_and_refuses_short_runs(tm
     short = 1
     with pytest.raises(RuntimeError, match="sglang: 4 completions, 28 tokens, not 4 x 8"):
         bench.worker(args)
+
+
+def test_a_points_timed_runs_report_the_triton_kernels_compiled_inside_them(tmp_path, monkeypatch, capsys):
+    """Each timed run (the job and its first-token run) asks `compiled_during` for its own wall times; the
+    row keeps every name, and the worker says so as it runs."""
+    import sys
+
+    class Engine:
+        def __init__(self, **kw):
+            pass
+
+        def generate(self, input_ids, sampling_params):
+            k = sampling_params["max_new_tokens"]
+            return [{"meta_info": {"completion_tokens": k}} for _ in range(len(input_ids) * sampling_params["n"])]
+
+    windows = []
+
+    def compiled(t0, t1):
+        windows.append((t0, t1))
+        return ["_fuse_in_place_kernel"] if len(windows) == 2 else []  # the first-token run compiled one
+
+    monkeypatch.setitem(sys.modules, "sglang", SimpleNamespace(Engine=Engine))
+    monkeypatch.setattr(bench, "compiled_during", compiled)
+    config = {"vocab_size": 1000, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "num_hidden_layers": 2, "intermediate_size": 128}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    args = bench.parser().parse_args(["--model", str(tmp_path), "--workloads", "samples", "--prefix-lens", "64",
+                                      "--ns", "4", "--output-len", "8", "--worker", "sglang"])
+    bench.worker(args)
+    out = capsys.readouterr().out
+    row = json.loads(out.split("RESULT ", 1)[1])["rows"][0]
+    assert row["triton_compiled"] == ["_fuse_in_place_kernel"]
+    assert "Triton kernels compiled during a timed run: ['_fuse_in_place_kernel']" in out
+    # the warm-up is not timed; the job and its first-token run are, one after the other
+    assert len(windows) == 2 and all(a <= b for a, b in windows) and windows[1][0] >= windows[0][1]
 
 
 def test_engine_args_reach_every_vllm_configuration():
