@@ -19,6 +19,10 @@ shuffled. Four ways of one step's attention:
             call, ranked first on Hopper): rotary q and k, latent q_v and v;
   relay_fa3 `relay_attention` over the latent cache with FlashAttention-3 (`ops.latent_varlen`): the prompt as
             one level of n rows, each request's own pages in its context call, merged in place.
+The last two with FA3's own choice of splits; and as full CUDA graphs run them in the engine, each call with
+FA3's ahead-of-time schedule and vLLM's split cap for graphs (`GRAPH_SPLITS`), the level on a stream of its
+own (relay's `level_stream`): `fa3_graph`, `relay_fa3_graph`, and `relay_fa3_ctx1`, the same with the
+context call (each request's own 1..c tokens) unsplit.
 Each checked first against an fp32 reference (`reference`), then timed (CUDA-graph replays, median, L2
 flushed). The bound of each: its bytes at the card's copy bandwidth or its FLOPs at its bf16 matmul rate,
 whichever takes longer (`bound_ms`).
@@ -43,6 +47,9 @@ SCALE = (128 + ROPE) ** -0.5  # 1 / sqrt(qk_nope_head_dim + qk_rope_head_dim), a
 BLOCK = 64  # FlashMLA's page
 BYTES = 2  # bf16
 HEADS = {"deepseek-v2-lite": 16, "deepseek-v3-tp2": 64, "deepseek-v3-tp1": 128}  # query heads on one GPU
+# vLLM's `flash_attn_max_num_splits_for_cuda_graph`: the split cap FLASH_ATTN_MLA's decode calls (and relay's
+# levels and contexts) run with in full CUDA graphs, their split buffers sized for it at capture.
+GRAPH_SPLITS = 32
 
 
 def step_cost(heads: int, P: int, own: list[int]) -> dict:
@@ -161,10 +168,46 @@ def ops(q, latent, prompt, own_tables, own, tables, P):
     def relay_fa3():
         return relay_attention(q, cache, values, plan, out_relay_fa3, SCALE, fa, attn_kwargs={"fa_version": 3})
 
-    return dict(flashmla=flashmla, relay=relay, level=level, fa3=fa3, relay_fa3=relay_fa3)
+    from vllm.v1.attention.backends.fa_utils import get_scheduler_metadata
+
+    def schedule(batch, max_q, max_k, lens, cu, causal, splits):  # as FLASH_ATTN_MLA's builder schedules a call
+        return get_scheduler_metadata(batch_size=batch, max_seqlen_q=max_q, max_seqlen_k=max_k, num_heads_q=heads,
+                                      num_heads_kv=1, headdim=ROPE, cache_seqlens=lens, qkv_dtype=q.dtype,
+                                      headdim_v=LATENT, page_size=BLOCK, cu_seqlens_q=cu, causal=causal,
+                                      num_splits=splits)
+
+    dense = schedule(n, 1, P + own_max, whole_lens, cu_n, True, GRAPH_SPLITS)
+    out_fa3_graph = torch.empty_like(out_fa3)
+
+    def fa3_graph():
+        return fa(q=q, k=cache, v=values, out=out_fa3_graph, cu_seqlens_q=cu_n, max_seqlen_q=1, seqused_k=whole_lens,
+                  max_seqlen_k=P + own_max, block_table=tables, softmax_scale=SCALE, causal=True, fa_version=3,
+                  scheduler_metadata=dense, num_splits=GRAPH_SPLITS)
+
+    side = torch.cuda.Stream(dev)
+
+    def graph_plan(ctx_splits):
+        level_call = dict(plan.shared[0].call, num_splits=GRAPH_SPLITS,
+                          scheduler_metadata=schedule(1, n, P, sys_lens, plan.shared[0].call["cu_seqlens_q"], False,
+                                                      GRAPH_SPLITS))
+        context = dict(plan.context, num_splits=ctx_splits,
+                       scheduler_metadata=schedule(n, 1, own_max, own_lens, cu_n, True, ctx_splits))
+        return RelayPlan(context=context, level_stream=side,
+                         shared=[SharedLevel(perm=rows, row_index=rows.clone(), call=level_call)])
+
+    graph_plans = {GRAPH_SPLITS: graph_plan(GRAPH_SPLITS), 1: graph_plan(1)}
+    out_graph = {k: torch.empty_like(out_relay_fa3) for k in graph_plans}
+
+    def relay_graph(ctx_splits):
+        return lambda: relay_attention(q, cache, values, graph_plans[ctx_splits], out_graph[ctx_splits], SCALE, fa,
+                                       attn_kwargs={"fa_version": 3})
+
+    return dict(flashmla=flashmla, relay=relay, level=level, fa3=fa3, relay_fa3=relay_fa3, fa3_graph=fa3_graph,
+                relay_fa3_graph=relay_graph(GRAPH_SPLITS), relay_fa3_ctx1=relay_graph(1))
 
 
 FA3_WAYS = ("fa3", "relay_fa3")
+GRAPH_WAYS = ("fa3_graph", "relay_fa3_graph", "relay_fa3_ctx1")  # FA3 as full graphs run it
 
 
 def check(heads: int) -> dict:
@@ -173,32 +216,36 @@ def check(heads: int) -> dict:
     ref = reference(q, latent, tables, torch.tensor([4 * BLOCK + o for o in own]))
     fns = ops(q, latent, prompt, own_tables, own, tables, 4 * BLOCK)
     errors = {}
-    for k in ("flashmla", "relay", *FA3_WAYS):
+    for k in ("flashmla", "relay", *FA3_WAYS, *GRAPH_WAYS):
         try:
             out = fns[k]()
             torch.cuda.synchronize()
             errors[k] = (out.float() - ref).abs().max().item()
         except Exception as e:  # noqa: BLE001 - FA3's MLA form may refuse a shape: reported, the rest run
-            if k not in FA3_WAYS:
+            if k not in FA3_WAYS + GRAPH_WAYS:
                 raise
             errors[k] = f"{type(e).__name__}: {e}"
     return errors
 
 
-def point(name, heads, n, P, c, card, rep, fa3: bool = True) -> dict:
+def point(name, heads, n, P, c, card, rep, fa3: bool = True, graph: bool = True) -> dict:
     """One timed point: the ways checked against FlashMLA's, then timed, with their bounds (`fa3`: FA3's
-    MLA form too; without, its columns stay empty)."""
+    MLA form too, `graph`: as full graphs run it; without, their columns stay empty)."""
     q, latent, prompt, own_tables, own, tables = case(heads, n, P, c)
     fns = ops(q, latent, prompt, own_tables, own, tables, P)
-    if not fa3:
-        fns = {k: fn for k, fn in fns.items() if k not in FA3_WAYS}
+    left_out = (FA3_WAYS if not fa3 else ()) + (GRAPH_WAYS if not (fa3 and graph) else ())
+    fns = {k: fn for k, fn in fns.items() if k not in left_out}
     out_whole = fns["flashmla"]()
     diff = max((out_whole.float() - fns[k]().float()).abs().max().item()
-               for k in ("relay", *FA3_WAYS) if k in fns)
-    t = {k: graph_ms(fn, rep, eager_fallback=k.endswith("fa3"))[0] for k, fn in fns.items()}
+               for k in ("relay", *FA3_WAYS, *GRAPH_WAYS) if k in fns)
+    t = {k: graph_ms(fn, rep, eager_fallback=k in FA3_WAYS + GRAPH_WAYS)[0] for k, fn in fns.items()}
     cost = step_cost(heads, P, own)
     fa3_cols = dict(fa3_us=t["fa3"] * 1e3, relay_fa3_us=t["relay_fa3"] * 1e3,
                     fa3_over_relay_fa3=t["fa3"] / t["relay_fa3"]) if fa3 else {}
+    if "fa3_graph" in t:
+        fa3_cols.update(fa3_graph_us=t["fa3_graph"] * 1e3, relay_fa3_graph_us=t["relay_fa3_graph"] * 1e3,
+                        relay_fa3_ctx1_us=t["relay_fa3_ctx1"] * 1e3,
+                        fa3_graph_over_relay_fa3_graph=t["fa3_graph"] / t["relay_fa3_graph"])
     return dict(shape=name, heads=heads, n=n, P=P, c=c, flashmla_us=t["flashmla"] * 1e3, relay_us=t["relay"] * 1e3,
                 level_us=t["level"] * 1e3, flashmla_over_relay=t["flashmla"] / t["relay"], **fa3_cols,
                 flashmla_bound_us=bound_ms(cost["flashmla_bytes"], cost["flops"], card) * 1e3,
@@ -220,12 +267,14 @@ def main():
         if not max(errors["flashmla"], errors["relay"]) < 3e-2:
             sys.exit(f"ABORT: {name}: FlashMLA or relay's split over it differs from the fp32 reference: {errors}")
         fa3 = all(isinstance(errors[k], float) and errors[k] < 3e-2 for k in FA3_WAYS)
-        if not fa3:
-            print(f"{name}: FlashAttention-3's MLA form left out (its check: {errors})", flush=True)
+        graph = all(isinstance(errors[k], float) and errors[k] < 3e-2 for k in GRAPH_WAYS)
+        if not (fa3 and graph):
+            print(f"{name}: FlashAttention-3's MLA form left out{' as graphs run it' if fa3 else ''} "
+                  f"(its check: {errors})", flush=True)
         for P in (4096, 16000):
             for n in ((64, 256) if args.quick else (16, 64, 256, 1024)):
                 try:
-                    rows.append(point(name, heads, n, P, 256, card, args.rep, fa3))
+                    rows.append(point(name, heads, n, P, 256, card, args.rep, fa3, graph))
                 except Exception as e:  # noqa: BLE001 - a point FlashMLA refuses is reported, the rest run
                     rows.append(dict(shape=name, heads=heads, n=n, P=P, error=f"{type(e).__name__}: {e}"))
                 r = rows[-1]
@@ -234,7 +283,10 @@ def main():
                       f"{r['relay_us']:8.1f} us (bound {r['relay_bound_us']:7.1f}; its level {r['level_us']:.1f})"
                       f"  flashmla/relay {r['flashmla_over_relay']:.2f}x" + (
                           f"  fa3 {r['fa3_us']:8.1f} us  relay_fa3 {r['relay_fa3_us']:8.1f} us  fa3/relay_fa3 "
-                          f"{r['fa3_over_relay_fa3']:.2f}x" if "fa3_us" in r else "")), flush=True)
+                          f"{r['fa3_over_relay_fa3']:.2f}x" if "fa3_us" in r else "") + (
+                          f"; as graphs: fa3 {r['fa3_graph_us']:.1f} us  relay_fa3 {r['relay_fa3_graph_us']:.1f} us "
+                          f"(context unsplit {r['relay_fa3_ctx1_us']:.1f})" if "fa3_graph_us" in r else "")),
+                      flush=True)
                 torch.cuda.empty_cache()
                 write(args.out, card, rows)  # each point as it comes: a fault in a later one keeps these
     with open(os.path.join(args.out, "mla_ops.md")) as f:
@@ -248,6 +300,8 @@ def _row(r: dict) -> str:
         return head + f"{r['error']} |"
     fa3 = (f"{r['fa3_us']:.1f} | {r['relay_fa3_us']:.1f} | {r['fa3_over_relay_fa3']:.2f}x" if "fa3_us" in r
            else " | | ")
+    fa3 += (f" | {r['fa3_graph_us']:.1f} | {r['relay_fa3_graph_us']:.1f} | {r['relay_fa3_ctx1_us']:.1f} | "
+            f"{r['fa3_graph_over_relay_fa3_graph']:.2f}x" if "fa3_graph_us" in r else " | | | | ")
     return (head + f"{r['flashmla_us']:.1f} | {r['flashmla_bound_us']:.1f} | {r['relay_us']:.1f} | "
             f"{r['relay_bound_us']:.1f} | {r['flashmla_over_relay']:.2f}x | {r['relay_tflops']:.0f} | "
             f"{r['flashmla_gbs']:.0f} | {fa3} | {r['max_abs_diff']:.3g} |")
@@ -260,7 +314,9 @@ def write(out: str, card: dict, rows: list[dict]) -> None:
              f"bf16 matmul {card['bf16_flop_per_s'] / 1e12:.0f} TFLOP/s; medians of CUDA-graph replays, L2 flushed. "
              "Bounds: bytes at the copy rate or FLOPs at the matmul rate, the larger.", "",
              "| shape | heads | P | n | FlashMLA us | bound | relay us | bound | FlashMLA/relay | relay TFLOP/s "
-             "| FlashMLA GB/s | FA3 us | relay FA3 us | FA3/relay FA3 | max diff |", "|---|" + "---|" * 14]
+             "| FlashMLA GB/s | FA3 us | relay FA3 us | FA3/relay FA3 | FA3 as a graph runs it (splits capped at "
+             f"{GRAPH_SPLITS}) us | relay FA3 so | the same, its context unsplit | FA3/relay FA3 so | max diff |",
+             "|---|" + "---|" * 18]
     lines += [_row(r) for r in rows]
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "mla_ops.json"), "w") as f:

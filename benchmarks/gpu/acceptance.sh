@@ -67,7 +67,8 @@
 #             relay's window level against FlashAttention's window, and its tiles (bench_window.py; about 2-3 min); mla-ops:
 #             does a shared latent level pay for MLA? FlashMLA's decode against a level read once (FlashMLA,
 #             n query tokens) plus each request's own tokens, merged by LSE, and the same with FlashAttention-3's
-#             MLA form (vLLM's FLASH_ATTN_MLA) through relay_attention, 16 / 64 / 128 query heads
+#             MLA form (vLLM's FLASH_ATTN_MLA) through relay_attention, also as full graphs run both (FA3's
+#             schedule, splits capped at 32; relay's context unsplit too), 16 / 64 / 128 query heads
 #             (bench_mla.py, Hopper; about 3 min)
 #   first-token  where the first token of n=256 samples of a 16000-token prompt goes (relay, then vLLM's
 #             default; tools/profile_first_token.py, engine core in process, cProfile; then relay with its

@@ -48,9 +48,11 @@ def test_the_table_leaves_fa3s_columns_empty_where_its_form_was_left_out(tmp_pat
     base = dict(shape="s", heads=16, P=4096, n=64, c=256, flashmla_us=100.0, flashmla_bound_us=90.0, relay_us=50.0,
                 relay_bound_us=40.0, flashmla_over_relay=2.0, relay_tflops=300.0, flashmla_gbs=2500.0,
                 max_abs_diff=0.01)
-    rows = [dict(base, fa3_us=110.0, relay_fa3_us=45.0, fa3_over_relay_fa3=2.44), base]
+    rows = [dict(base, fa3_us=110.0, relay_fa3_us=45.0, fa3_over_relay_fa3=2.44, fa3_graph_us=120.0,
+                 relay_fa3_graph_us=60.0, relay_fa3_ctx1_us=50.0, fa3_graph_over_relay_fa3_graph=2.0), base]
     bench.write(str(tmp_path), card, rows)
     lines = (tmp_path / "mla_ops.md").read_text().splitlines()
     header, with_fa3, without = lines[4], lines[6], lines[7]
-    assert header.count("|") == with_fa3.count("|") == without.count("|") == 16
-    assert "| 110.0 | 45.0 | 2.44x | 0.01 |" in with_fa3 and without.endswith("| 2500 |  | |  | 0.01 |")
+    assert header.count("|") == with_fa3.count("|") == without.count("|") == lines[5].count("|") == 20
+    assert "| 110.0 | 45.0 | 2.44x | 120.0 | 60.0 | 50.0 | 2.00x | 0.01 |" in with_fa3
+    assert without.endswith("| 2500 |  | |  | | | |  | 0.01 |")
