@@ -95,7 +95,9 @@ def engine_kwargs(args, config, system):
 
 
 def vllm_generate(args, system):
-    """vLLM's engine for this config: (generate(prompts, n, max_tokens) -> (completions, tokens), the LLM)."""
+    """vLLM's engine for this config: (generate(prompts, n, max_tokens) -> (completions, tokens, span), the
+    LLM), span the median request's seconds from its first token to its last by vLLM's own timestamps (the
+    job's decode after its own first token; None without them)."""
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -104,18 +106,21 @@ def vllm_generate(args, system):
     def generate(prompts, n, max_tokens):
         params = SamplingParams(n=n, temperature=1.0, max_tokens=max_tokens, ignore_eos=True)
         outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
-        return sum(len(o.outputs) for o in outs), sum(len(c.token_ids) for o in outs for c in o.outputs)
+        spans = [o.metrics.last_token_ts - o.metrics.first_token_ts for o in outs
+                 if getattr(o, "metrics", None) is not None and o.metrics.first_token_ts > 0]
+        return (sum(len(o.outputs) for o in outs), sum(len(c.token_ids) for o in outs for c in o.outputs),
+                statistics.median(spans) if spans else None)
 
     return generate, llm
 
 
 def sglang_generate(args):
-    """SGLang's engine (`common.sglang_engine`): generate(prompts, n, max_tokens) -> (completions, tokens)."""
+    """SGLang's engine (`common.sglang_engine`): generate(prompts, n, max_tokens) -> (completions, tokens, None)."""
     engine, _ = sglang_engine(args, max_running_requests=args.max_num_seqs)
 
     def generate(prompts, n, max_tokens):
         outs = engine.generate(input_ids=prompts, sampling_params=sglang_sampling(max_tokens, n))
-        return len(outs), sum(o["meta_info"]["completion_tokens"] for o in outs)
+        return len(outs), sum(o["meta_info"]["completion_tokens"] for o in outs), None
 
     return generate
 
@@ -137,7 +142,7 @@ def worker(args):
 
         def run(prompts, n, max_tokens):
             t0, wall0 = time.perf_counter(), time.time()
-            completions, tokens = generate(prompts, n, max_tokens)
+            completions, tokens, span = generate(prompts, n, max_tokens)
             elapsed, compiled = time.perf_counter() - t0, compiled_during(wall0, time.time())
             if completions != len(prompts) * n or tokens != completions * max_tokens:
                 raise RuntimeError(f"{args.worker}: {completions} completions, {tokens} tokens, not "
@@ -145,7 +150,7 @@ def worker(args):
             if compiled:  # start-up work inside the timed run: its time is in the figure
                 print(f"  {args.worker}: Triton kernels compiled during a timed run: {compiled}", flush=True)
             triton_compiled.extend(compiled)
-            return elapsed, completions, tokens
+            return elapsed, completions, tokens, span
 
         runs, triton_compiled = [], []
         for r in range(args.repeat):
@@ -154,19 +159,21 @@ def worker(args):
             profiling = args.profile and llm is not None and i == 0 and r == 0
             if profiling:  # (the profiler slows the steps it records: this run too)
                 llm.start_profile()
-            elapsed, completions, tokens = run(prompts, n, 1 + steps if latency else steps)
+            elapsed, completions, tokens, span = run(prompts, n, 1 + steps if latency else steps)
             if profiling:
                 llm.stop_profile()
             got = {"elapsed_s": elapsed, "completions": completions, "tokens": tokens}
             if latency or point["workload"] == "samples":
                 # The first token of the n completions of another prompt of the same length (cold: its
                 # prefill, once or n times, and one step); latency: minus it, ms per decode step.
-                first, _, _ = run(requests(point, args.worker, rng, sh["vocab"], system)[0], n, 1)
+                first, _, _, _ = run(requests(point, args.worker, rng, sh["vocab"], system)[0], n, 1)
                 got["first_token_s"] = first
                 if latency:
                     got["ms_per_step"] = (elapsed - first) / steps * 1e3
                 elif steps > 1:  # the job less its first token: its later tokens' decode steps
                     got["decode_ms_per_step"] = (elapsed - first) / (steps - 1) * 1e3
+                    if span is not None:  # the same from the job's own first token (vLLM's timestamps)
+                        got.update(job_first_token_s=elapsed - span, job_decode_ms_per_step=span / (steps - 1) * 1e3)
             runs.append(got)
         row = summarize(point, runs)
         row["triton_compiled"] = triton_compiled  # in the point's timed runs (first-token runs too)
@@ -190,7 +197,7 @@ def summarize(point: dict, runs: list[dict]) -> dict:
     elapsed = statistics.median(r["elapsed_s"] for r in runs)
     row = {**point, "elapsed_s": elapsed, "completions": runs[0]["completions"],
            "tokens_per_s": runs[0]["tokens"] / elapsed}
-    for key in ("ms_per_step", "first_token_s", "decode_ms_per_step"):
+    for key in ("ms_per_step", "first_token_s", "decode_ms_per_step", "job_first_token_s", "job_decode_ms_per_step"):
         if key in runs[0]:
             row[key] = statistics.median(r[key] for r in runs)
     if len(runs) > 1:
@@ -275,13 +282,16 @@ def markdown(results, card, sh, args) -> str:
         return "\n".join(lines + compiled_lines(results, configs, pts)) + "\n"
     lines += ["", "Relay / reachable: against the bound plus the least time one prefill of the shared prompt "
               "takes (its FLOPs at the matmul rate above), which the bound leaves out and no engine can skip.", "",
-              "First token of the n completions of a cold prompt (s); ms a decode step (the job less its first "
-              "token, over its later tokens); and relay's output tokens/s against the "
+              "First token of the n completions of a cold prompt (s); ms a decode step (the job less that first "
+              "token, over its later tokens); the job's own first token and ms a step after it, by vLLM's "
+              "request timestamps (time the job spends once, past its prompt's prefill, shows in the first); "
+              "and relay's output tokens/s against the "
               "bound plus the prompt's one prefill as this engine ran it (relay's first token at n=1, the "
               "same prefill as vLLM's), where the run has n=1:", "",
               "| point | " + " | ".join(configs) + " | " + " | ".join(f"{c} ms a step" for c in configs)
+              + " | " + " | ".join(f"{c} in its job" for c in configs)
               + " | relay / relay at n=1 | relay / (bound + prefill at n=1) |",
-              "|---|" + "---|" * (2 * len(configs) + 2)]
+              "|---|" + "---|" * (3 * len(configs) + 2)]
 
     def first(c, j):
         return results[c]["rows"][j]["first_token_s"]
@@ -299,7 +309,9 @@ def markdown(results, card, sh, args) -> str:
         cells = " | ".join(f"{first(c, i):.3f}" for c in configs)
         steps = " | ".join(f"{results[c]['rows'][i]['decode_ms_per_step']:.2f}"
                            if "decode_ms_per_step" in results[c]["rows"][i] else "" for c in configs)
-        lines.append(f"| P={point['P']}, n={point['n']} | {cells} | {steps} | {rel} | {run} |")
+        jobs = " | ".join(f"{r['job_first_token_s']:.3f} s, {r['job_decode_ms_per_step']:.2f} ms"
+                          if "job_decode_ms_per_step" in r else "" for r in (results[c]["rows"][i] for c in configs))
+        lines.append(f"| P={point['P']}, n={point['n']} | {cells} | {steps} | {jobs} | {rel} | {run} |")
     return "\n".join(lines + compiled_lines(results, configs, pts)) + "\n"
 
 

@@ -91,9 +91,9 @@ def test_markdown_table_has_a_row_per_point_with_the_ratios():
     card = {"copy_bytes_per_s": 4e12, "bf16_flop_per_s": 8e14, "device": "card"}
 
     def rows(speed, decode=True):
+        job = {"decode_ms_per_step": 10 / speed, "job_first_token_s": 2 / speed, "job_decode_ms_per_step": 9 / speed}
         return {"rows": [{**p, "elapsed_s": 1000 / speed, "tokens_per_s": speed, "ms_per_step": 100 / speed,
-                          "first_token_s": p.get("n", 1) / speed, **({"decode_ms_per_step": 10 / speed} if decode
-                                                                    else {})} for p in points]}
+                          "first_token_s": p.get("n", 1) / speed, **(job if decode else {})} for p in points]}
 
     results = {"ceiling": rows(1000.0), "relay": rows(800.0), "default": rows(100.0), "sglang": rows(400.0, False)}
     md = bench.markdown(results, card, SHAPE, args)
@@ -119,8 +119,10 @@ def test_markdown_table_has_a_row_per_point_with_the_ratios():
         b_s = bench.bound_s(p, 1.0, card, SHAPE, args)
         assert line.endswith(f"| {p['n']:.2f} | {800 * (b_s + 1 / 800) / 1000:.2f} |" if ones else "|  |  |")
         assert line.split(" | ")[2] == f"{p['n'] / 800:.3f}"  # relay's column
-        # ms a decode step, each config (SGLang's run without one: empty)
+        # ms a decode step, each config (SGLang's run without one: empty); then each job's own first token
+        # and ms a step after it (vLLM's timestamps)
         assert line.split(" | ")[5:9] == ["0.01", "0.01", "0.10", ""]
+        assert line.split(" | ")[9:13] == ["0.002 s, 0.01 ms", "0.003 s, 0.01 ms", "0.020 s, 0.09 ms", ""]
     assert all(line.count("|") == lines[0].count("|") for line in lines)
     assert lines[-1].split(" | ")[1:5] == ["0.10", "0.12", "1.00", "0.25"]  # latency: ms per step
 
@@ -250,6 +252,30 @@ def test_a_points_timed_runs_report_the_triton_kernels_compiled_inside_them(tmp_
     assert "Triton kernels compiled during a timed run: ['_fuse_in_place_kernel']" in out
     # the warm-up is not timed; the job and its first-token run are, one after the other
     assert len(windows) == 2 and all(a <= b for a, b in windows) and windows[1][0] >= windows[0][1]
+
+
+def test_a_vllm_job_reports_its_decode_span_by_vllms_request_timestamps(tmp_path, monkeypatch):
+    """generate's third value: the median request's seconds from its first token to its last, by the
+    timestamps vLLM keeps with stats on (None without them)."""
+    import vllm
+
+    stamps = [(10.0, 10.5), (3.0, 3.25), (7.0, 8.0)]
+
+    class LLM:
+        def __init__(self, **kw):
+            assert kw["disable_log_stats"] is False  # the timestamps need vLLM's stats
+
+        def generate(self, prompts, params, use_tqdm=False):
+            return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=[5] * params.max_tokens)] * params.n,
+                                    metrics=SimpleNamespace(first_token_ts=a, last_token_ts=b) if a else None)
+                    for (a, b), _ in zip(stamps, prompts)]
+
+    monkeypatch.setattr(vllm, "LLM", LLM)
+    args = bench.parser().parse_args(["--model", str(tmp_path), "--workloads", "samples", "--worker", "relay"])
+    generate, _ = bench.vllm_generate(args, [1, 2, 3])
+    assert generate([[1, 2], [1, 3], [1, 4]], 2, 8) == (6, 48, 0.5)
+    stamps[:] = [(0.0, 0.0)]  # no stats for the request
+    assert generate([[1, 2]], 1, 4) == (1, 4, None)
 
 
 def test_engine_args_reach_every_vllm_configuration():
