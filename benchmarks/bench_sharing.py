@@ -36,9 +36,9 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (add_sglang_args, compiled_during, json_object, measure_card, model_config,  # noqa: E402
-                    profiler_config, result_line, run_logged, sglang_command, sglang_engine, sglang_sampling,
-                    worker_command)
+from common import (add_sglang_args, compiled_during, decode_span_s, json_object, measure_card,  # noqa: E402
+                    model_config, profiler_config, result_line, run_logged, sglang_command, sglang_engine,
+                    sglang_sampling, worker_command)
 
 
 def shape(model: str) -> dict:
@@ -96,8 +96,7 @@ def engine_kwargs(args, config, system):
 
 def vllm_generate(args, system):
     """vLLM's engine for this config: (generate(prompts, n, max_tokens) -> (completions, tokens, span), the
-    LLM), span the median request's seconds from its first token to its last by vLLM's own timestamps (the
-    job's decode after its own first token; None without them)."""
+    LLM), span the job's decode after its own first token (`common.decode_span_s`)."""
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -106,10 +105,8 @@ def vllm_generate(args, system):
     def generate(prompts, n, max_tokens):
         params = SamplingParams(n=n, temperature=1.0, max_tokens=max_tokens, ignore_eos=True)
         outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
-        spans = [o.metrics.last_token_ts - o.metrics.first_token_ts for o in outs
-                 if getattr(o, "metrics", None) is not None and o.metrics.first_token_ts > 0]
         return (sum(len(o.outputs) for o in outs), sum(len(c.token_ids) for o in outs for c in o.outputs),
-                statistics.median(spans) if spans else None)
+                decode_span_s(outs))
 
     return generate, llm
 
@@ -197,7 +194,8 @@ def summarize(point: dict, runs: list[dict]) -> dict:
     elapsed = statistics.median(r["elapsed_s"] for r in runs)
     row = {**point, "elapsed_s": elapsed, "completions": runs[0]["completions"],
            "tokens_per_s": runs[0]["tokens"] / elapsed}
-    for key in ("ms_per_step", "first_token_s", "decode_ms_per_step", "job_first_token_s", "job_decode_ms_per_step"):
+    for key in ("ms_per_step", "first_token_s", "decode_ms_per_step", "job_first_token_s",
+                "job_decode_ms_per_step"):
         if key in runs[0]:
             row[key] = statistics.median(r[key] for r in runs)
     if len(runs) > 1:

@@ -41,9 +41,9 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (add_sglang_args, add_workload_args, compiled_during, engine_kwargs,  # noqa: E402
-                    model_config, result_line, run_logged, sampling_params, sglang_command, sglang_engine,
-                    sglang_sampling, strip_system, worker_command, workload)
+from common import (add_sglang_args, add_workload_args, compiled_during, decode_span_s,  # noqa: E402
+                    engine_kwargs, model_config, result_line, run_logged, sampling_params, sglang_command,
+                    sglang_engine, sglang_sampling, strip_system, worker_command, workload)
 
 
 def decode_latency(llm, system_ids, args):
@@ -51,7 +51,6 @@ def decode_latency(llm, system_ids, args):
     B requests start together and decode 1 + N tokens; a request's step time is the engine's
     (last token - first token) / N, so prefill is excluded; the median over the B requests."""
     import random
-    import statistics
 
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
@@ -65,8 +64,10 @@ def decode_latency(llm, system_ids, args):
         params = SamplingParams(temperature=0.0, max_tokens=1 + steps, ignore_eos=True)
         llm.generate(prompts[:1], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)  # warm-up
         outs = llm.generate(prompts, params, use_tqdm=False)
-        per_req = [(o.metrics.last_token_ts - o.metrics.first_token_ts) / steps for o in outs]
-        rows.append({"batch": B, "ms_per_step": statistics.median(per_req) * 1e3})
+        span = decode_span_s(outs)
+        if span is None:
+            raise RuntimeError("decode latency: vLLM's requests carry no token timestamps (its stats are off)")
+        rows.append({"batch": B, "ms_per_step": span / steps * 1e3})
         print(f"  latency B={B:4d}: {rows[-1]['ms_per_step']:.2f} ms/step", flush=True)
     return rows
 

@@ -67,6 +67,15 @@ def compiled_during(t0: float, t1: float, dirs: list[str] | None = None) -> list
     return sorted(names)
 
 
+def decode_span_s(outs) -> float | None:
+    """The median request's seconds from its first token to its last, by the timestamps vLLM keeps with its
+    stats on (`RequestOutput.metrics`): a job's decode after its own first token, prefill excluded. None
+    where no request has them."""
+    spans = [o.metrics.last_token_ts - o.metrics.first_token_ts for o in outs
+             if getattr(o, "metrics", None) is not None and o.metrics.first_token_ts > 0]
+    return statistics.median(spans) if spans else None
+
+
 def run_logged(cmd: list[str], args, config: str, env: dict | None = None) -> tuple[str, int]:
     """Run one configuration's process: (its output, exit code). Its log is kept beside `--out`
     as `<out>.<config>.log` (vLLM's step statistics and warnings); profiler traces are dropped."""
