@@ -49,7 +49,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import check_config, free_port, gpu_share, has_gpu, model_config, start_server, wait_healthy  # noqa: E402
+from common import (check_config, free_port, gpu_share, has_gpu, model_config, prompt_vocab,  # noqa: E402
+                    start_server, wait_healthy)
 
 
 def parse_args():
@@ -82,7 +83,7 @@ def make_workload(args):
     """(system prompts as token ids, a request generator) from a seed; token ids avoid the
     special tokens at the start of the vocabulary."""
     rng = random.Random(args.seed)
-    vocab = model_config(args.model)["vocab_size"]
+    vocab = prompt_vocab(model_config(args.model))
     systems = [[1] + [rng.randrange(100, vocab) for _ in range(n - 1)] for n in map(int, args.system_lens.split(","))]
     lo, hi = map(int, args.user_len.split(","))
 

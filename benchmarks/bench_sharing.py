@@ -37,15 +37,15 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (add_sglang_args, compiled_during, decode_span_s, json_object, measure_card,  # noqa: E402
-                    model_config, profiler_config, result_line, run_logged, sglang_command, sglang_engine,
-                    sglang_sampling, worker_command)
+                    model_config, profiler_config, prompt_vocab, result_line, run_logged, sglang_command,
+                    sglang_engine, sglang_sampling, worker_command)
 
 
 def shape(model: str) -> dict:
     c = model_config(model)
     hd = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
     return {"layers": c["num_hidden_layers"], "hq": c["num_attention_heads"], "hkv": c["num_key_value_heads"],
-            "head_dim": hd, "vocab": c["vocab_size"], "hidden": c["hidden_size"], "inter": c["intermediate_size"]}
+            "head_dim": hd, "vocab": prompt_vocab(c), "hidden": c["hidden_size"], "inter": c["intermediate_size"]}
 
 
 def points(args) -> list[dict]:

@@ -42,8 +42,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (add_sglang_args, add_workload_args, compiled_during, decode_span_s,  # noqa: E402
-                    engine_kwargs, model_config, result_line, run_logged, sampling_params, sglang_command,
-                    sglang_engine, sglang_sampling, strip_system, worker_command, workload)
+                    engine_kwargs, model_config, prompt_vocab, result_line, run_logged, sampling_params,
+                    sglang_command, sglang_engine, sglang_sampling, strip_system, worker_command, workload)
 
 
 def decode_latency(llm, system_ids, args):
@@ -56,7 +56,7 @@ def decode_latency(llm, system_ids, args):
     from vllm.inputs import TokensPrompt
 
     rng = random.Random(args.seed + 2)
-    vocab = model_config(args.model)["vocab_size"]
+    vocab = prompt_vocab(model_config(args.model))
     rows, steps = [], args.latency_steps
     for B in map(int, args.latency_batches.split(",")):
         prompts = [TokensPrompt(prompt_token_ids=system_ids + [rng.randrange(100, vocab) for _ in range(128)])

@@ -24,9 +24,21 @@ from traces import drop_traces  # noqa: E402
 
 
 def model_config(model: str) -> dict:
-    """The model folder's config.json (the shape models carry one, as a real checkpoint does)."""
+    """The model folder's config.json (the shape models carry one, as a real checkpoint does), its
+    language model's settings first: a multimodal checkpoint (Qwen2.5-VL) keeps its layers, heads and
+    vocabulary under `text_config`."""
     with open(os.path.join(model, "config.json")) as f:
-        return json.load(f)
+        c = json.load(f)
+    return {**c, **c.get("text_config", {})}
+
+
+MEDIA_TOKEN_KEYS = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+
+
+def prompt_vocab(config: dict) -> int:
+    """The end of the token ids a random prompt draws from: the vocabulary, less the multimodal
+    placeholders at its top (Qwen2.5-VL's image and video tokens, which vLLM refuses without their data)."""
+    return min([config["vocab_size"]] + [config[k] for k in MEDIA_TOKEN_KEYS if k in config])
 
 
 def profile_dir(args, config: str) -> str:
@@ -178,7 +190,7 @@ def multi_requests(args):
     import random
 
     rng = random.Random(args.seed + 1)
-    vocab = model_config(args.model)["vocab_size"]
+    vocab = prompt_vocab(model_config(args.model))
     lens = [int(n) for n in args.multi_system_lens.split(",")]
     systems = [[1] + [rng.randrange(100, vocab) for _ in range(n - 1)] for n in lens]
     prompts, out_lens = [], []

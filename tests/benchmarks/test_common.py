@@ -19,6 +19,23 @@ def test_model_config_reads_the_folders_config_json(tmp_path):
     assert common.model_config(str(tmp_path))["vocab_size"] == 32000
 
 
+def test_model_config_of_a_multimodal_checkpoint_is_its_language_models(tmp_path):
+    text = {"hidden_size": 3584, "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064,
+            "num_hidden_layers": 28, "intermediate_size": 18944, "model_type": "qwen2_5_vl_text"}
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2_5_vl", "text_config": text,
+                                                      "vision_config": {"hidden_size": 1280}}))
+    c = common.model_config(str(tmp_path))
+    assert {k: c[k] for k in text} == text
+    assert c["vision_config"] == {"hidden_size": 1280}
+
+
+def test_random_prompts_draw_below_the_multimodal_placeholders():
+    assert common.prompt_vocab({"vocab_size": 32000}) == 32000
+    qwen_vl = {"vocab_size": 152064, "vision_start_token_id": 152060, "vision_end_token_id": 152061,
+               "image_token_id": 152062, "video_token_id": 152063}
+    assert common.prompt_vocab(qwen_vl) == 152060
+
+
 def test_result_line_is_the_workers_result_and_none_without_one():
     log = "INFO starting\nRESULT {\"config\": \"relay\", \"single\": {\"requests_per_s\": 7.5}}\nINFO done\n"
     assert common.result_line(log) == {"config": "relay", "single": {"requests_per_s": 7.5}}
