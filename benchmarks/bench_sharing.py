@@ -45,7 +45,8 @@ def shape(model: str) -> dict:
     c = model_config(model)
     hd = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
     return {"layers": c["num_hidden_layers"], "hq": c["num_attention_heads"], "hkv": c["num_key_value_heads"],
-            "head_dim": hd, "vocab": prompt_vocab(c), "hidden": c["hidden_size"], "inter": c["intermediate_size"]}
+            "head_dim": hd, "vocab": prompt_vocab(c), "hidden": c["hidden_size"],
+            "inter": c["intermediate_size"]}
 
 
 def points(args) -> list[dict]:
@@ -80,6 +81,24 @@ def requests(point, config, rng, vocab, system):
     return prompts, point["n"], len(system) + point["doc"] + point["q"]
 
 
+def largest_batch(args) -> int:
+    """The most completions any step of the run holds: its largest point's, at most `--max-num-seqs`."""
+    most = max(p["n"] * p.get("D", 1) * p.get("Q", 1) for p in points(args))
+    return min(args.engine_args.get("max_num_seqs", args.max_num_seqs), most)
+
+
+def graph_sizes(args) -> dict:
+    """vLLM's compilation config with CUDA graphs up to the run's largest batch (`largest_batch`): larger
+    ones would never replay, and capturing them (relay's twins with levels too) adds tens of seconds to a
+    big model's start. Left to vLLM where the engine arguments size the graphs themselves or draft
+    tokens (speculative decoding: a decode step of n requests holds more than n tokens)."""
+    user = args.engine_args.get("compilation_config") or {}
+    sized = {"max_cudagraph_capture_size", "cudagraph_capture_sizes"} & set(user)
+    if sized or "speculative_config" in args.engine_args:
+        return {}
+    return {"compilation_config": {**user, "max_cudagraph_capture_size": largest_batch(args)}}
+
+
 def engine_kwargs(args, config, system):
     kw = dict(model=args.model, load_format="dummy", max_model_len=args.max_model_len, seed=0,
               max_num_seqs=args.max_num_seqs, disable_log_stats=False,
@@ -91,7 +110,7 @@ def engine_kwargs(args, config, system):
         kw.update(attention_backend="relay", additional_config={"relay": relay})
     if args.profile:  # vLLM's torch profiler over a window of the first point's steps
         kw["profiler_config"] = profiler_config(args, config)
-    return {**kw, **args.engine_args}
+    return {**kw, **args.engine_args, **graph_sizes(args)}
 
 
 def vllm_generate(args, system):

@@ -282,8 +282,30 @@ def test_engine_args_reach_every_vllm_configuration():
     """--engine-args (a feature on for every side) is in the engine of the ceiling, relay and vLLM's
     default alike, over what the configuration sets."""
     args = SimpleNamespace(model="/m", max_model_len=4096, max_num_seqs=64, iteration_details=False, profile=None,
-                           workloads="samples", engine_args={"kv_cache_dtype": "fp8", "max_num_seqs": 8})
+                           workloads="samples", prefix_lens="4096", ns="1,16",
+                           engine_args={"kv_cache_dtype": "fp8", "max_num_seqs": 8})
     for config in ("ceiling", "relay", "default"):
         kw = bench.engine_kwargs(args, config, [1, 2, 3])
         assert kw["kv_cache_dtype"] == "fp8" and kw["max_num_seqs"] == 8, (config, kw)
+        assert kw["compilation_config"] == {"max_cudagraph_capture_size": 8}, (config, kw)
     assert bench.engine_kwargs(args, "relay", [1])["attention_backend"] == "relay"
+
+
+def test_cuda_graphs_go_up_to_the_largest_batch_the_run_holds():
+    def kwargs(workloads="samples", **engine_args):
+        args = SimpleNamespace(model="/m", max_model_len=4096, max_num_seqs=1024, iteration_details=False,
+                               profile=None, workloads=workloads, prefix_lens="1024,4096", ns="1,64,256",
+                               contexts="2048", latency_ns="1,8", tree="8,4,8,2048,128", tree_system=2048,
+                               engine_args=engine_args)
+        return bench.engine_kwargs(args, "relay", [1, 2, 3])
+
+    assert kwargs()["compilation_config"] == {"max_cudagraph_capture_size": 256}
+    assert kwargs("latency")["compilation_config"] == {"max_cudagraph_capture_size": 8}
+    assert kwargs("tree")["compilation_config"] == {"max_cudagraph_capture_size": 256}  # 8 x 4 x 8 completions
+    assert kwargs("samples,tree", max_num_seqs=128)["compilation_config"] == {"max_cudagraph_capture_size": 128}
+    mode = {"cudagraph_mode": "FULL"}
+    assert kwargs(compilation_config=mode)["compilation_config"] == {**mode, "max_cudagraph_capture_size": 256}
+    # sized by the user, or by draft tokens (a step of n requests holds more than n tokens): vLLM's own sizes
+    assert kwargs(compilation_config={"cudagraph_capture_sizes": [1, 2]})["compilation_config"] == {
+        "cudagraph_capture_sizes": [1, 2]}
+    assert "compilation_config" not in kwargs(speculative_config={"method": "ngram", "num_speculative_tokens": 3})
