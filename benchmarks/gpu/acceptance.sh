@@ -47,7 +47,7 @@
 #             requests without a system prompt (bench_interleaved.py; two engine starts of about 1-2 min each,
 #             then 5 x 2 rounds of about 15-25 s: about 5-8 min), alone in its call:
 #             OUT=/tmp/out bash benchmarks/gpu/acceptance.sh plain   (plain.txt, plain_interleaved_*.json);
-#             SHAPE and ENGINE_ARGS as for l3 (a feature's plain traffic)
+#             SHAPE and ENGINE_ARGS as for l3 (a feature's plain traffic); ROUNDS: other than 5 rounds
 #   l2-8192   Llama-2-7B shape, P=8192: relay / no prompt (CONFIGS, REPEAT; about 6 min a run of each)
 #   multi     four system prompts of 0.5K-4K tokens and 20% plain requests, Llama-3-8B shape: vLLM's default
 #             and relay (CONFIGS; about 6 min)
@@ -183,7 +183,7 @@ run() {  # one step into $out/STEP.txt; its exit status
         # --prefix-len 0: the requests share nothing but BOS, so noprefix-relay's stripping of the system
         # prompt leaves them as sampled and both engines get the same requests (the output's "Requests:"
         # line compares their digests); `default` is vLLM's default engine with its prefix cache, as shipped
-        python3 benchmarks/bench_interleaved.py --model "$m" --configs default,noprefix-relay --rounds 5 \
+        python3 benchmarks/bench_interleaved.py --model "$m" --configs default,noprefix-relay --rounds "${ROUNDS:-5}" \
             --gpu-memory-utilization 0.45 --num-prompts 1000 --max-model-len 4096 --prefix-len 0 \
             ${ENGINE_ARGS:+--engine-args "$ENGINE_ARGS"} --out "$out/plain_interleaved_${SHAPE:-llama3}_$stamp.json" ;;
     l2-8192) $bt --model "$(model llama-2-7b-shape)" --prefix-len 8192 --max-model-len 9000 --repeat "${REPEAT:-1}" \
