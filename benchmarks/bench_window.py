@@ -74,13 +74,14 @@ def case(varlen, hq, hkv, d, w, B, S, c):
 
 def tile_sweep(varlen, rep: int) -> list[dict]:
     """The level call alone (`window_level_attention`) at each tile (rows x heads, keys, warps) against the
-    one `_launch_config` picks: the data its rule is held to. Decode steps of B = 64 and 256 over a
-    2048-token prompt, 64 own tokens a request at most."""
+    one `_launch_config` picks: the data its rule is held to. Decode steps of B = 8, 64 and 256 over a
+    2048-token prompt, 64 own tokens a request at most (8: a level of few rows is few programs, each
+    over the whole window)."""
     from vllm_relay.ops import window_level as wl
 
     chosen_by, rows = wl._launch_config, []
     for name, (hq, hkv, d, w) in SHAPES.items():
-        for B in (64, 256):
+        for B in (8, 64, 256):
             *_, call = case(varlen, hq, hkv, d, w, B, 2048, 64)
             chosen = chosen_by(B, hq // hkv, d)
             for block_m in (16, 32, 64):
@@ -109,7 +110,7 @@ def main():
     copy_gbs = measure_card()["copy_bytes_per_s"] / 1e9
     rows = []
     for name, (hq, hkv, d, w) in SHAPES.items():
-        for B in ((64, 256) if args.quick else (32, 64, 128, 256)):
+        for B in ((8, 64, 256) if args.quick else (8, 16, 32, 64, 128, 256)):  # 8, 16: small serving batches
             for S, c in ((2048, 64), (2048, 512), (8192, 64)):
                 relay, fa, out_relay, out_fa, b_relay, b_fa, _ = case(varlen, hq, hkv, d, w, B, S, c)
                 relay()
