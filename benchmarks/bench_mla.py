@@ -272,7 +272,7 @@ def main():
             print(f"{name}: FlashAttention-3's MLA form left out{' as graphs run it' if fa3 else ''} "
                   f"(its check: {errors})", flush=True)
         for P in (4096, 16000):
-            for n in ((64, 256) if args.quick else (16, 64, 256, 1024)):
+            for n in ((8, 64, 256) if args.quick else (8, 16, 64, 256, 1024)):
                 try:
                     rows.append(point(name, heads, n, P, 256, card, args.rep, fa3, graph))
                 except Exception as e:  # noqa: BLE001 - a point FlashMLA refuses is reported, the rest run
