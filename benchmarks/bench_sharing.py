@@ -87,14 +87,19 @@ def largest_batch(args) -> int:
     return min(args.engine_args.get("max_num_seqs", args.max_num_seqs), most)
 
 
+# vLLM's largest CUDA graph unless told (`VllmConfig`: min(2 x max_num_seqs, 512) on Hopper, 1024 on Blackwell)
+VLLM_MAX_GRAPH = 512
+
+
 def graph_sizes(args) -> dict:
-    """vLLM's compilation config with CUDA graphs up to the run's largest batch (`largest_batch`): larger
-    ones would never replay, and capturing them (relay's twins with levels too) adds tens of seconds to a
-    big model's start. Left to vLLM where the engine arguments size the graphs themselves or draft
-    tokens (speculative decoding: a decode step of n requests holds more than n tokens)."""
+    """vLLM's compilation config with CUDA graphs up to the run's largest batch (`largest_batch`), never
+    above vLLM's own largest: larger ones would never replay, and capturing them (relay's twins with
+    levels too) adds tens of seconds to a big model's start. Left to vLLM where the engine arguments size
+    the graphs themselves or draft tokens (speculative decoding: a decode step of n requests holds more
+    than n tokens), or where the run's batches reach its largest anyway."""
     user = args.engine_args.get("compilation_config") or {}
     sized = {"max_cudagraph_capture_size", "cudagraph_capture_sizes"} & set(user)
-    if sized or "speculative_config" in args.engine_args:
+    if sized or "speculative_config" in args.engine_args or largest_batch(args) >= VLLM_MAX_GRAPH:
         return {}
     return {"compilation_config": {**user, "max_cudagraph_capture_size": largest_batch(args)}}
 

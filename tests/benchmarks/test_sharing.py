@@ -303,6 +303,10 @@ def test_cuda_graphs_go_up_to_the_largest_batch_the_run_holds():
     assert kwargs("latency")["compilation_config"] == {"max_cudagraph_capture_size": 8}
     assert kwargs("tree")["compilation_config"] == {"max_cudagraph_capture_size": 256}  # 8 x 4 x 8 completions
     assert kwargs("samples,tree", max_num_seqs=128)["compilation_config"] == {"max_cudagraph_capture_size": 128}
+    # never above vLLM's own largest graph: a run of 1024 samples keeps vLLM's sizes
+    args = SimpleNamespace(model="/m", max_model_len=4096, max_num_seqs=1024, iteration_details=False, profile=None,
+                           workloads="samples", prefix_lens="1024", ns="64,1024", engine_args={})
+    assert "compilation_config" not in bench.engine_kwargs(args, "relay", [1])
     mode = {"cudagraph_mode": "FULL"}
     assert kwargs(compilation_config=mode)["compilation_config"] == {**mode, "max_cudagraph_capture_size": 256}
     # sized by the user, or by draft tokens (a step of n requests holds more than n tokens): vLLM's own sizes
