@@ -99,9 +99,10 @@ def graph_sizes(args) -> dict:
     than n tokens), or where the run's batches reach its largest anyway."""
     user = args.engine_args.get("compilation_config") or {}
     sized = {"max_cudagraph_capture_size", "cudagraph_capture_sizes"} & set(user)
-    if sized or "speculative_config" in args.engine_args or largest_batch(args) >= VLLM_MAX_GRAPH:
+    largest = largest_batch(args)
+    if sized or "speculative_config" in args.engine_args or largest >= VLLM_MAX_GRAPH:
         return {}
-    return {"compilation_config": {**user, "max_cudagraph_capture_size": largest_batch(args)}}
+    return {"compilation_config": {**user, "max_cudagraph_capture_size": largest}}
 
 
 def engine_kwargs(args, config, system):
