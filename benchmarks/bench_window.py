@@ -11,9 +11,9 @@ flushed). GB/s count the fewest bytes each op must move (relay: the prompt's key
 once, and each request's own; FA: each request's window). Shapes: Gemma-3-12B's window layers (16 query /
 8 KV heads, D=256, W=1024) and gpt-oss's (64 / 8, D=64, W=128).
 
-Then the level call alone at each tile shape, against the one the kernel's launch rule picks.
+Then the level call alone at each tile shape and key-range split, against the launch the kernel's rules pick.
 
-Usage: python3 benchmarks/bench_window.py [--quick] [--out DIR]   (writes window_ops.json, window_ops.md)
+Usage: python3 benchmarks/bench_window.py [--quick] [--tiles-only] [--out DIR]   (writes window_ops.json, .md)
 """
 
 import json
@@ -72,44 +72,56 @@ def case(varlen, hq, hkv, d, w, B, S, c):
     return relay, fa, out_relay, out_fa, bytes_relay, bytes_fa, level_call
 
 
-def tile_sweep(varlen, rep: int) -> list[dict]:
-    """The level call alone (`window_level_attention`) at each tile (rows x heads, keys, warps) against the
-    one `_launch_config` picks: the data its rule is held to. Decode steps of B = 8, 64 and 256 over a
-    2048-token prompt, 64 own tokens a request at most (8: a level of few rows is few programs, each
-    over the whole window)."""
+def tile_sweep(rep: int, quick: bool = False) -> list[dict]:
+    """The level call alone (`window_level_attention`) at each tile (rows x heads, keys, warps), its keys
+    whole (one range a program) and cut into the ranges `_num_splits` picks of MIN_SPLIT_KEYS = 64, 128
+    and 256 keys at least, against the launch the kernel's rules pick: the data those rules are held to.
+    Decode steps of B = 8, 64 and 256 over a 2048-token prompt, 64 own tokens a request at most (8: a
+    level of few rows is few programs, each over the whole window). `quick`: the tiles that matter."""
     from vllm_relay.ops import window_level as wl
 
-    chosen_by, rows = wl._launch_config, []
+    rules = wl._launch_config, wl._num_splits, wl.MIN_SPLIT_KEYS
+    rows = []
     for name, (hq, hkv, d, w) in SHAPES.items():
+        group = hq // hkv
         for B in (8, 64, 256):
-            *_, call = case(varlen, hq, hkv, d, w, B, 2048, 64)
-            chosen = chosen_by(B, hq // hkv, d)
-            for block_m in (16, 32, 64):
-                for block_n in (16, 32, 64):
-                    for warps in (4, 8):
-                        if block_m < hq // hkv:
-                            continue
-                        config = (block_m, block_n, chosen[2], warps)
-                        wl._launch_config = lambda *_, c=config: c
-                        try:
-                            us = graph_ms(lambda call=call: window_level_attention(**call), rep)[0] * 1e3
-                        finally:
-                            wl._launch_config = chosen_by
-                        rows.append(dict(shape=name, B=B, block_m=block_m, block_n=block_n, warps=warps, us=us,
-                                         chosen=config == chosen))
+            *_, call = case(None, hq, hkv, d, w, B, 2048, 64)
+            chosen = (*rules[0](B, group, d), rules[2])
+            tiles = [(m, n, warps) for m in (16, 32, 64) for n in (16, 32, 64) for warps in (4, 8) if m >= group]
+            if quick:
+                tiles = [t for t in tiles if t[2] == chosen[3] and (t[0] == 16 or t[:2] == chosen[:2])]
+            for block_m, block_n, warps in tiles:
+                for min_keys in (None, 64, 128, 256):  # None: one range
+                    wl._launch_config = lambda *_, c=(block_m, block_n, chosen[2], warps): c
+                    wl._num_splits = rules[1] if min_keys else (lambda *_: 1)
+                    wl.MIN_SPLIT_KEYS = min_keys or rules[2]
+                    try:
+                        us = graph_ms(lambda call=call: window_level_attention(**call), rep)[0] * 1e3
+                    finally:
+                        wl._launch_config, wl._num_splits, wl.MIN_SPLIT_KEYS = rules
+                    programs = hkv * triton.cdiv(B, block_m // group)
+                    splits = rules[1](programs, torch.cuda.get_device_properties(0).multi_processor_count) \
+                        if min_keys else 1
+                    rows.append(dict(shape=name, B=B, block_m=block_m, block_n=block_n, warps=warps, splits=splits,
+                                     min_split_keys=min_keys, us=us,
+                                     chosen=(block_m, block_n, chosen[2], warps, min_keys) == chosen))
+                    print(" ".join(f"{k}={v:.1f}" if k == "us" else f"{k}={v}" for k, v in rows[-1].items()))
     return rows
 
 
 def main():
-    args = kernel_args(__doc__, "fewer batch sizes")
+    args = kernel_args(__doc__, "fewer batch sizes and tiles", more=lambda p: p.add_argument(
+        "--tiles-only", action="store_true", help="the level call's tiles alone (no FlashAttention: no vLLM needed)"))
     if not torch.cuda.is_available():
         sys.exit("bench_window.py needs a CUDA GPU")
-    from vllm.vllm_flash_attn import flash_attn_varlen_func as varlen
-
     torch.manual_seed(0)
     copy_gbs = measure_card()["copy_bytes_per_s"] / 1e9
     rows = []
-    for name, (hq, hkv, d, w) in SHAPES.items():
+    shapes = {} if args.tiles_only else SHAPES
+    if shapes:
+        from vllm.vllm_flash_attn import flash_attn_varlen_func as varlen
+    for name, (hq, hkv, d, w) in shapes.items():
+
         for B in ((8, 64, 256) if args.quick else (8, 16, 32, 64, 128, 256)):  # 8, 16: small serving batches
             for S, c in ((2048, 64), (2048, 512), (8192, 64)):
                 relay, fa, out_relay, out_fa, b_relay, b_fa, _ = case(varlen, hq, hkv, d, w, B, S, c)
@@ -126,7 +138,7 @@ def main():
                 print(f"{name} B={B:4d} S={S:5d} c={c:4d}: relay {row['relay_us']:7.1f} us "
                       f"({row['relay_gbs']:5.0f} GB/s)  FA {row['fa_us']:7.1f} us ({row['fa_gbs']:5.0f} GB/s)  "
                       f"FA/relay {row['fa_over_relay']:.2f}x")
-    tiles = tile_sweep(varlen, args.rep)
+    tiles = tile_sweep(args.rep, args.quick)
     gpu = torch.cuda.get_device_name()
     lines = [f"# Sliding-window decode step over a shared prompt: {gpu}", "",
              f"bf16, block size 16, copy bandwidth (read+write) {copy_gbs:.0f} GB/s; medians of CUDA-graph "
@@ -136,10 +148,11 @@ def main():
     lines += [f"| {r['shape']} | {r['W']} | {r['B']} | {r['S']} | {r['c']} | {r['relay_us']:.1f} | {r['fa_us']:.1f} "
               f"| {r['fa_over_relay']:.2f}x | {r['relay_gbs']:.0f} | {r['fa_gbs']:.0f} | {r['max_abs_diff']:.3g} |"
               for r in rows]
-    lines += ["", "The level call alone by tile (rows x heads, keys, warps); * marks the one `_launch_config` picks "
-              "(S=2048, c <= 64):", "", "| shape | B | BLOCK_M | BLOCK_N | warps | us |", "|---|---|---|---|---|---|"]
-    lines += [f"| {r['shape']} | {r['B']} | {r['block_m']} | {r['block_n']} | {r['warps']} | "
-              f"{r['us']:.1f}{' *' if r['chosen'] else ''} |" for r in tiles]
+    lines += ["", "The level call alone by tile (rows x heads, keys, warps) and key ranges (a program's keys whole, or "
+              "cut into `splits` ranges of at least `min keys`); * marks the launch the rules pick (S=2048, c <= 64):",
+              "", "| shape | B | BLOCK_M | BLOCK_N | warps | splits | min keys | us |", "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['shape']} | {r['B']} | {r['block_m']} | {r['block_n']} | {r['warps']} | {r['splits']} | "
+              f"{r['min_split_keys'] or ''} | {r['us']:.1f}{' *' if r['chosen'] else ''} |" for r in tiles]
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "window_ops.json"), "w") as f:
         json.dump(dict(gpu=gpu, copy_gbs=copy_gbs, rows=rows, tiles=tiles), f, indent=1)

@@ -233,6 +233,47 @@ def test_refuses_what_would_change_the_result(impl):
         impl(**args, softmax_scale=0.1, k_descale=0.5)
 
 
+@pytest.fixture
+def split_keys(monkeypatch):
+    """Every launch cut into key ranges of one key tile (the rule's, with a GPU of many multiprocessors
+    and ranges of 16 keys at least), and the merges counted."""
+    from vllm_relay.ops import window_level as wl
+
+    merges = []
+    combine = wl.combine_splits
+    monkeypatch.setattr(wl, "_sm_count", lambda device: 10_000)
+    monkeypatch.setattr(wl, "MIN_SPLIT_KEYS", 16)
+    monkeypatch.setattr(wl, "combine_splits", lambda *a: merges.append(a[0].shape[0]) or combine(*a))
+    return merges
+
+
+@pytest.mark.parametrize("h_kv, group, d", [(2, 5, 80), (3, 1, 64), (1, 2, 200)], ids=["gqa5-d80", "mha", "d200"])
+@NEEDS_TRITON
+def test_key_ranges_merged_by_their_lse(split_keys, h_kv, group, d):
+    """A level of few programs over a long window cut into key ranges (16 of them, most of them empty for
+    the short groups: their partials are 0 and -inf), each a program, merged as one call's result."""
+    check(window_level_attention, GROUPS, h_kv, group, d, torch.float32)
+    check(window_level_attention, SMALL, h_kv, group, d, torch.bfloat16, softcap=5.0)
+    assert split_keys == [16, 16]
+
+
+@NEEDS_TRITON
+def test_key_ranges_of_an_fp8_cache(split_keys):
+    scales = (0.37, 1.9)
+    check(window_level_attention, GROUPS, 2, 4, 64, torch.bfloat16, fp8=torch.float8_e4m3fn, scales=scales,
+          descale={"k_descale": torch.tensor([scales[0]], device=DEVICE), "v_descale": scales[1]})
+    assert split_keys == [16]
+
+
+def test_splits_fill_the_multiprocessors_twice_and_no_more():
+    from vllm_relay.ops.window_level import MAX_SPLITS, _num_splits
+
+    assert _num_splits(132, 132) == _num_splits(1000, 132) == 1
+    assert _num_splits(64, 132) == 8  # 5 ranges would make 320 programs: a power of two, 8
+    assert _num_splits(8, 132) == _num_splits(1, 132) == MAX_SPLITS
+    assert _num_splits(100, 132) == 4
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("group, d", [(8, 128), (4, 256), (1, 96)])
 def test_cuda_head_sizes(group, d):
@@ -276,9 +317,12 @@ fn, results = wl._window_level_kernel, {}
 for key in json.loads(sys.argv[1]):
     group, head_dim, max_rows, cache, softcap = key
     block_m, block_n, block_d, num_warps = wl._launch_config(max_rows, group, head_dim)
-    types = {"q_ptr": "*bf16", "k_ptr": cache, "v_ptr": cache, "out_ptr": "*bf16", "lse_ptr": "*fp32"}
+    types = {"q_ptr": "*bf16", "k_ptr": cache, "v_ptr": cache, "out_ptr": "*bf16", "lse_ptr": "*fp32",
+             "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32"}
+    splits = wl._num_splits(8 * -(-max_rows * group // block_m), 132)  # 8 KV heads on an H100
     consts = dict(GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=16, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
-                  SCALES_ON_DEVICE=cache != "*bf16", SOFTCAP=softcap, DOT_PRECISION="tf32", DOT_IN_FP32=False)
+                  SCALES_ON_DEVICE=cache != "*bf16", SOFTCAP=softcap, DOT_PRECISION="tf32", DOT_IN_FP32=False,
+                  SPLITS=splits, MIN_CHUNK=max(block_n, wl.MIN_SPLIT_KEYS // block_n * block_n))
     signature = {name: "constexpr" if name in consts else types.get(name) or (
         "*fp32" if name.endswith("scale_ptr") else "*i32" if name.endswith("_ptr")
         else "fp32" if name.endswith("scale") or name == "softcap" else "i32") for name in fn.arg_names}

@@ -16,10 +16,13 @@ heads of one KV head and a few rows of one group into the M dimension of a tile,
 loaded once for all of them; a program's key loop starts at the smallest first key of its rows (the
 pages before it are never read: in a window layer's KV-cache group they may be freed, or the null
 block) and ends at the group's last key. A row that sees no key gets out = 0 and lse = -inf
-(FlashAttention-3's convention). `window_level_attention_torch` is its torch twin (the CPU path and
-the kernel's test twin), computed in fp32 from each group's keys gathered explicitly.
+(FlashAttention-3's convention). A level of few rows is few programs, each over the whole window: where
+they would leave the GPU idle, each program's keys are cut into ranges, a program each, merged by their
+LSEs (`split_combine.py`; `_num_splits`). `window_level_attention_torch` is its torch twin (the CPU path
+and the kernel's test twin), computed in fp32 from each group's keys gathered explicitly.
 """
 
+import functools
 import os
 
 import torch
@@ -27,6 +30,7 @@ import triton
 import triton.language as tl
 
 from vllm_relay.ops.relay_fusion import _interpreted
+from vllm_relay.ops.split_combine import combine_splits
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -39,7 +43,9 @@ _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # variant of their own (as `fuse_in_place.py`'s LSE strides would), one of them first in some step after
 # the engine's start.
 _POINTERS = ["cu_ptr", "seqused_ptr", "bt_ptr", "key_start_ptr", "k_scale_ptr", "v_scale_ptr", "q_scale_ptr"]
-_MOVING = ["stride_lh", "stride_bt"]
+_MOVING = ["stride_lh", "stride_bt", "stride_ps", "stride_pls", "stride_plh"]
+MAX_SPLITS = 16  # key ranges a program's keys are cut into, at most
+MIN_SPLIT_KEYS = 128  # keys a range holds, at least (rounded to the key tile)
 
 
 # Reductions spelled as `tl.max`, `tl.min` and `tl.sum` spell them, with their combine functions: those
@@ -75,9 +81,10 @@ def _dot(a, b, PRECISION: tl.constexpr, IN_FP32: tl.constexpr):
 @triton.jit(do_not_specialize=_MOVING, do_not_specialize_on_alignment=_POINTERS)
 def _window_level_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, cu_ptr, seqused_ptr, bt_ptr, key_start_ptr,
-    q_scale_ptr, k_scale_ptr, v_scale_ptr, q_scale, k_scale, v_scale, softmax_scale, softcap,
+    q_scale_ptr, k_scale_ptr, v_scale_ptr, part_out_ptr, part_lse_ptr,
+    q_scale, k_scale, v_scale, softmax_scale, softcap,
     stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-    stride_ot, stride_oh, stride_lh, stride_bt,
+    stride_ot, stride_oh, stride_lh, stride_bt, stride_ps, stride_pt, stride_ph, stride_pls, stride_plh,
     GROUP: tl.constexpr,  # query heads per KV head
     HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,  # tokens a page
@@ -88,13 +95,16 @@ def _window_level_kernel(
     SOFTCAP: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
+    SPLITS: tl.constexpr,  # key ranges (> 1: partials into part_out / part_lse, merged after)
+    MIN_CHUNK: tl.constexpr,  # keys a range holds, at least (a multiple of BLOCK_N)
 ):
-    # Program (g, kv head, tile): rows tile * ROWS .. of group g, the GROUP query heads of this KV head
-    # each; element m of the tile's M dimension is (row m // GROUP, head m % GROUP).
+    # Program (g, kv head, tile x SPLITS + split): rows tile * ROWS .. of group g, the GROUP query heads of
+    # this KV head each, over key range `split`; element m of the tile's M dimension is (row m // GROUP,
+    # head m % GROUP).
     ROWS: tl.constexpr = BLOCK_M // GROUP
     g = tl.program_id(0)
     kv_head = tl.program_id(1)
-    first_row = tl.program_id(2) * ROWS
+    first_row = (tl.program_id(2) // SPLITS) * ROWS
     row_lo = tl.load(cu_ptr + g)
     num_rows = tl.load(cu_ptr + g + 1) - row_lo
     if first_row >= num_rows:
@@ -112,6 +122,12 @@ def _window_level_kernel(
     first = tl.where(m_valid, first, hi)
     # Keys before the tile's smallest first key are seen by none of its rows: neither loaded nor looped.
     lo = tl.maximum(_min(first, 0), 0)
+    begin, end = (lo // BLOCK_N) * BLOCK_N, hi
+    if SPLITS > 1:  # this program's range: tiles of keys from `begin`, alike but the last
+        per = (tl.maximum(hi - begin, 0) + SPLITS - 1) // SPLITS  # (tl.cdiv: not in the interpreter's reach)
+        chunk = tl.maximum((per + BLOCK_N - 1) // BLOCK_N * BLOCK_N, MIN_CHUNK)
+        begin += (tl.program_id(2) % SPLITS) * chunk
+        end = tl.minimum(hi, begin + chunk)
 
     if SCALES_ON_DEVICE:  # per-tensor scales: the first element of each (an expanded view is fine)
         q_scale = tl.load(q_scale_ptr).to(tl.float32)
@@ -126,7 +142,7 @@ def _window_level_kernel(
     l_i = tl.full([BLOCK_M], 0.0, tl.float32)
     acc = tl.full([BLOCK_M, BLOCK_D], 0.0, tl.float32)
     bt_row = bt_ptr + g.to(tl.int64) * stride_bt
-    for start in range((lo // BLOCK_N) * BLOCK_N, hi, BLOCK_N):
+    for start in range(begin, end, BLOCK_N):
         n = start + tl.arange(0, BLOCK_N)
         n_mask = (n >= lo) & (n < hi)  # table entries outside may be garbage: never followed
         blk = tl.load(bt_row + n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
@@ -155,11 +171,18 @@ def _window_level_kernel(
 
     seen_any = l_i > 0
     o = acc * (v_scale / tl.where(seen_any, l_i, 1.0))[:, None]
-    tl.store(out_ptr + row[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :], o.to(CDT),
-             mask=m_valid[:, None] & d_mask[None, :])
     lse = tl.where(seen_any, (m_i + tl.log2(tl.where(seen_any, l_i, 1.0))) * 0.6931471805599453,
                    float("-inf"))
-    tl.store(lse_ptr + head * stride_lh + row, lse, mask=m_valid)
+    mask = m_valid[:, None] & d_mask[None, :]
+    if SPLITS > 1:  # every range writes its partial, an empty one too (0, -inf)
+        split = (tl.program_id(2) % SPLITS).to(tl.int64)
+        tl.store(part_out_ptr + split * stride_ps + row[:, None] * stride_pt + head[:, None] * stride_ph
+                 + d[None, :], o, mask=mask)
+        tl.store(part_lse_ptr + split * stride_pls + head * stride_plh + row, lse, mask=m_valid)
+    else:
+        tl.store(out_ptr + row[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :], o.to(CDT),
+                 mask=mask)
+        tl.store(lse_ptr + head * stride_lh + row, lse, mask=m_valid)
 
 
 def _launch_config(max_rows: int, group: int, head_dim: int):
@@ -176,6 +199,21 @@ def _launch_config(max_rows: int, group: int, head_dim: int):
     block_n = 64 if block_d <= 128 else 32 if block_m <= 16 else 16
     num_warps = 4 if block_d <= 64 else 8
     return block_m, block_n, block_d, num_warps
+
+
+def _num_splits(programs: int, num_sms: int) -> int:
+    """Key ranges each program's keys are cut into: 1 where `programs` (a KV head's tiles of the rows, by
+    KV heads: the fewest a call of these rows has, all in one group) fill the multiprocessors; else
+    enough for about twice their count. A range holds MIN_SPLIT_KEYS keys at least, so a short window
+    leaves the programs of its later ranges idle; every range writes a partial all the same."""
+    if programs >= num_sms:
+        return 1
+    return min(MAX_SPLITS, triton.next_power_of_2(triton.cdiv(2 * num_sms, programs)))
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
 
 
 def window_level_attention(q, k, v, cu_seqlens_q, seqused_k, block_table, key_start, max_seqlen_q,
@@ -247,17 +285,26 @@ def window_level_attention(q, k, v, cu_seqlens_q, seqused_k, block_table, key_st
         ptrs = [_scale_tensor(x, q) for x in scales] if on_device else [cu_seqlens_q] * 3
         floats = [1.0] * 3 if on_device else [1.0 if x is None else float(x) for x in scales]
         kernel = _window_level_kernel if q.is_cuda else _interpreted(_window_level_kernel)
-        grid = (G, Hkv, triton.cdiv(max_rows, block_m // group))
-        kernel[grid](
-            q, k, v, out, lse, cu_seqlens_q, seqused_k, block_table, key_start, *ptrs, *floats,
-            _scale(softmax_scale, D), float(softcap or 0.0),
+        tiles = triton.cdiv(max_rows, block_m // group)
+        splits = _num_splits(Hkv * tiles, _sm_count(q.device))
+        part_out, part_lse, part_strides = lse, lse, (0,) * 5  # (unread with one range)
+        if splits > 1:  # the ranges' partials (graph memory under a capture), merged below
+            part_out = torch.empty(splits, N, Hq, D, dtype=torch.float32, device=q.device)
+            part_lse = torch.empty(splits, Hq, N, dtype=torch.float32, device=q.device)
+            part_strides = (*part_out.stride()[:3], *part_lse.stride()[:2])
+        kernel[(G, Hkv, tiles * splits)](
+            q, k, v, out, lse, cu_seqlens_q, seqused_k, block_table, key_start, *ptrs, part_out, part_lse,
+            *floats, _scale(softmax_scale, D), float(softcap or 0.0),
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1),
             v.stride(2), out.stride(0), out.stride(1), lse.stride(0), block_table.stride(0),
+            *part_strides,
             GROUP=group, HEAD_DIM=D, BLOCK_SIZE=k.shape[1], BLOCK_M=block_m, BLOCK_N=block_n,
             BLOCK_D=block_d, SCALES_ON_DEVICE=on_device, SOFTCAP=bool(softcap),
             DOT_PRECISION="ieee" if out.dtype == torch.float32 else "tf32",
-            DOT_IN_FP32=not q.is_cuda and out.dtype == torch.bfloat16, num_warps=num_warps,
-            num_stages=2)
+            DOT_IN_FP32=not q.is_cuda and out.dtype == torch.bfloat16, SPLITS=splits,
+            MIN_CHUNK=max(block_n, MIN_SPLIT_KEYS // block_n * block_n), num_warps=num_warps, num_stages=2)
+        if splits > 1:
+            combine_splits(part_out, part_lse, out, lse, cu_seqlens_q[G:])
     return (out, lse) if return_softmax_lse else out
 
 
