@@ -146,8 +146,8 @@ def check(impl, groups, h_kv, group, d, dtype, block_size=16, softcap=0.0, fp8=N
 @pytest.mark.parametrize("h_kv, group, d", [(2, 5, 80), (1, 4, 64), (3, 1, 64), (1, 2, 200)],
                          ids=["gqa5-d80", "gqa4", "mha", "d200"])
 def test_matches_dense_reference(impl, dtype, h_kv, group, d):
-    """Head sizes up to 128 take tiles of 64 keys, larger ones 32 or 16 (`_launch_config`); 17 rows of
-    group 2 fill a tile of 64."""
+    """Head sizes up to 128 take tiles of 64 keys (17 rows of group 5 fill tiles of 64 pairs), larger ones
+    tiles of 16 pairs and 32 keys (`_launch_config`)."""
     check(impl, GROUPS, h_kv, group, d, dtype)
 
 
