@@ -81,10 +81,15 @@ def requests(point, config, rng, vocab, system):
     return prompts, point["n"], len(system) + point["doc"] + point["q"]
 
 
+def max_seqs(args) -> int:
+    """The most requests a step of the engines holds: `--engine-args`' max_num_seqs, else `--max-num-seqs`."""
+    return args.engine_args.get("max_num_seqs", args.max_num_seqs)
+
+
 def largest_batch(args) -> int:
-    """The most completions any step of the run holds: its largest point's, at most `--max-num-seqs`."""
+    """The most completions any step of the run holds: its largest point's, at most `max_seqs`."""
     most = max(p["n"] * p.get("D", 1) * p.get("Q", 1) for p in points(args))
-    return min(args.engine_args.get("max_num_seqs", args.max_num_seqs), most)
+    return min(max_seqs(args), most)
 
 
 # vLLM's largest CUDA graph unless told (`VllmConfig`: min(2 x max_num_seqs, 512) on Hopper, 1024 on Blackwell)
@@ -138,7 +143,7 @@ def vllm_generate(args, system):
 
 def sglang_generate(args):
     """SGLang's engine (`common.sglang_engine`): generate(prompts, n, max_tokens) -> (completions, tokens, None)."""
-    engine, _ = sglang_engine(args, max_running_requests=args.max_num_seqs)
+    engine, _ = sglang_engine(args, max_running_requests=max_seqs(args))
 
     def generate(prompts, n, max_tokens):
         outs = engine.generate(input_ids=prompts, sampling_params=sglang_sampling(max_tokens, n))
@@ -245,9 +250,9 @@ def bound_s(point, ceiling_s, card, sh, args) -> float:
     path = shared or point["S"] + point["doc"] + point["q"]
     levels = shared or point["S"] + point["D"] * (point["doc"] + point["Q"] * point["q"])
     completions = point["n"] * point.get("D", 1) * point.get("Q", 1)
-    steps = args.output_len * math.ceil(completions / args.max_num_seqs)
+    steps = args.output_len * math.ceil(completions / max_seqs(args))
     kv_bytes = 2 * levels * sh["layers"] * sh["hkv"] * sh["head_dim"] * 2  # K and V, bf16
-    flops = 4 * min(completions, args.max_num_seqs) * path * sh["layers"] * sh["hq"] * sh["head_dim"]
+    flops = 4 * min(completions, max_seqs(args)) * path * sh["layers"] * sh["hq"] * sh["head_dim"]
     return ceiling_s + steps * max(kv_bytes / card["copy_bytes_per_s"], flops / card["bf16_flop_per_s"])
 
 

@@ -11,7 +11,8 @@ from tests.benchmarks import BENCH, load
 bench = load("bench_sharing")
 
 ARGS = SimpleNamespace(workloads="samples,latency,tree", prefix_lens="1024,16384", ns="16,256", contexts="8192",
-                       latency_ns="1,64", tree="2,3,4,100,10", tree_system=50, output_len=128, max_num_seqs=256)
+                       latency_ns="1,64", tree="2,3,4,100,10", tree_system=50, output_len=128, max_num_seqs=256,
+                       engine_args={})
 SHAPE = {"layers": 32, "hq": 32, "hkv": 32, "head_dim": 128, "vocab": 32000, "hidden": 4096, "inter": 11008}
 
 
@@ -58,6 +59,11 @@ def test_bound_is_the_ceiling_plus_one_read_of_the_shared_kv_per_step():
     flops = 4 * 256 * 1024 * 32 * 32 * 128
     want = 2 + 2 * 128 * max(2 * 1024 * 32 * 32 * 128 * 2 / 4e12, flops / 8e14)
     assert abs(bench.bound_s(point, 2.0, card, SHAPE, ARGS) - want) < 1e-9
+    # the engines' own max_num_seqs (`--engine-args`) over --max-num-seqs: four waves of 128
+    fewer = SimpleNamespace(**{**vars(ARGS), "engine_args": {"max_num_seqs": 128}})
+    flops = 4 * 128 * 1024 * 32 * 32 * 128
+    want = 2 + 4 * 128 * max(2 * 1024 * 32 * 32 * 128 * 2 / 4e12, flops / 8e14)
+    assert abs(bench.bound_s(point, 2.0, card, SHAPE, fewer) - want) < 1e-9
 
 
 def test_tree_bound_reads_every_level_once_and_each_row_attends_its_path():
