@@ -146,8 +146,9 @@ def check(impl, groups, h_kv, group, d, dtype, block_size=16, softcap=0.0, fp8=N
 @pytest.mark.parametrize("h_kv, group, d", [(2, 5, 80), (1, 4, 64), (3, 1, 64), (1, 2, 200)],
                          ids=["gqa5-d80", "gqa4", "mha", "d200"])
 def test_matches_dense_reference(impl, dtype, h_kv, group, d):
-    """Head sizes up to 128 take tiles of 64 keys (17 rows of group 5 fill tiles of 64 pairs), larger ones
-    tiles of 16 pairs and 32 keys (`_launch_config`)."""
+    """Head sizes up to 128 take tiles of 64 keys, larger ones 32 or 16 (`_launch_config`, with the
+    interpreter's one multiprocessor: the grid's programs too many for the small tiles); 17 rows of group 2
+    fill a tile of 64. (`test_key_ranges_merged_by_their_lse`: the small tiles.)"""
     check(impl, GROUPS, h_kv, group, d, dtype)
 
 
@@ -265,6 +266,14 @@ def test_key_ranges_of_an_fp8_cache(split_keys):
     assert split_keys == [16]
 
 
+def test_large_heads_take_small_tiles_while_the_grid_stays_small():
+    from vllm_relay.ops.window_level import _launch_config
+
+    assert _launch_config(64, 2, 256, 8, 132)[:2] == (16, 32)  # one group: 64 programs
+    assert _launch_config(64, 2, 256, 72 * 8, 132)[:2] == (64, 16)  # a graph's 72 groups: 4,608 programs
+    assert _launch_config(64, 8, 64, 8, 132)[:2] == (64, 64)  # heads of 64: tiles of 64 pairs as ever
+
+
 def test_splits_fill_the_multiprocessors_twice_and_no_more():
     from vllm_relay.ops.window_level import MAX_SPLITS, _num_splits
 
@@ -315,11 +324,11 @@ if not os.path.exists(ptxas):
     print(json.dumps(None)); sys.exit()
 fn, results = wl._window_level_kernel, {}
 for key in json.loads(sys.argv[1]):
-    group, head_dim, max_rows, cache, softcap = key
-    block_m, block_n, block_d, num_warps = wl._launch_config(max_rows, group, head_dim)
+    group, head_dim, max_rows, parallel, cache, softcap = key
+    block_m, block_n, block_d, num_warps = wl._launch_config(max_rows, group, head_dim, parallel, 132)
     types = {"q_ptr": "*bf16", "k_ptr": cache, "v_ptr": cache, "out_ptr": "*bf16", "lse_ptr": "*fp32",
              "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32"}
-    splits = wl._num_splits(8 * -(-max_rows * group // block_m), 132)  # 8 KV heads on an H100
+    splits = wl._num_splits(parallel * -(-max_rows * group // block_m), 132)  # an H100's multiprocessors
     consts = dict(GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=16, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
                   SCALES_ON_DEVICE=cache != "*bf16", SOFTCAP=softcap, DOT_PRECISION="tf32", DOT_IN_FP32=False,
                   SPLITS=splits, MIN_CHUNK=max(block_n, wl.MIN_SPLIT_KEYS // block_n * block_n))
@@ -343,6 +352,7 @@ HEAD_SIZES = {"gemma3": (2, 256, "*bf16", False), "gemma2-softcap": (2, 256, "*b
               "llama2": (1, 128, "*bf16", False), "llama3-fp8": (4, 128, "*fp8e4nv", False),
               "group16": (16, 128, "*bf16", False)}
 LAUNCH_ROWS = (1, 8, 256)
+PARALLEL = (8, 100_000)  # groups x KV heads: one group's 8 KV heads (eager), a CUDA graph's capacity of groups
 
 
 @pytest.fixture(scope="module")
@@ -354,7 +364,8 @@ def hopper_registers():
     import subprocess
     import sys
 
-    keys = [[g, d, rows, cache, softcap] for g, d, cache, softcap in HEAD_SIZES.values() for rows in LAUNCH_ROWS]
+    keys = [[g, d, rows, parallel, cache, softcap] for g, d, cache, softcap in HEAD_SIZES.values()
+            for rows in LAUNCH_ROWS for parallel in PARALLEL]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = subprocess.run([sys.executable, "-c", _HOPPER_REGISTERS, json.dumps(keys)], capture_output=True,
                          text=True, env=env, cwd=Path(__file__).resolve().parents[2], timeout=600)
@@ -367,10 +378,11 @@ def hopper_registers():
 
 @pytest.mark.parametrize("shape", list(HEAD_SIZES))
 @pytest.mark.parametrize("max_rows", LAUNCH_ROWS)
-def test_tiles_fit_in_registers_on_hopper(hopper_registers, shape, max_rows):
+@pytest.mark.parametrize("parallel", PARALLEL)
+def test_tiles_fit_in_registers_on_hopper(hopper_registers, shape, max_rows, parallel):
     """Every launch of the served head sizes (Gemma 2 and 3, gpt-oss, Llama 2 and 3, FP8 caches) keeps its
     tiles in registers when compiled for Hopper: a spill moves to local memory what each key tile's loop
     keeps reading."""
     group, head_dim, cache, softcap = HEAD_SIZES[shape]
-    registers, spilled = hopper_registers[group, head_dim, max_rows, cache, softcap]
+    registers, spilled = hopper_registers[group, head_dim, max_rows, parallel, cache, softcap]
     assert spilled == 0, f"{spilled} bytes spilled a thread ({registers} registers)"
