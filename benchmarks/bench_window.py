@@ -109,6 +109,31 @@ def tile_sweep(rep: int, quick: bool = False) -> list[dict]:
     return rows
 
 
+def padded(call: dict, groups: int) -> dict:
+    """The level call as a CUDA graph holds it: its group, then `groups - 1` empty ones (no rows, no keys)."""
+    cu, lens, table = call["cu_seqlens_q"], call["seqused_k"], call["block_table"]
+    pad = groups - lens.shape[0]
+    return dict(call, cu_seqlens_q=torch.cat([cu, cu[-1:].expand(pad)]), seqused_k=torch.cat([lens, lens.new_zeros(pad)]),
+                block_table=torch.cat([table, table[:1].expand(pad, -1)]).contiguous())
+
+
+def graph_groups(rep: int) -> list[dict]:
+    """The level call with the kernel's own rules, alone in its call and padded to the groups a decode graph
+    of B tokens holds (`RelayPlanner.graph_capacity`: 2 system-prompt slots, `max_prompts`' default, and
+    min(2 B, GRAPH_LEVELS = 64) levels): every empty group's programs are launched too, and the rules
+    choose tiles and ranges for the grid they make."""
+    rows = []
+    for name, (hq, hkv, d, w) in SHAPES.items():
+        for B in (8, 64, 256):
+            *_, call = case(None, hq, hkv, d, w, B, 2048, 64)
+            for groups in (1, 2 + min(2 * B, 64)):
+                one = padded(call, groups)
+                us = graph_ms(lambda one=one: window_level_attention(**one), rep)[0] * 1e3
+                rows.append(dict(shape=name, B=B, groups=groups, us=us))
+                print(f"{name} B={B} groups={groups}: {us:.1f} us")
+    return rows
+
+
 def main():
     args = kernel_args(__doc__, "fewer batch sizes and tiles", more=lambda p: p.add_argument(
         "--tiles-only", action="store_true", help="the level call's tiles alone (no FlashAttention: no vLLM needed)"))
@@ -139,6 +164,7 @@ def main():
                       f"({row['relay_gbs']:5.0f} GB/s)  FA {row['fa_us']:7.1f} us ({row['fa_gbs']:5.0f} GB/s)  "
                       f"FA/relay {row['fa_over_relay']:.2f}x")
     tiles = tile_sweep(args.rep, args.quick)
+    padded_rows = graph_groups(args.rep)
     gpu = torch.cuda.get_device_name()
     lines = [f"# Sliding-window decode step over a shared prompt: {gpu}", "",
              f"bf16, block size 16, copy bandwidth (read+write) {copy_gbs:.0f} GB/s; medians of CUDA-graph "
@@ -153,9 +179,13 @@ def main():
               "", "| shape | B | BLOCK_M | BLOCK_N | warps | splits | min keys | us |", "|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['shape']} | {r['B']} | {r['block_m']} | {r['block_n']} | {r['warps']} | {r['splits']} | "
               f"{r['min_split_keys'] or ''} | {r['us']:.1f}{' *' if r['chosen'] else ''} |" for r in tiles]
+    lines += ["", "The level call with the kernel's rules, alone and among the groups a CUDA graph of B decode tokens "
+              "holds (the rest empty, their programs launched all the same):", "", "| shape | B | groups | us |",
+              "|---|---|---|---|"]
+    lines += [f"| {r['shape']} | {r['B']} | {r['groups']} | {r['us']:.1f} |" for r in padded_rows]
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "window_ops.json"), "w") as f:
-        json.dump(dict(gpu=gpu, copy_gbs=copy_gbs, rows=rows, tiles=tiles), f, indent=1)
+        json.dump(dict(gpu=gpu, copy_gbs=copy_gbs, rows=rows, tiles=tiles, graph_groups=padded_rows), f, indent=1)
     with open(os.path.join(args.out, "window_ops.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
