@@ -74,13 +74,13 @@ def case(varlen, hq, hkv, d, w, B, S, c):
 
 def tile_sweep(rep: int, quick: bool = False) -> list[dict]:
     """The level call alone (`window_level_attention`) at each tile (rows x heads, keys, warps), its keys
-    whole (one range a program) and cut into the ranges `_num_splits` picks of MIN_SPLIT_KEYS = 64, 128
+    whole (one range a program) and cut into the ranges `window_launch.num_splits` picks of MIN_SPLIT_KEYS = 64, 128
     and 256 keys at least, against the launch the kernel's rules pick: the data those rules are held to.
     Decode steps of B = 8, 64 and 256 over a 2048-token prompt, 64 own tokens a request at most (8: a
     level of few rows is few programs, each over the whole window). `quick`: the tiles that matter."""
-    from vllm_relay.ops import window_level as wl
+    from vllm_relay.ops import window_launch as wl
 
-    rules = wl._launch_config, wl._num_splits, wl.MIN_SPLIT_KEYS
+    rules = wl.tiles, wl.num_splits, wl.MIN_SPLIT_KEYS
     rows = []
     for name, (hq, hkv, d, w) in SHAPES.items():
         group = hq // hkv
@@ -92,13 +92,13 @@ def tile_sweep(rep: int, quick: bool = False) -> list[dict]:
                 tiles = [t for t in tiles if t[2] == chosen[3] and (t[0] == 16 or t[:2] == chosen[:2])]
             for block_m, block_n, warps in tiles:
                 for min_keys in (None, 64, 128, 256):  # None: one range
-                    wl._launch_config = lambda *_, c=(block_m, block_n, chosen[2], warps): c
-                    wl._num_splits = rules[1] if min_keys else (lambda *_: 1)
+                    wl.tiles = lambda *_, c=(block_m, block_n, chosen[2], warps): c
+                    wl.num_splits = rules[1] if min_keys else (lambda *_: 1)
                     wl.MIN_SPLIT_KEYS = min_keys or rules[2]
                     try:
                         us = graph_ms(lambda call=call: window_level_attention(**call), rep)[0] * 1e3
                     finally:
-                        wl._launch_config, wl._num_splits, wl.MIN_SPLIT_KEYS = rules
+                        wl.tiles, wl.num_splits, wl.MIN_SPLIT_KEYS = rules
                     programs = hkv * triton.cdiv(B, block_m // group)
                     splits = rules[1](programs, torch.cuda.get_device_properties(0).multi_processor_count) \
                         if min_keys else 1

@@ -146,7 +146,7 @@ def check(impl, groups, h_kv, group, d, dtype, block_size=16, softcap=0.0, fp8=N
 @pytest.mark.parametrize("h_kv, group, d", [(2, 5, 80), (1, 4, 64), (3, 1, 64), (1, 2, 200)],
                          ids=["gqa5-d80", "gqa4", "mha", "d200"])
 def test_matches_dense_reference(impl, dtype, h_kv, group, d):
-    """Head sizes up to 128 take tiles of 64 keys, larger ones 32 or 16 (`_launch_config`, with the
+    """Head sizes up to 128 take tiles of 64 keys, larger ones 32 or 16 (`window_launch.tiles`, with the
     interpreter's one multiprocessor: the grid's programs too many for the small tiles); 17 rows of group 2
     fill a tile of 64. (`test_key_ranges_merged_by_their_lse`: the small tiles.)"""
     check(impl, GROUPS, h_kv, group, d, dtype)
@@ -238,12 +238,13 @@ def test_refuses_what_would_change_the_result(impl):
 def split_keys(monkeypatch):
     """Every launch cut into key ranges of one key tile (the rule's, with a GPU of many multiprocessors
     and ranges of 16 keys at least), and the merges counted."""
+    from vllm_relay.ops import window_launch as launch
     from vllm_relay.ops import window_level as wl
 
     merges = []
     combine = wl.combine_splits
-    monkeypatch.setattr(wl, "_sm_count", lambda device: 10_000)
-    monkeypatch.setattr(wl, "MIN_SPLIT_KEYS", 16)
+    monkeypatch.setattr(launch, "sm_count", lambda device: 10_000)
+    monkeypatch.setattr(launch, "MIN_SPLIT_KEYS", 16)
     monkeypatch.setattr(wl, "combine_splits", lambda *a: merges.append(a[0].shape[0]) or combine(*a))
     return merges
 
@@ -264,23 +265,6 @@ def test_key_ranges_of_an_fp8_cache(split_keys):
     check(window_level_attention, GROUPS, 2, 4, 64, torch.bfloat16, fp8=torch.float8_e4m3fn, scales=scales,
           descale={"k_descale": torch.tensor([scales[0]], device=DEVICE), "v_descale": scales[1]})
     assert split_keys == [16]
-
-
-def test_large_heads_take_small_tiles_while_the_grid_stays_small():
-    from vllm_relay.ops.window_level import _launch_config
-
-    assert _launch_config(64, 2, 256, 8, 132)[:2] == (16, 32)  # one group: 64 programs
-    assert _launch_config(64, 2, 256, 72 * 8, 132)[:2] == (64, 16)  # a graph's 72 groups: 4,608 programs
-    assert _launch_config(64, 8, 64, 8, 132)[:2] == (64, 64)  # heads of 64: tiles of 64 pairs as ever
-
-
-def test_splits_fill_the_multiprocessors_twice_and_no_more():
-    from vllm_relay.ops.window_level import MAX_SPLITS, _num_splits
-
-    assert _num_splits(132, 132) == _num_splits(1000, 132) == 1
-    assert _num_splits(64, 132) == 8  # 5 ranges would make 320 programs: a power of two, 8
-    assert _num_splits(8, 132) == _num_splits(1, 132) == MAX_SPLITS
-    assert _num_splits(100, 132) == 4
 
 
 @pytest.mark.gpu
@@ -317,6 +301,7 @@ import triton
 import triton.backends.nvidia as nvidia
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+from vllm_relay.ops import window_launch as launch
 from vllm_relay.ops import window_level as wl
 
 ptxas = os.path.join(os.path.dirname(nvidia.__file__), "bin", "ptxas-blackwell")
@@ -325,13 +310,13 @@ if not os.path.exists(ptxas):
 fn, results = wl._window_level_kernel, {}
 for key in json.loads(sys.argv[1]):
     group, head_dim, max_rows, parallel, cache, softcap = key
-    block_m, block_n, block_d, num_warps = wl._launch_config(max_rows, group, head_dim, parallel, 132)
+    block_m, block_n, block_d, num_warps = launch.tiles(max_rows, group, head_dim, parallel, 132)
     types = {"q_ptr": "*bf16", "k_ptr": cache, "v_ptr": cache, "out_ptr": "*bf16", "lse_ptr": "*fp32",
              "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32"}
-    splits = wl._num_splits(parallel * -(-max_rows * group // block_m), 132)  # an H100's multiprocessors
+    splits = launch.num_splits(parallel * -(-max_rows * group // block_m), 132)  # an H100's multiprocessors
     consts = dict(GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=16, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
                   SCALES_ON_DEVICE=cache != "*bf16", SOFTCAP=softcap, DOT_PRECISION="tf32", DOT_IN_FP32=False,
-                  SPLITS=splits, MIN_CHUNK=max(block_n, wl.MIN_SPLIT_KEYS // block_n * block_n))
+                  SPLITS=splits, MIN_CHUNK=max(block_n, launch.MIN_SPLIT_KEYS // block_n * block_n))
     signature = {name: "constexpr" if name in consts else types.get(name) or (
         "*fp32" if name.endswith("scale_ptr") else "*i32" if name.endswith("_ptr")
         else "fp32" if name.endswith("scale") or name == "softcap" else "i32") for name in fn.arg_names}

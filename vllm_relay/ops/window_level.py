@@ -18,11 +18,10 @@ pages before it are never read: in a window layer's KV-cache group they may be f
 block) and ends at the group's last key. A row that sees no key gets out = 0 and lse = -inf
 (FlashAttention-3's convention). A level of few rows is few programs, each over the whole window: where
 they would leave the GPU idle, each program's keys are cut into ranges, a program each, merged by their
-LSEs (`split_combine.py`; `_num_splits`). `window_level_attention_torch` is its torch twin (the CPU path
+LSEs (`split_combine.py`; the launch rules: `window_launch.py`). `window_level_attention_torch` is its torch twin (the CPU path
 and the kernel's test twin), computed in fp32 from each group's keys gathered explicitly.
 """
 
-import functools
 import os
 
 import torch
@@ -30,6 +29,7 @@ import triton
 import triton.language as tl
 
 from vllm_relay.ops.relay_fusion import _interpreted
+from vllm_relay.ops import window_launch as launch
 from vllm_relay.ops.split_combine import combine_splits
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -44,9 +44,6 @@ _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # the engine's start.
 _POINTERS = ["cu_ptr", "seqused_ptr", "bt_ptr", "key_start_ptr", "k_scale_ptr", "v_scale_ptr", "q_scale_ptr"]
 _MOVING = ["stride_lh", "stride_bt", "stride_ps", "stride_pls", "stride_plh"]
-MAX_SPLITS = 16  # key ranges a program's keys are cut into, at most
-MIN_SPLIT_KEYS = 128  # keys a range holds, at least (rounded to the key tile)
-SMALL_TILE_WAVES = 4  # programs a multiprocessor, at most, for the small tiles of large heads
 
 
 # Reductions spelled as `tl.max`, `tl.min` and `tl.sum` spell them, with their combine functions: those
@@ -186,46 +183,6 @@ def _window_level_kernel(
         tl.store(lse_ptr + head * stride_lh + row, lse, mask=m_valid)
 
 
-def _launch_config(max_rows: int, group: int, head_dim: int, parallel: int = 1, num_sms: int | None = None):
-    """(BLOCK_M, BLOCK_N, BLOCK_D, num_warps): tiles of ROWS = BLOCK_M // group rows x group heads, BLOCK_M a
-    power of two >= 16 (tl.dot's smallest M) holding at least one row; up to 64 (ROWS * group) pairs when
-    the groups have rows enough to fill them. A decode level (one row a request, often a few requests)
-    fills a tile with GQA heads alone at group >= 16. The K and V tiles' addresses ([BLOCK_D, BLOCK_N] of
-    them, a table lookup per key) are most of a program's registers: keys a tile and warps are those with
-    which ptxas keeps every tile in registers on Hopper, no spills (checked for the served head sizes by
-    tests/ops/test_window_level.py, compiling for sm_90a). Heads larger than 128 take the smallest BLOCK_M
-    where the grid stays within SMALL_TILE_WAVES programs a multiprocessor (`parallel`: the programs of each
-    tile index, groups x KV heads; a CUDA graph's groups are its capacity, most of them empty, each empty
-    program launched all the same): their wider tiles of keys pay more than rows shared by a tile (one
-    group of Gemma 3's window layers, 64 and 256 rows over a 2048-token level, H100: 72.6 and 84.8 us in
-    tiles of 16 x 32 keys, 142.1 and 141.5 in 64 x 16)."""
-    block_d = max(16, triton.next_power_of_2(head_dim))
-    least = max(16, triton.next_power_of_2(group))
-    block_m = max(least, min(64, triton.next_power_of_2(max(1, max_rows * group))))
-    if block_d > 128 and (num_sms is None
-                          or parallel * triton.cdiv(max_rows, least // group) <= SMALL_TILE_WAVES * num_sms):
-        block_m = least
-    block_n = 64 if block_d <= 128 else 32 if block_m <= 16 else 16
-    num_warps = 4 if block_d <= 64 else 8
-    return block_m, block_n, block_d, num_warps
-
-
-def _num_splits(programs: int, num_sms: int) -> int:
-    """Key ranges each program's keys are cut into: 1 where the grid's `programs` (groups x KV heads x
-    tiles, empty groups too: a CUDA graph's groups are its capacity, and each range multiplies them all)
-    fill the multiprocessors; else enough for about twice their count. A range holds MIN_SPLIT_KEYS keys
-    at least, so a short window leaves the programs of its later ranges idle; every range writes a
-    partial all the same."""
-    if programs >= num_sms:
-        return 1
-    return min(MAX_SPLITS, triton.next_power_of_2(triton.cdiv(2 * num_sms, programs)))
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
-
-
 def window_level_attention(q, k, v, cu_seqlens_q, seqused_k, block_table, key_start, max_seqlen_q,
                            softmax_scale, out=None, causal=False, return_softmax_lse=True, softcap=0.0,
                            k_descale=None, v_descale=None, q_descale=None, **ignored):
@@ -289,15 +246,15 @@ def window_level_attention(q, k, v, cu_seqlens_q, seqused_k, block_table, key_st
     G = seqused_k.shape[0]
     max_rows = int(max_seqlen_q)
     if G and max_rows > 0 and N:
-        num_sms = _sm_count(q.device)
-        block_m, block_n, block_d, num_warps = _launch_config(max_rows, group, D, G * Hkv, num_sms)
+        num_sms = launch.sm_count(q.device)
+        block_m, block_n, block_d, num_warps = launch.tiles(max_rows, group, D, G * Hkv, num_sms)
         scales = (q_descale, k_descale, v_descale)
         on_device = any(isinstance(x, torch.Tensor) for x in scales)
         ptrs = [_scale_tensor(x, q) for x in scales] if on_device else [cu_seqlens_q] * 3
         floats = [1.0] * 3 if on_device else [1.0 if x is None else float(x) for x in scales]
         kernel = _window_level_kernel if q.is_cuda else _interpreted(_window_level_kernel)
         tiles = triton.cdiv(max_rows, block_m // group)
-        splits = _num_splits(G * Hkv * tiles, num_sms)
+        splits = launch.num_splits(G * Hkv * tiles, num_sms)
         part_out, part_lse, part_strides = lse, lse, (0,) * 5  # (unread with one range)
         if splits > 1:  # the ranges' partials (graph memory under a capture), merged below
             part_out = torch.empty(splits, N, Hq, D, dtype=torch.float32, device=q.device)
@@ -313,7 +270,7 @@ def window_level_attention(q, k, v, cu_seqlens_q, seqused_k, block_table, key_st
             BLOCK_D=block_d, SCALES_ON_DEVICE=on_device, SOFTCAP=bool(softcap),
             DOT_PRECISION="ieee" if out.dtype == torch.float32 else "tf32",
             DOT_IN_FP32=not q.is_cuda and out.dtype == torch.bfloat16, SPLITS=splits,
-            MIN_CHUNK=max(block_n, MIN_SPLIT_KEYS // block_n * block_n), num_warps=num_warps, num_stages=2)
+            MIN_CHUNK=max(block_n, launch.MIN_SPLIT_KEYS // block_n * block_n), num_warps=num_warps, num_stages=2)
         if splits > 1:
             combine_splits(part_out, part_lse, out, lse, cu_seqlens_q[G:])
     return (out, lse) if return_softmax_lse else out

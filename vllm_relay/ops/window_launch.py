@@ -1,0 +1,51 @@
+"""The launch rules of the window level's kernel (`window_level.py`): its tiles, its key ranges, and the
+multiprocessors they are held to. Each rule with the measurement it comes from; host-side only."""
+
+import functools
+
+import torch
+import triton
+
+MAX_SPLITS = 16  # key ranges a program's keys are cut into, at most
+MIN_SPLIT_KEYS = 128  # keys a range holds, at least (rounded to the key tile)
+SMALL_TILE_WAVES = 4  # programs a multiprocessor, at most, for the small tiles of large heads
+
+
+def tiles(max_rows: int, group: int, head_dim: int, parallel: int = 1, num_sms: int | None = None):
+    """(BLOCK_M, BLOCK_N, BLOCK_D, num_warps): tiles of ROWS = BLOCK_M // group rows x group heads, BLOCK_M a
+    power of two >= 16 (tl.dot's smallest M) holding at least one row; up to 64 (ROWS * group) pairs when
+    the groups have rows enough to fill them. A decode level (one row a request, often a few requests)
+    fills a tile with GQA heads alone at group >= 16. The K and V tiles' addresses ([BLOCK_D, BLOCK_N] of
+    them, a table lookup per key) are most of a program's registers: keys a tile and warps are those with
+    which ptxas keeps every tile in registers on Hopper, no spills (checked for the served head sizes by
+    tests/ops/test_window_level.py, compiling for sm_90a). Heads larger than 128 take the smallest BLOCK_M
+    where the grid stays within SMALL_TILE_WAVES programs a multiprocessor (`parallel`: the programs of each
+    tile index, groups x KV heads; a CUDA graph's groups are its capacity, most of them empty, each empty
+    program launched all the same): their wider tiles of keys pay more than rows shared by a tile (one
+    group of Gemma 3's window layers, 64 and 256 rows over a 2048-token level, H100: 72.6 and 84.8 us in
+    tiles of 16 x 32 keys, 142.1 and 141.5 in 64 x 16)."""
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    least = max(16, triton.next_power_of_2(group))
+    block_m = max(least, min(64, triton.next_power_of_2(max(1, max_rows * group))))
+    if block_d > 128 and (num_sms is None
+                          or parallel * triton.cdiv(max_rows, least // group) <= SMALL_TILE_WAVES * num_sms):
+        block_m = least
+    block_n = 64 if block_d <= 128 else 32 if block_m <= 16 else 16
+    num_warps = 4 if block_d <= 64 else 8
+    return block_m, block_n, block_d, num_warps
+
+
+def num_splits(programs: int, num_sms: int) -> int:
+    """Key ranges each program's keys are cut into: 1 where the grid's `programs` (groups x KV heads x
+    tiles, empty groups too: a CUDA graph's groups are its capacity, and each range multiplies them all)
+    fill the multiprocessors; else enough for about twice their count. A range holds MIN_SPLIT_KEYS keys
+    at least, so a short window leaves the programs of its later ranges idle; every range writes a
+    partial all the same."""
+    if programs >= num_sms:
+        return 1
+    return min(MAX_SPLITS, triton.next_power_of_2(triton.cdiv(2 * num_sms, programs)))
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
