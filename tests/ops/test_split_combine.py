@@ -36,28 +36,31 @@ def partials(S, N, H, D, keys_per_range, empty):
 
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
-@pytest.mark.parametrize("S, N, H, D", [(1, 3, 2, 16), (4, 5, 3, 80), (16, 9, 16, 256)])
+@pytest.mark.parametrize("S, N, H, D", [(1, 4, 2, 16), (4, 5, 3, 80), (16, 9, 16, 256)])
 def test_matches_the_whole_attention(impl, dtype, S, N, H, D):
-    """Rows whose ranges are partly empty, and one row that sees nothing (out 0, lse -inf); the rows from
-    `end` on are left as they were."""
-    empty = [(r, 0) for r in range(0, S, 2)] + [(r, 1) for r in range(S)]
+    """Rows whose ranges are partly empty, and one row that sees nothing (out 0, lse -inf); the rows before
+    `start` and from `end` on are left as they were."""
+    empty = [(r, 1) for r in range(0, S, 2)] + [(r, 2) for r in range(S)]
     part_out, part_lse, want_out, want_lse = partials(S, N, H, D, 7, empty)
-    end = N - 1
+    start, end = 1, N - 1
     out = torch.full((N, H, D), SENTINEL, dtype=dtype)
     lse = torch.full((H, N), SENTINEL)
-    args = [x.to(DEVICE) for x in (part_out, part_lse, out, lse, torch.tensor([end], dtype=torch.int32))]
+    bounds = [torch.tensor([x], dtype=torch.int32) for x in (start, end)]
+    args = [x.to(DEVICE) for x in (part_out, part_lse, out, lse, *bounds)]
     impl(*args)
     out, lse = args[2].cpu(), args[3].cpu()
-    assert_close(out[:end], want_out[:end], dtype)
-    torch.testing.assert_close(lse[:, :end], want_lse[:, :end], atol=1e-4, rtol=1e-5)
-    assert (out[1] == 0).all() and (lse[:, 1] == float("-inf")).all()
-    assert (out[end:] == SENTINEL).all() and (lse[:, end:] == SENTINEL).all()
+    assert_close(out[start:end], want_out[start:end], dtype)
+    torch.testing.assert_close(lse[:, start:end], want_lse[:, start:end], atol=1e-4, rtol=1e-5)
+    assert (out[2] == 0).all() and (lse[:, 2] == float("-inf")).all()
+    for rows in (slice(0, start), slice(end, None)):
+        assert (out[rows] == SENTINEL).all() and (lse[:, rows] == SENTINEL).all()
 
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_refuses_shapes_that_disagree(impl):
     part_out, part_lse, _, _ = partials(2, 3, 2, 16, 4, [])
+    rows = torch.tensor([0], dtype=torch.int32), torch.tensor([3], dtype=torch.int32)
     with pytest.raises(ValueError, match="do not agree"):
-        impl(part_out, part_lse, torch.zeros(3, 2, 8), torch.zeros(2, 3), torch.tensor([3], dtype=torch.int32))
+        impl(part_out, part_lse, torch.zeros(3, 2, 8), torch.zeros(2, 3), *rows)
     with pytest.raises(ValueError, match="float32"):
-        impl(part_out.half(), part_lse, torch.zeros(3, 2, 16), torch.zeros(2, 3), torch.tensor([3], dtype=torch.int32))
+        impl(part_out.half(), part_lse, torch.zeros(3, 2, 16), torch.zeros(2, 3), *rows)

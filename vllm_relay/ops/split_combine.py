@@ -10,8 +10,8 @@ the row sees no key of the range; its output is 0 there). Merged:
 
 A row that sees no key of any range gets out = 0 and lse = -inf (FlashAttention-3's convention).
 `combine_splits` is the Triton kernel (one program a row, every head); `combine_splits_torch` its torch
-twin, in fp32. Rows at or past `end` (read on the device: a step's row count under a CUDA graph) are
-left as they are.
+twin, in fp32. Rows outside `start[0]` .. `end[0]` - 1 (read on the device: a step's rows under a CUDA
+graph) are left as they are.
 """
 
 import os
@@ -24,13 +24,13 @@ from vllm_relay.ops.relay_fusion import _interpreted
 
 
 @triton.jit(do_not_specialize=["stride_ps", "stride_ls", "stride_lh", "stride_olh"],
-            do_not_specialize_on_alignment=["end_ptr"])
-def _combine_kernel(part_out_ptr, part_lse_ptr, out_ptr, lse_ptr, end_ptr,
+            do_not_specialize_on_alignment=["start_ptr", "end_ptr"])
+def _combine_kernel(part_out_ptr, part_lse_ptr, out_ptr, lse_ptr, start_ptr, end_ptr,
                     stride_ps, stride_pt, stride_ph, stride_ls, stride_lh, stride_ot, stride_oh, stride_olh,
                     SPLITS: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
                     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
     row = tl.program_id(0)
-    if row >= tl.load(end_ptr):
+    if (row < tl.load(start_ptr)) | (row >= tl.load(end_ptr)):
         return
     h = tl.arange(0, BLOCK_H)
     d = tl.arange(0, BLOCK_D)
@@ -59,15 +59,16 @@ def _combine_kernel(part_out_ptr, part_lse_ptr, out_ptr, lse_ptr, end_ptr,
 
 
 def combine_splits(part_out: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-                   end: torch.Tensor) -> None:
-    """Merge `S` partials of each row into `out` and `lse`, in place, rows below `end[0]` only.
+                   start: torch.Tensor, end: torch.Tensor) -> None:
+    """Merge `S` partials of each row into `out` and `lse`, in place, rows `start[0]` .. `end[0]` - 1 only.
 
     Args:
         part_out: float32 [S, N, H, D], contiguous in its last dim: range s's output (0 where it sees no key).
         part_lse: float32 [S, H, N], contiguous in its last dim: range s's natural-log LSE (-inf: no key).
         out: [N, H, D] fp16/bf16/fp32, contiguous in its last dim.
         lse: float32 [H, N], contiguous in its last dim.
-        end: int32 tensor, on the partials' device, whose first element is the rows to merge.
+        start, end: int32 tensors on the partials' device: the first row to merge, and the row past the last,
+            each its first element (e.g. `cu_seqlens_q[:1]` and `cu_seqlens_q[G:]`).
 
     The Triton kernel on CUDA tensors (and on CPU ones under TRITON_INTERPRET=1), else the torch twin.
     No host synchronization: the launch can be captured in a CUDA graph.
@@ -75,13 +76,13 @@ def combine_splits(part_out: torch.Tensor, part_lse: torch.Tensor, out: torch.Te
     _check(part_out, part_lse, out, lse)
     interpret = os.environ.get("TRITON_INTERPRET", "0") == "1"
     if not part_out.is_cuda and not interpret:
-        return combine_splits_torch(part_out, part_lse, out, lse, end)
+        return combine_splits_torch(part_out, part_lse, out, lse, start, end)
     S, N, H, D = part_out.shape
     if N == 0:
         return None
     kernel = _combine_kernel if part_out.is_cuda else _interpreted(_combine_kernel)
     block_d = triton.next_power_of_2(D)
-    kernel[(N,)](part_out, part_lse, out, lse, end, part_out.stride(0), part_out.stride(1), part_out.stride(2),
+    kernel[(N,)](part_out, part_lse, out, lse, start, end, part_out.stride(0), part_out.stride(1), part_out.stride(2),
                  part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1), lse.stride(0),
                  SPLITS=S, HEADS=H, HEAD_DIM=D, BLOCK_H=triton.next_power_of_2(H), BLOCK_D=block_d,
                  num_warps=4 if H * block_d <= 4096 else 8)
@@ -89,18 +90,18 @@ def combine_splits(part_out: torch.Tensor, part_lse: torch.Tensor, out: torch.Te
 
 
 def combine_splits_torch(part_out: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-                         end: torch.Tensor) -> None:
-    """Torch implementation of `combine_splits` (fp32; reads `end` on the host)."""
+                         start: torch.Tensor, end: torch.Tensor) -> None:
+    """Torch implementation of `combine_splits` (fp32; reads `start` and `end` on the host)."""
     _check(part_out, part_lse, out, lse)
-    n = int(end.reshape(-1)[0])
-    if n <= 0:
+    a, n = max(int(start.reshape(-1)[0]), 0), min(int(end.reshape(-1)[0]), part_out.shape[1])
+    if n <= a:
         return None
-    parts = part_lse[:, :, :n].float()  # [S, H, n]
+    parts = part_lse[:, :, a:n].float()  # [S, H, rows]
     total = torch.logsumexp(parts, dim=0)  # -inf where every range is empty
     w = torch.exp(parts - total.masked_fill(total == float("-inf"), 0.0)[None])  # 0 for empty ranges
-    o = torch.einsum("shn,snhd->nhd", w, part_out[:, :n].float())
-    out[:n] = o.to(out.dtype)
-    lse[:, :n] = total
+    o = torch.einsum("shn,snhd->nhd", w, part_out[:, a:n].float())
+    out[a:n] = o.to(out.dtype)
+    lse[:, a:n] = total
     return None
 
 

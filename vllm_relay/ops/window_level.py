@@ -272,7 +272,7 @@ def window_level_attention(q, k, v, cu_seqlens_q, seqused_k, block_table, key_st
             DOT_IN_FP32=not q.is_cuda and out.dtype == torch.bfloat16, SPLITS=splits,
             MIN_CHUNK=max(block_n, launch.MIN_SPLIT_KEYS // block_n * block_n), num_warps=num_warps, num_stages=2)
         if splits > 1:
-            combine_splits(part_out, part_lse, out, lse, cu_seqlens_q[G:])
+            combine_splits(part_out, part_lse, out, lse, cu_seqlens_q[:1], cu_seqlens_q[G:])
     return (out, lse) if return_softmax_lse else out
 
 
