@@ -121,16 +121,23 @@ def graph_groups(rep: int) -> list[dict]:
     """The level call with the kernel's own rules, alone in its call and padded to the groups a decode graph
     of B tokens holds (`RelayPlanner.graph_capacity`: 2 system-prompt slots, `max_prompts`' default, and
     min(2 B, GRAPH_LEVELS = 64) levels): every empty group's programs are launched too, and the rules
-    choose tiles and ranges for the grid they make."""
+    choose tiles and ranges for the grid they make; padded, also as the compact grid (a few programs a
+    multiprocessor looping over the real tiles: `window_launch.COMPACT_FROM_GROUPS`)."""
+    from vllm_relay.ops import window_launch
+
     rows = []
     for name, (hq, hkv, d, w) in SHAPES.items():
         for B in (8, 64, 256):
             *_, call = case(None, hq, hkv, d, w, B, 2048, 64)
-            for groups in (1, 2 + min(2 * B, 64)):
-                one = padded(call, groups)
-                us = graph_ms(lambda one=one: window_level_attention(**one), rep)[0] * 1e3
-                rows.append(dict(shape=name, B=B, groups=groups, us=us))
-                print(f"{name} B={B} groups={groups}: {us:.1f} us")
+            for groups, compact in ((1, None), (2 + min(2 * B, 64), None), (2 + min(2 * B, 64), 2)):
+                one, rule = padded(call, groups), window_launch.COMPACT_FROM_GROUPS
+                window_launch.COMPACT_FROM_GROUPS = compact
+                try:
+                    us = graph_ms(lambda one=one: window_level_attention(**one), rep)[0] * 1e3
+                finally:
+                    window_launch.COMPACT_FROM_GROUPS = rule
+                rows.append(dict(shape=name, B=B, groups=groups, compact=compact is not None, us=us))
+                print(f"{name} B={B} groups={groups} compact={compact is not None}: {us:.1f} us")
     return rows
 
 
@@ -180,9 +187,10 @@ def main():
     lines += [f"| {r['shape']} | {r['B']} | {r['block_m']} | {r['block_n']} | {r['warps']} | {r['splits']} | "
               f"{r['min_split_keys'] or ''} | {r['us']:.1f}{' *' if r['chosen'] else ''} |" for r in tiles]
     lines += ["", "The level call with the kernel's rules, alone and among the groups a CUDA graph of B decode tokens "
-              "holds (the rest empty, their programs launched all the same):", "", "| shape | B | groups | us |",
-              "|---|---|---|---|"]
-    lines += [f"| {r['shape']} | {r['B']} | {r['groups']} | {r['us']:.1f} |" for r in padded_rows]
+              "holds (the rest empty, their programs launched all the same), and that as the compact grid:", "",
+              "| shape | B | groups | grid | us |", "|---|---|---|---|---|"]
+    lines += [f"| {r['shape']} | {r['B']} | {r['groups']} | {'compact' if r['compact'] else 'by group'} | "
+              f"{r['us']:.1f} |" for r in padded_rows]
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "window_ops.json"), "w") as f:
         json.dump(dict(gpu=gpu, copy_gbs=copy_gbs, rows=rows, tiles=tiles, graph_groups=padded_rows), f, indent=1)

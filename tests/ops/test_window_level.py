@@ -101,7 +101,7 @@ def build(groups, h_kv, group, d, block_size, dtype, fp8=None, scales=(1.0, 1.0)
     scatter_blocks(k_cache, v_cache, ks, vs, ids, table, scales if fp8 is not None else (1.0, 1.0))
     # Blocks wholly before every row's first key: garbage (a window group may have freed them).
     for g, first in enumerate(firsts):
-        before = min(max(int(first.min()), 0) // block_size, nblk[g])
+        before = min(max(int(first.min()), 0) // block_size, nblk[g]) if first.numel() else 0
         table[g, :before] = torch.tensor([-7, 10**6, total - 1], dtype=torch.int32)[torch.arange(before) % 3]
     key_start = torch.cat(firsts + [torch.tensor([-3, 10**6, 0][:PAD_ROWS], dtype=torch.int32)])
     cu = cu_seqlens(rows)
@@ -259,6 +259,24 @@ def test_key_ranges_merged_by_their_lse(split_keys, h_kv, group, d):
     assert split_keys == [16, 16]
 
 
+@pytest.mark.parametrize("ranges", [False, True], ids=["whole", "ranges"])
+@pytest.mark.parametrize("h_kv, group, d", [(2, 5, 80), (1, 2, 200)], ids=["gqa5-d80", "d200"])
+@NEEDS_TRITON
+def test_compact_grid_loops_over_the_real_tiles_only(monkeypatch, split_keys, ranges, h_kv, group, d):
+    """A call of many groups, most of them empty (a CUDA graph's), as a grid of a few programs, each looping
+    over work items (tile, KV head, range) numbered group by group: every real tile once, the empty
+    groups never; with the key ranges and without."""
+    from vllm_relay.ops import window_launch as launch
+
+    monkeypatch.setattr(launch, "COMPACT_FROM_GROUPS", 2)
+    monkeypatch.setattr(launch, "COMPACT_WAVES", 1)
+    monkeypatch.setattr(launch, "sm_count", lambda device: 3)  # 3 programs, each over many work items
+    monkeypatch.setattr(launch, "num_splits", lambda *_: 4 if ranges else 1)
+    padded = GROUPS + [([], 0)] * 3 + [([2, 9], 40)] + [([], 5)]  # empty groups between and after
+    check(window_level_attention, padded, h_kv, group, d, torch.float32)
+    assert split_keys == ([4] if ranges else [])
+
+
 @NEEDS_TRITON
 def test_key_ranges_of_an_fp8_cache(split_keys):
     scales = (0.37, 1.9)
@@ -310,13 +328,16 @@ if not os.path.exists(ptxas):
 fn, results = wl._window_level_kernel, {}
 for key in json.loads(sys.argv[1]):
     group, head_dim, max_rows, parallel, cache, softcap = key
+    compact = parallel == 0  # the compact grid of a graph's call: a tile index makes one program a KV head
+    parallel = parallel or 8
     block_m, block_n, block_d, num_warps = launch.tiles(max_rows, group, head_dim, parallel, 132)
     types = {"q_ptr": "*bf16", "k_ptr": cache, "v_ptr": cache, "out_ptr": "*bf16", "lse_ptr": "*fp32",
              "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32"}
     splits = launch.num_splits(parallel * -(-max_rows * group // block_m), 132)  # an H100's multiprocessors
     consts = dict(GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=16, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
                   SCALES_ON_DEVICE=cache != "*bf16", SOFTCAP=softcap, DOT_PRECISION="tf32", DOT_IN_FP32=False,
-                  SPLITS=splits, MIN_CHUNK=max(block_n, launch.MIN_SPLIT_KEYS // block_n * block_n))
+                  SPLITS=splits, MIN_CHUNK=max(block_n, launch.MIN_SPLIT_KEYS // block_n * block_n),
+                  COMPACT=compact, BLOCK_G=128 if compact else 1)
     signature = {name: "constexpr" if name in consts else types.get(name) or (
         "*fp32" if name.endswith("scale_ptr") else "*i32" if name.endswith("_ptr")
         else "fp32" if name.endswith("scale") or name == "softcap" else "i32") for name in fn.arg_names}
@@ -337,7 +358,8 @@ HEAD_SIZES = {"gemma3": (2, 256, "*bf16", False), "gemma2-softcap": (2, 256, "*b
               "llama2": (1, 128, "*bf16", False), "llama3-fp8": (4, 128, "*fp8e4nv", False),
               "group16": (16, 128, "*bf16", False)}
 LAUNCH_ROWS = (1, 8, 256)
-PARALLEL = (8, 100_000)  # groups x KV heads: one group's 8 KV heads (eager), a CUDA graph's capacity of groups
+# groups x KV heads: one group's 8 KV heads (eager), a CUDA graph's capacity of groups; 0: the compact grid
+PARALLEL = (8, 100_000, 0)
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,13 @@ import triton
 MAX_SPLITS = 16  # key ranges a program's keys are cut into, at most
 MIN_SPLIT_KEYS = 128  # keys a range holds, at least (rounded to the key tile)
 SMALL_TILE_WAVES = 4  # programs a multiprocessor, at most, for the small tiles of large heads
+# A call of at least this many groups (a CUDA graph's: its capacity, most of them empty) launches a grid
+# of COMPACT_WAVES programs a multiprocessor looping over the step's real tiles, instead of a program for
+# every tile of every group (None: never). Off until timed against the grid by group on a GPU
+# (benchmarks/bench_window.py's graph groups).
+COMPACT_FROM_GROUPS: int | None = None
+MAX_COMPACT_GROUPS = 1024  # (each program reads every group's row count)
+COMPACT_WAVES = 2
 
 
 def tiles(max_rows: int, group: int, head_dim: int, parallel: int = 1, num_sms: int | None = None):
@@ -49,3 +56,8 @@ def num_splits(programs: int, num_sms: int) -> int:
 @functools.lru_cache(maxsize=None)
 def sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+
+
+def compact(num_groups: int) -> bool:
+    """Whether a call of `num_groups` groups loops over its step's real tiles (COMPACT_FROM_GROUPS)."""
+    return COMPACT_FROM_GROUPS is not None and COMPACT_FROM_GROUPS <= num_groups <= MAX_COMPACT_GROUPS

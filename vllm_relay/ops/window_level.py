@@ -76,37 +76,27 @@ def _dot(a, b, PRECISION: tl.constexpr, IN_FP32: tl.constexpr):
     return c
 
 
-@triton.jit(do_not_specialize=_MOVING, do_not_specialize_on_alignment=_POINTERS)
-def _window_level_kernel(
-    q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, cu_ptr, seqused_ptr, bt_ptr, key_start_ptr,
-    q_scale_ptr, k_scale_ptr, v_scale_ptr, part_out_ptr, part_lse_ptr,
-    q_scale, k_scale, v_scale, softmax_scale, softcap,
+@triton.jit
+def _cumsum(x):
+    return tl.associative_scan(x, 0, tl.standard._sum_combine)
+
+
+@triton.jit
+def _level_tile(
+    g, kv_head, first_row, split, q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, cu_ptr, seqused_ptr, bt_ptr, key_start_ptr,
+    part_out_ptr, part_lse_ptr, q_scale, k_scale, v_scale, softmax_scale, softcap,
     stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
     stride_ot, stride_oh, stride_lh, stride_bt, stride_ps, stride_pt, stride_ph, stride_pls, stride_plh,
-    GROUP: tl.constexpr,  # query heads per KV head
-    HEAD_DIM: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,  # tokens a page
-    BLOCK_M: tl.constexpr,  # (row, head) pairs a tile: ROWS rows x GROUP heads, padded
-    BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    SCALES_ON_DEVICE: tl.constexpr,  # q/k/v scales read from their pointers (else the float arguments)
-    SOFTCAP: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-    DOT_IN_FP32: tl.constexpr,
-    SPLITS: tl.constexpr,  # key ranges (> 1: partials into part_out / part_lse, merged after)
-    MIN_CHUNK: tl.constexpr,  # keys a range holds, at least (a multiple of BLOCK_N)
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr, SPLITS: tl.constexpr, MIN_CHUNK: tl.constexpr,
 ):
-    # Program (g, kv head, tile x SPLITS + split): rows tile * ROWS .. of group g, the GROUP query heads of
-    # this KV head each, over key range `split`; element m of the tile's M dimension is (row m // GROUP,
-    # head m % GROUP).
+    """Rows first_row .. first_row + ROWS - 1 of group g, the GROUP query heads of KV head `kv_head` each,
+    over key range `split`; element m of the tile's M dimension is (row m // GROUP, head m % GROUP). A tile
+    past its group's rows has no valid element: it reads no key and writes nothing."""
     ROWS: tl.constexpr = BLOCK_M // GROUP
-    g = tl.program_id(0)
-    kv_head = tl.program_id(1)
-    first_row = (tl.program_id(2) // SPLITS) * ROWS
     row_lo = tl.load(cu_ptr + g)
     num_rows = tl.load(cu_ptr + g + 1) - row_lo
-    if first_row >= num_rows:
-        return
     m = tl.arange(0, BLOCK_M)
     local = first_row + m // GROUP
     m_valid = (m < ROWS * GROUP) & (local < num_rows)
@@ -124,13 +114,9 @@ def _window_level_kernel(
     if SPLITS > 1:  # this program's range: tiles of keys from `begin`, alike but the last
         per = (tl.maximum(hi - begin, 0) + SPLITS - 1) // SPLITS  # (tl.cdiv: not in the interpreter's reach)
         chunk = tl.maximum((per + BLOCK_N - 1) // BLOCK_N * BLOCK_N, MIN_CHUNK)
-        begin += (tl.program_id(2) % SPLITS) * chunk
+        begin += split * chunk
         end = tl.minimum(hi, begin + chunk)
 
-    if SCALES_ON_DEVICE:  # per-tensor scales: the first element of each (an expanded view is fine)
-        q_scale = tl.load(q_scale_ptr).to(tl.float32)
-        k_scale = tl.load(k_scale_ptr).to(tl.float32)
-        v_scale = tl.load(v_scale_ptr).to(tl.float32)
     CDT: tl.constexpr = out_ptr.dtype.element_ty  # the dot's inputs (FP8 values convert exactly)
     q = tl.load(q_ptr + row[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
                 mask=m_valid[:, None] & d_mask[None, :], other=0.0).to(CDT)
@@ -173,14 +159,72 @@ def _window_level_kernel(
                    float("-inf"))
     mask = m_valid[:, None] & d_mask[None, :]
     if SPLITS > 1:  # every range writes its partial, an empty one too (0, -inf)
-        split = (tl.program_id(2) % SPLITS).to(tl.int64)
         tl.store(part_out_ptr + split * stride_ps + row[:, None] * stride_pt + head[:, None] * stride_ph
-                 + d[None, :], o, mask=mask)
+                 + d[None, :], o, mask=mask)  # (the partials: well under 2**31 elements)
         tl.store(part_lse_ptr + split * stride_pls + head * stride_plh + row, lse, mask=m_valid)
     else:
         tl.store(out_ptr + row[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :], o.to(CDT),
                  mask=mask)
         tl.store(lse_ptr + head * stride_lh + row, lse, mask=m_valid)
+
+
+@triton.jit(do_not_specialize=_MOVING, do_not_specialize_on_alignment=_POINTERS)
+def _window_level_kernel(
+    q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, cu_ptr, seqused_ptr, bt_ptr, key_start_ptr,
+    q_scale_ptr, k_scale_ptr, v_scale_ptr, part_out_ptr, part_lse_ptr,
+    q_scale, k_scale, v_scale, softmax_scale, softcap,
+    stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+    stride_ot, stride_oh, stride_lh, stride_bt, stride_ps, stride_pt, stride_ph, stride_pls, stride_plh,
+    num_groups, num_kv_heads,
+    GROUP: tl.constexpr,  # query heads per KV head
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,  # tokens a page
+    BLOCK_M: tl.constexpr,  # (row, head) pairs a tile: ROWS rows x GROUP heads, padded
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    SCALES_ON_DEVICE: tl.constexpr,  # q/k/v scales read from their pointers (else the float arguments)
+    SOFTCAP: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr,
+    SPLITS: tl.constexpr,  # key ranges (> 1: partials into part_out / part_lse, merged after)
+    MIN_CHUNK: tl.constexpr,  # keys a range holds, at least (a multiple of BLOCK_N)
+    COMPACT: tl.constexpr,  # programs loop over the step's tiles (else one tile a program, by group)
+    BLOCK_G: tl.constexpr,  # COMPACT: the groups, padded to a power of two
+):
+    ROWS: tl.constexpr = BLOCK_M // GROUP
+    if SCALES_ON_DEVICE:  # per-tensor scales: the first element of each (an expanded view is fine)
+        q_scale = tl.load(q_scale_ptr).to(tl.float32)
+        k_scale = tl.load(k_scale_ptr).to(tl.float32)
+        v_scale = tl.load(v_scale_ptr).to(tl.float32)
+    if COMPACT:  # work item (tile t of the step, KV head, range), tiles numbered group by group
+        gi = tl.arange(0, BLOCK_G)
+        counts = tl.load(cu_ptr + gi + 1, mask=gi < num_groups, other=0)
+        counts = (counts - tl.load(cu_ptr + gi, mask=gi < num_groups, other=0) + ROWS - 1) // ROWS
+        ends = _cumsum(counts)  # tiles of groups 0 .. g
+        items = _sum(counts, 0) * num_kv_heads * SPLITS
+        for item in range(tl.program_id(0), items, tl.num_programs(0)):
+            t = item // (num_kv_heads * SPLITS)
+            g = _sum((ends <= t).to(tl.int32), 0)
+            first_tile = _sum(tl.where(gi == g, ends - counts, 0), 0)
+            _level_tile(g, (item // SPLITS) % num_kv_heads, (t - first_tile) * ROWS, item % SPLITS,
+                        q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, cu_ptr, seqused_ptr, bt_ptr, key_start_ptr,
+                        part_out_ptr, part_lse_ptr, q_scale, k_scale, v_scale, softmax_scale, softcap,
+                        stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+                        stride_ot, stride_oh, stride_lh, stride_bt, stride_ps, stride_pt, stride_ph, stride_pls,
+                        stride_plh, GROUP, HEAD_DIM, BLOCK_SIZE, BLOCK_M, BLOCK_N, BLOCK_D, SOFTCAP, DOT_PRECISION,
+                        DOT_IN_FP32, SPLITS, MIN_CHUNK)
+    else:  # program (g, kv head, tile x SPLITS + range)
+        g = tl.program_id(0)
+        first_row = (tl.program_id(2) // SPLITS) * ROWS
+        if first_row >= tl.load(cu_ptr + g + 1) - tl.load(cu_ptr + g):
+            return
+        _level_tile(g, tl.program_id(1), first_row, tl.program_id(2) % SPLITS,
+                    q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, cu_ptr, seqused_ptr, bt_ptr, key_start_ptr,
+                    part_out_ptr, part_lse_ptr, q_scale, k_scale, v_scale, softmax_scale, softcap,
+                    stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+                    stride_ot, stride_oh, stride_lh, stride_bt, stride_ps, stride_pt, stride_ph, stride_pls,
+                    stride_plh, GROUP, HEAD_DIM, BLOCK_SIZE, BLOCK_M, BLOCK_N, BLOCK_D, SOFTCAP, DOT_PRECISION,
+                    DOT_IN_FP32, SPLITS, MIN_CHUNK)
 
 
 def window_level_attention(q, k, v, cu_seqlens_q, seqused_k, block_table, key_start, max_seqlen_q,
@@ -246,31 +290,37 @@ def window_level_attention(q, k, v, cu_seqlens_q, seqused_k, block_table, key_st
     G = seqused_k.shape[0]
     max_rows = int(max_seqlen_q)
     if G and max_rows > 0 and N:
-        num_sms = launch.sm_count(q.device)
-        block_m, block_n, block_d, num_warps = launch.tiles(max_rows, group, D, G * Hkv, num_sms)
+        num_sms, compact = launch.sm_count(q.device), launch.compact(G)
+        parallel = Hkv if compact else G * Hkv  # programs a tile index makes (compact: the step's groups' only)
+        block_m, block_n, block_d, num_warps = launch.tiles(max_rows, group, D, parallel, num_sms)
         scales = (q_descale, k_descale, v_descale)
         on_device = any(isinstance(x, torch.Tensor) for x in scales)
         ptrs = [_scale_tensor(x, q) for x in scales] if on_device else [cu_seqlens_q] * 3
         floats = [1.0] * 3 if on_device else [1.0 if x is None else float(x) for x in scales]
         kernel = _window_level_kernel if q.is_cuda else _interpreted(_window_level_kernel)
         tiles = triton.cdiv(max_rows, block_m // group)
-        splits = launch.num_splits(G * Hkv * tiles, num_sms)
+        splits = launch.num_splits(parallel * tiles, num_sms)
+        grid = (G, Hkv, tiles * splits)
+        if compact:  # as many programs as the step's tiles can fill, at most (its rows: at most N)
+            most = (triton.cdiv(N, block_m // group) + min(G, N)) * Hkv * splits
+            grid = (min(most, launch.COMPACT_WAVES * num_sms),)
         part_out, part_lse, part_strides = lse, lse, (0,) * 5  # (unread with one range)
         if splits > 1:  # the ranges' partials (graph memory under a capture), merged below
             part_out = torch.empty(splits, N, Hq, D, dtype=torch.float32, device=q.device)
             part_lse = torch.empty(splits, Hq, N, dtype=torch.float32, device=q.device)
             part_strides = (*part_out.stride()[:3], *part_lse.stride()[:2])
-        kernel[(G, Hkv, tiles * splits)](
+        kernel[grid](
             q, k, v, out, lse, cu_seqlens_q, seqused_k, block_table, key_start, *ptrs, part_out, part_lse,
             *floats, _scale(softmax_scale, D), float(softcap or 0.0),
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1),
             v.stride(2), out.stride(0), out.stride(1), lse.stride(0), block_table.stride(0),
-            *part_strides,
+            *part_strides, G, Hkv,
             GROUP=group, HEAD_DIM=D, BLOCK_SIZE=k.shape[1], BLOCK_M=block_m, BLOCK_N=block_n,
             BLOCK_D=block_d, SCALES_ON_DEVICE=on_device, SOFTCAP=bool(softcap),
             DOT_PRECISION="ieee" if out.dtype == torch.float32 else "tf32",
             DOT_IN_FP32=not q.is_cuda and out.dtype == torch.bfloat16, SPLITS=splits,
-            MIN_CHUNK=max(block_n, launch.MIN_SPLIT_KEYS // block_n * block_n), num_warps=num_warps, num_stages=2)
+            MIN_CHUNK=max(block_n, launch.MIN_SPLIT_KEYS // block_n * block_n), COMPACT=compact,
+            BLOCK_G=triton.next_power_of_2(G), num_warps=num_warps, num_stages=2)
         if splits > 1:
             combine_splits(part_out, part_lse, out, lse, cu_seqlens_q[:1], cu_seqlens_q[G:])
     return (out, lse) if return_softmax_lse else out
