@@ -23,7 +23,7 @@ from vllm_relay.attention.planner import RelayPlanner
 from vllm_relay.attention.windows import WindowRows
 from vllm_relay.config import RelayConfig
 from vllm_relay.ops.level_tree import LevelRule, find_levels, level_rows
-from vllm_relay.ops.window_level import window_level_attention_torch
+from vllm_relay.ops.window_level_torch import window_level_attention_torch
 
 PS = 4
 

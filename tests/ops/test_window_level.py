@@ -1,4 +1,4 @@
-"""vllm_relay/ops/window_level.py: a sliding-window layer's shared level (each row from its own first
+"""vllm_relay/ops/window_level.py and window_level_torch.py: a sliding-window layer's shared level (each row from its own first
 visible key on), the Triton kernel and its torch twin against a dense fp32 reference written here.
 
 The paged caches are filled with NaN wherever no key of a group lives (unused blocks, the blocks of a
@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from tests.ops.reference import DTYPES, assert_close, cu_seqlens, interpreter_on, on_grid, scatter_blocks
-from vllm_relay.ops.window_level import window_level_attention, window_level_attention_torch
+from vllm_relay.ops.window_level import window_level_attention
+from vllm_relay.ops.window_level_torch import window_level_attention_torch
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 NEEDS_TRITON = pytest.mark.skipif(DEVICE == "cpu" and not interpreter_on(),

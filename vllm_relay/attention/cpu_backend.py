@@ -39,7 +39,7 @@ from vllm_relay.attention.common import (
 )
 from vllm_relay.attention.planner import RelayPlanner
 from vllm_relay.ops import RelayPlan, relay_attention, varlen_attention_torch
-from vllm_relay.ops.window_level import window_level_attention_torch
+from vllm_relay.ops.window_level_torch import window_level_attention_torch
 
 def torch_views(key_cache: torch.Tensor, value_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """FlashAttention-layout views [blocks, block_size, kv_heads, D] of the halves of vLLM's CPU cache
