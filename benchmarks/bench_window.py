@@ -74,8 +74,9 @@ def case(varlen, hq, hkv, d, w, B, S, c):
 
 def tile_sweep(rep: int, quick: bool = False) -> list[dict]:
     """The level call alone (`window_level_attention`) at each tile (rows x heads, keys, warps), its keys
-    whole (one range a program) and cut into the ranges `window_launch.num_splits` picks of MIN_SPLIT_KEYS = 64, 128
-    and 256 keys at least, against the launch the kernel's rules pick: the data those rules are held to.
+    whole (one range a program) and cut into the ranges `window_launch.num_splits` picks of
+    MIN_SPLIT_KEYS = 64, 128 and 256 keys at least, against the launch the kernel's rules pick: the data
+    those rules are held to.
     Decode steps of B = 8, 64 and 256 over a 2048-token prompt, 64 own tokens a request at most (8: a
     level of few rows is few programs, each over the whole window). `quick`: the tiles that matter."""
     from vllm_relay.ops import window_launch as wl
@@ -87,7 +88,8 @@ def tile_sweep(rep: int, quick: bool = False) -> list[dict]:
         for B in (8, 64, 256):
             *_, call = case(None, hq, hkv, d, w, B, 2048, 64)
             chosen = (*rules[0](B, group, d), rules[2])
-            tiles = [(m, n, warps) for m in (16, 32, 64) for n in (16, 32, 64) for warps in (4, 8) if m >= group]
+            tiles = [(m, n, warps) for m in (16, 32, 64) for n in (16, 32, 64) for warps in (4, 8)
+                     if m >= group]
             if quick:
                 tiles = [t for t in tiles if t[2] == chosen[3] and (t[0] == 16 or t[:2] == chosen[:2])]
             for block_m, block_n, warps in tiles:
@@ -102,8 +104,8 @@ def tile_sweep(rep: int, quick: bool = False) -> list[dict]:
                     programs = hkv * triton.cdiv(B, block_m // group)
                     splits = rules[1](programs, torch.cuda.get_device_properties(0).multi_processor_count) \
                         if min_keys else 1
-                    rows.append(dict(shape=name, B=B, block_m=block_m, block_n=block_n, warps=warps, splits=splits,
-                                     min_split_keys=min_keys, us=us,
+                    rows.append(dict(shape=name, B=B, block_m=block_m, block_n=block_n, warps=warps,
+                                     splits=splits, min_split_keys=min_keys, us=us,
                                      chosen=(block_m, block_n, chosen[2], warps, min_keys) == chosen))
                     print(" ".join(f"{k}={v:.1f}" if k == "us" else f"{k}={v}" for k, v in rows[-1].items()))
     return rows
@@ -113,7 +115,8 @@ def padded(call: dict, groups: int) -> dict:
     """The level call as a CUDA graph holds it: its group, then `groups - 1` empty ones (no rows, no keys)."""
     cu, lens, table = call["cu_seqlens_q"], call["seqused_k"], call["block_table"]
     pad = groups - lens.shape[0]
-    return dict(call, cu_seqlens_q=torch.cat([cu, cu[-1:].expand(pad)]), seqused_k=torch.cat([lens, lens.new_zeros(pad)]),
+    return dict(call, cu_seqlens_q=torch.cat([cu, cu[-1:].expand(pad)]),
+                seqused_k=torch.cat([lens, lens.new_zeros(pad)]),
                 block_table=torch.cat([table, table[:1].expand(pad, -1)]).contiguous())
 
 
@@ -143,7 +146,8 @@ def graph_groups(rep: int) -> list[dict]:
 
 def main():
     args = kernel_args(__doc__, "fewer batch sizes and tiles", more=lambda p: p.add_argument(
-        "--tiles-only", action="store_true", help="the level call's tiles alone (no FlashAttention: no vLLM needed)"))
+        "--tiles-only", action="store_true",
+        help="the level call's tiles alone (no FlashAttention: no vLLM needed)"))
     if not torch.cuda.is_available():
         sys.exit("bench_window.py needs a CUDA GPU")
     torch.manual_seed(0)
@@ -181,19 +185,21 @@ def main():
     lines += [f"| {r['shape']} | {r['W']} | {r['B']} | {r['S']} | {r['c']} | {r['relay_us']:.1f} | {r['fa_us']:.1f} "
               f"| {r['fa_over_relay']:.2f}x | {r['relay_gbs']:.0f} | {r['fa_gbs']:.0f} | {r['max_abs_diff']:.3g} |"
               for r in rows]
-    lines += ["", "The level call alone by tile (rows x heads, keys, warps) and key ranges (a program's keys whole, or "
-              "cut into `splits` ranges of at least `min keys`); * marks the launch the rules pick (S=2048, c <= 64):",
-              "", "| shape | B | BLOCK_M | BLOCK_N | warps | splits | min keys | us |", "|---|---|---|---|---|---|---|---|"]
+    lines += ["", "The level call alone by tile (rows x heads, keys, warps) and key ranges (a program's keys "
+              "whole, or cut into `splits` ranges of at least `min keys`); * marks the launch the rules pick "
+              "(S=2048, c <= 64):", "", "| shape | B | BLOCK_M | BLOCK_N | warps | splits | min keys | us |",
+              "|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['shape']} | {r['B']} | {r['block_m']} | {r['block_n']} | {r['warps']} | {r['splits']} | "
               f"{r['min_split_keys'] or ''} | {r['us']:.1f}{' *' if r['chosen'] else ''} |" for r in tiles]
-    lines += ["", "The level call with the kernel's rules, alone and among the groups a CUDA graph of B decode tokens "
-              "holds (the rest empty, their programs launched all the same), and that as the compact grid:", "",
-              "| shape | B | groups | grid | us |", "|---|---|---|---|---|"]
+    lines += ["", "The level call with the kernel's rules, alone and among the groups a CUDA graph of B "
+              "decode tokens holds (the rest empty, their programs launched all the same), and that as the "
+              "compact grid:", "", "| shape | B | groups | grid | us |", "|---|---|---|---|---|"]
     lines += [f"| {r['shape']} | {r['B']} | {r['groups']} | {'compact' if r['compact'] else 'by group'} | "
               f"{r['us']:.1f} |" for r in padded_rows]
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "window_ops.json"), "w") as f:
-        json.dump(dict(gpu=gpu, copy_gbs=copy_gbs, rows=rows, tiles=tiles, graph_groups=padded_rows), f, indent=1)
+        json.dump(dict(gpu=gpu, copy_gbs=copy_gbs, rows=rows, tiles=tiles, graph_groups=padded_rows), f,
+                  indent=1)
     with open(os.path.join(args.out, "window_ops.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -1,5 +1,6 @@
-"""vllm_relay/ops/window_level.py and window_level_torch.py: a sliding-window layer's shared level (each row from its own first
-visible key on), the Triton kernel and its torch twin against a dense fp32 reference written here.
+"""vllm_relay/ops/window_level.py and window_level_torch.py: a sliding-window layer's shared level (each
+row from its own first visible key on), the Triton kernel and its torch twin against a dense fp32
+reference written here.
 
 The paged caches are filled with NaN wherever no key of a group lives (unused blocks, the blocks of a
 group wholly before its rows' first visible keys) and table entries past a group's keys are garbage
@@ -250,7 +251,8 @@ def split_keys(monkeypatch):
     return merges
 
 
-@pytest.mark.parametrize("h_kv, group, d", [(2, 5, 80), (3, 1, 64), (1, 2, 200)], ids=["gqa5-d80", "mha", "d200"])
+@pytest.mark.parametrize("h_kv, group, d", [(2, 5, 80), (3, 1, 64), (1, 2, 200)],
+                         ids=["gqa5-d80", "mha", "d200"])
 @NEEDS_TRITON
 def test_key_ranges_merged_by_their_lse(split_keys, h_kv, group, d):
     """A level of few programs over a long window cut into key ranges (16 of them, most of them empty for
@@ -335,8 +337,9 @@ for key in json.loads(sys.argv[1]):
     types = {"q_ptr": "*bf16", "k_ptr": cache, "v_ptr": cache, "out_ptr": "*bf16", "lse_ptr": "*fp32",
              "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32"}
     splits = launch.num_splits(parallel * -(-max_rows * group // block_m), 132)  # an H100's multiprocessors
-    consts = dict(GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=16, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
-                  SCALES_ON_DEVICE=cache != "*bf16", SOFTCAP=softcap, DOT_PRECISION="tf32", DOT_IN_FP32=False,
+    consts = dict(GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=16, BLOCK_M=block_m, BLOCK_N=block_n,
+                  BLOCK_D=block_d, SCALES_ON_DEVICE=cache != "*bf16", SOFTCAP=softcap, DOT_PRECISION="tf32",
+                  DOT_IN_FP32=False,
                   SPLITS=splits, MIN_CHUNK=max(block_n, launch.MIN_SPLIT_KEYS // block_n * block_n),
                   COMPACT=compact, BLOCK_G=128 if compact else 1)
     signature = {name: "constexpr" if name in consts else types.get(name) or (

@@ -82,7 +82,7 @@ def combine_splits(part_out: torch.Tensor, part_lse: torch.Tensor, out: torch.Te
         return None
     kernel = _combine_kernel if part_out.is_cuda else _interpreted(_combine_kernel)
     block_d = triton.next_power_of_2(D)
-    kernel[(N,)](part_out, part_lse, out, lse, start, end, part_out.stride(0), part_out.stride(1), part_out.stride(2),
+    kernel[(N,)](part_out, part_lse, out, lse, start, end, *part_out.stride()[:3],
                  part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1), lse.stride(0),
                  SPLITS=S, HEADS=H, HEAD_DIM=D, BLOCK_H=triton.next_power_of_2(H), BLOCK_D=block_d,
                  num_warps=4 if H * block_d <= 4096 else 8)

@@ -83,7 +83,8 @@ def _cumsum(x):
 
 @triton.jit
 def _level_tile(
-    g, kv_head, first_row, split, q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, cu_ptr, seqused_ptr, bt_ptr, key_start_ptr,
+    g, kv_head, first_row, split, q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, cu_ptr, seqused_ptr, bt_ptr,
+    key_start_ptr,
     part_out_ptr, part_lse_ptr, q_scale, k_scale, v_scale, softmax_scale, softcap,
     stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
     stride_ot, stride_oh, stride_lh, stride_bt, stride_ps, stride_pt, stride_ph, stride_pls, stride_plh,
@@ -209,10 +210,10 @@ def _window_level_kernel(
             _level_tile(g, (item // SPLITS) % num_kv_heads, (t - first_tile) * ROWS, item % SPLITS,
                         q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, cu_ptr, seqused_ptr, bt_ptr, key_start_ptr,
                         part_out_ptr, part_lse_ptr, q_scale, k_scale, v_scale, softmax_scale, softcap,
-                        stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-                        stride_ot, stride_oh, stride_lh, stride_bt, stride_ps, stride_pt, stride_ph, stride_pls,
-                        stride_plh, GROUP, HEAD_DIM, BLOCK_SIZE, BLOCK_M, BLOCK_N, BLOCK_D, SOFTCAP, DOT_PRECISION,
-                        DOT_IN_FP32, SPLITS, MIN_CHUNK)
+                        stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
+                        stride_vh, stride_ot, stride_oh, stride_lh, stride_bt, stride_ps, stride_pt,
+                        stride_ph, stride_pls, stride_plh, GROUP, HEAD_DIM, BLOCK_SIZE, BLOCK_M, BLOCK_N,
+                        BLOCK_D, SOFTCAP, DOT_PRECISION, DOT_IN_FP32, SPLITS, MIN_CHUNK)
     else:  # program (g, kv head, tile x SPLITS + range)
         g = tl.program_id(0)
         first_row = (tl.program_id(2) // SPLITS) * ROWS
@@ -223,8 +224,8 @@ def _window_level_kernel(
                     part_out_ptr, part_lse_ptr, q_scale, k_scale, v_scale, softmax_scale, softcap,
                     stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
                     stride_ot, stride_oh, stride_lh, stride_bt, stride_ps, stride_pt, stride_ph, stride_pls,
-                    stride_plh, GROUP, HEAD_DIM, BLOCK_SIZE, BLOCK_M, BLOCK_N, BLOCK_D, SOFTCAP, DOT_PRECISION,
-                    DOT_IN_FP32, SPLITS, MIN_CHUNK)
+                    stride_plh, GROUP, HEAD_DIM, BLOCK_SIZE, BLOCK_M, BLOCK_N, BLOCK_D, SOFTCAP,
+                    DOT_PRECISION, DOT_IN_FP32, SPLITS, MIN_CHUNK)
 
 
 def window_level_attention(q, k, v, cu_seqlens_q, seqused_k, block_table, key_start, max_seqlen_q,
@@ -291,7 +292,7 @@ def window_level_attention(q, k, v, cu_seqlens_q, seqused_k, block_table, key_st
     max_rows = int(max_seqlen_q)
     if G and max_rows > 0 and N:
         num_sms, compact = launch.sm_count(q.device), launch.compact(G)
-        parallel = Hkv if compact else G * Hkv  # programs a tile index makes (compact: the step's groups' only)
+        parallel = Hkv if compact else G * Hkv  # programs a tile index makes (compact: its real groups')
         block_m, block_n, block_d, num_warps = launch.tiles(max_rows, group, D, parallel, num_sms)
         scales = (q_descale, k_descale, v_descale)
         on_device = any(isinstance(x, torch.Tensor) for x in scales)
