@@ -102,8 +102,7 @@ def tile_sweep(rep: int, quick: bool = False) -> list[dict]:
                     finally:
                         wl.tiles, wl.num_splits, wl.MIN_SPLIT_KEYS = rules
                     programs = hkv * triton.cdiv(B, block_m // group)
-                    splits = rules[1](programs, torch.cuda.get_device_properties(0).multi_processor_count) \
-                        if min_keys else 1
+                    splits = rules[1](programs, wl.sm_count(call["q"].device)) if min_keys else 1
                     rows.append(dict(shape=name, B=B, block_m=block_m, block_n=block_n, warps=warps,
                                      splits=splits, min_split_keys=min_keys, us=us,
                                      chosen=(block_m, block_n, chosen[2], warps, min_keys) == chosen))
@@ -157,7 +156,6 @@ def main():
     if shapes:
         from vllm.vllm_flash_attn import flash_attn_varlen_func as varlen
     for name, (hq, hkv, d, w) in shapes.items():
-
         for B in ((8, 64, 256) if args.quick else (8, 16, 32, 64, 128, 256)):  # 8, 16: small serving batches
             for S, c in ((2048, 64), (2048, 512), (8192, 64)):
                 relay, fa, out_relay, out_fa, b_relay, b_fa, _ = case(varlen, hq, hkv, d, w, B, S, c)

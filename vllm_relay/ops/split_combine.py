@@ -73,10 +73,10 @@ def combine_splits(part_out: torch.Tensor, part_lse: torch.Tensor, out: torch.Te
     The Triton kernel on CUDA tensors (and on CPU ones under TRITON_INTERPRET=1), else the torch twin.
     No host synchronization: the launch can be captured in a CUDA graph.
     """
-    _check(part_out, part_lse, out, lse)
     interpret = os.environ.get("TRITON_INTERPRET", "0") == "1"
     if not part_out.is_cuda and not interpret:
-        return combine_splits_torch(part_out, part_lse, out, lse, start, end)
+        return combine_splits_torch(part_out, part_lse, out, lse, start, end)  # (which checks them)
+    _check(part_out, part_lse, out, lse)
     S, N, H, D = part_out.shape
     if N == 0:
         return None

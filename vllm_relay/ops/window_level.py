@@ -83,21 +83,19 @@ def _cumsum(x):
 
 @triton.jit
 def _level_tile(
-    g, kv_head, first_row, split, q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, cu_ptr, seqused_ptr, bt_ptr,
-    key_start_ptr,
-    part_out_ptr, part_lse_ptr, q_scale, k_scale, v_scale, softmax_scale, softcap,
+    g, row_lo, num_rows, kv_head, first_row, split, q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, seqused_ptr,
+    bt_ptr, key_start_ptr, part_out_ptr, part_lse_ptr, q_scale, k_scale, v_scale, softmax_scale, softcap,
     stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
     stride_ot, stride_oh, stride_lh, stride_bt, stride_ps, stride_pt, stride_ph, stride_pls, stride_plh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr,
     DOT_IN_FP32: tl.constexpr, SPLITS: tl.constexpr, MIN_CHUNK: tl.constexpr,
 ):
-    """Rows first_row .. first_row + ROWS - 1 of group g, the GROUP query heads of KV head `kv_head` each,
-    over key range `split`; element m of the tile's M dimension is (row m // GROUP, head m % GROUP). A tile
-    past its group's rows has no valid element: it reads no key and writes nothing."""
+    """Rows first_row .. first_row + ROWS - 1 of group g (its `num_rows` rows from row `row_lo`), the GROUP
+    query heads of KV head `kv_head` each, over key range `split`; element m of the tile's M dimension is
+    (row m // GROUP, head m % GROUP). A tile past its group's rows has no valid element: it reads no key and
+    writes nothing."""
     ROWS: tl.constexpr = BLOCK_M // GROUP
-    row_lo = tl.load(cu_ptr + g)
-    num_rows = tl.load(cu_ptr + g + 1) - row_lo
     m = tl.arange(0, BLOCK_M)
     local = first_row + m // GROUP
     m_valid = (m < ROWS * GROUP) & (local < num_rows)
@@ -207,8 +205,10 @@ def _window_level_kernel(
             t = item // (num_kv_heads * SPLITS)
             g = _sum((ends <= t).to(tl.int32), 0)
             first_tile = _sum(tl.where(gi == g, ends - counts, 0), 0)
-            _level_tile(g, (item // SPLITS) % num_kv_heads, (t - first_tile) * ROWS, item % SPLITS,
-                        q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, cu_ptr, seqused_ptr, bt_ptr, key_start_ptr,
+            row_lo = tl.load(cu_ptr + g)
+            _level_tile(g, row_lo, tl.load(cu_ptr + g + 1) - row_lo, (item // SPLITS) % num_kv_heads,
+                        (t - first_tile) * ROWS, item % SPLITS,
+                        q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, seqused_ptr, bt_ptr, key_start_ptr,
                         part_out_ptr, part_lse_ptr, q_scale, k_scale, v_scale, softmax_scale, softcap,
                         stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
                         stride_vh, stride_ot, stride_oh, stride_lh, stride_bt, stride_ps, stride_pt,
@@ -217,10 +217,12 @@ def _window_level_kernel(
     else:  # program (g, kv head, tile x SPLITS + range)
         g = tl.program_id(0)
         first_row = (tl.program_id(2) // SPLITS) * ROWS
-        if first_row >= tl.load(cu_ptr + g + 1) - tl.load(cu_ptr + g):
+        row_lo = tl.load(cu_ptr + g)
+        num_rows = tl.load(cu_ptr + g + 1) - row_lo
+        if first_row >= num_rows:
             return
-        _level_tile(g, tl.program_id(1), first_row, tl.program_id(2) % SPLITS,
-                    q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, cu_ptr, seqused_ptr, bt_ptr, key_start_ptr,
+        _level_tile(g, row_lo, num_rows, tl.program_id(1), first_row, tl.program_id(2) % SPLITS,
+                    q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, seqused_ptr, bt_ptr, key_start_ptr,
                     part_out_ptr, part_lse_ptr, q_scale, k_scale, v_scale, softmax_scale, softcap,
                     stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
                     stride_ot, stride_oh, stride_lh, stride_bt, stride_ps, stride_pt, stride_ph, stride_pls,
@@ -299,11 +301,12 @@ def window_level_attention(q, k, v, cu_seqlens_q, seqused_k, block_table, key_st
         ptrs = [_scale_tensor(x, q) for x in scales] if on_device else [cu_seqlens_q] * 3
         floats = [1.0] * 3 if on_device else [1.0 if x is None else float(x) for x in scales]
         kernel = _window_level_kernel if q.is_cuda else _interpreted(_window_level_kernel)
-        tiles = triton.cdiv(max_rows, block_m // group)
+        rows = block_m // group  # a tile's
+        tiles = triton.cdiv(max_rows, rows)
         splits = launch.num_splits(parallel * tiles, num_sms)
         grid = (G, Hkv, tiles * splits)
         if compact:  # as many programs as the step's tiles can fill, at most (its rows: at most N)
-            most = (triton.cdiv(N, block_m // group) + min(G, N)) * Hkv * splits
+            most = (triton.cdiv(N, rows) + min(G, N)) * Hkv * splits
             grid = (min(most, launch.COMPACT_WAVES * num_sms),)
         part_out, part_lse, part_strides = lse, lse, (0,) * 5  # (unread with one range)
         if splits > 1:  # the ranges' partials (graph memory under a capture), merged below
