@@ -49,7 +49,8 @@ def case(varlen, hq, hkv, d, w, B, S, c):
     level = SharedLevel(
         perm=torch.arange(B, device=dev, dtype=torch.int32), row_index=torch.arange(B, device=dev, dtype=torch.int32),
         call=dict(cu_seqlens_q=torch.tensor([0, B], device=dev, dtype=torch.int32),
-                  seqused_k=torch.tensor([S], device=dev, dtype=torch.int32), max_seqlen_q=B, max_seqlen_k=S,
+                  seqused_k=torch.tensor([S], device=dev, dtype=torch.int32), max_seqlen_q=B,
+                  max_seqlen_k=min(S, w),  # (the most keys a row reads, as relay's planner passes it)
                   block_table=sys_blocks[None].contiguous(), key_start=S + own - 1 - (w - 1)),
         q_buf=torch.empty_like(q), out_buf=torch.empty_like(q), attn_fn=window_level_attention)
     plan = RelayPlan(context=dict(cu_seqlens_q=cu, seqused_k=own, max_seqlen_q=1, max_seqlen_k=c,

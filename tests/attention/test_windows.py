@@ -79,6 +79,7 @@ def test_window_layers_read_each_level_from_each_rows_window_on(window, seed, mo
     run_and_check(world, plan, cm, window=window)
     if step.tree is not None:
         assert plan.run_level and planner.stats["level_groups"] == step.tree.num_groups
+        assert plan.level.call["max_seqlen_k"] <= window  # (the most keys a row reads: the kernel's ranges)
     own = [r for r in range(step.tree.num_groups) if step.tree.pages[r]] if step.tree is not None else []
     if own:  # a block id inside the window of a row of a level of own pages, changed in group 1's table
         g = own[0]

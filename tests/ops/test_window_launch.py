@@ -16,3 +16,13 @@ def test_splits_fill_the_multiprocessors_twice_and_no_more():
     assert num_splits(64, 132) == 8  # 5 ranges would make 320 programs: a power of two, 8
     assert num_splits(8, 132) == num_splits(1, 132) == MAX_SPLITS
     assert num_splits(100, 132) == 4
+
+
+def test_no_more_ranges_than_a_rows_keys_fill():
+    """`keys`: the most keys a row reads (a window's length): ranges of MIN_SPLIT_KEYS (128) at least, a
+    power of two of them."""
+    assert num_splits(8, 132, keys=128) == num_splits(8, 132, keys=100) == 1  # gpt-oss's windows
+    assert num_splits(8, 132, keys=700) == 4
+    assert num_splits(8, 132, keys=1024) == 8  # Gemma 3's
+    assert num_splits(8, 132, keys=10**6) == num_splits(8, 132) == MAX_SPLITS
+    assert num_splits(1000, 132, keys=10**6) == 1

@@ -89,13 +89,12 @@ def build(groups, h_kv, group, d, block_size, dtype, fp8=None, scales=(1.0, 1.0)
     cache_dtype = fp8 or dtype
     if layout == "stacked":
         kv = torch.full((total, 2, block_size, h_kv, d), float("nan")).to(cache_dtype)
-        k_cache, v_cache = kv[:, 0], kv[:, 1]
-    elif layout == "packed":
-        kv = torch.full((total, block_size, h_kv, 2 * d), float("nan")).to(cache_dtype)
-        k_cache, v_cache = kv[..., :d], kv[..., d:]
+        views = lambda kv: (kv[:, 0], kv[:, 1])  # noqa: E731
     else:
         kv = torch.full((total, block_size, h_kv, 2 * d), float("nan")).to(cache_dtype)
-        k_cache, v_cache = kv[..., 0::2], kv[..., 1::2]
+        views = (lambda kv: (kv[..., :d], kv[..., d:])) if layout == "packed" else (  # noqa: E731
+            lambda kv: (kv[..., 0::2], kv[..., 1::2]))
+    k_cache, v_cache = views(kv)
     width = max(nblk) + 2
     ids = torch.randperm(total)
     table = torch.randint(0, total, (len(groups), width), dtype=torch.int32)  # past the end: garbage
@@ -111,20 +110,22 @@ def build(groups, h_kv, group, d, block_size, dtype, fp8=None, scales=(1.0, 1.0)
     args = {"q": q.to(dtype), "k": k_cache, "v": v_cache, "cu_seqlens_q": cu, "seqused_k": seqused,
             "block_table": table, "key_start": key_start}
     args = {name: x.to(DEVICE) for name, x in args.items()}
+    args["k"], args["v"] = views(kv.to(DEVICE))  # the layout's strides on the device too
     args["max_seqlen_q"] = max(rows) + 2  # an upper bound, as a CUDA graph's
     return args, ks, vs, firsts
 
 
 def check(impl, groups, h_kv, group, d, dtype, block_size=16, softcap=0.0, fp8=None, scales=(1.0, 1.0),
-          descale=None, layout="stacked"):
-    """One call of `impl` against `dense_ref`, every group; rows past cu_seqlens_q[G] untouched."""
+          descale=None, layout="stacked", keys=None):
+    """One call of `impl` against `dense_ref`, every group; rows past cu_seqlens_q[G] untouched. `keys`:
+    the call's max_seqlen_k (the most keys a row reads, which bounds the key ranges; None: unknown)."""
     args, ks, vs, firsts = build(groups, h_kv, group, d, block_size, dtype, fp8, scales, layout)
     n = sum(len(s) for s, _ in groups)
     scale = d ** -0.5 * (4.0 if softcap else 1.0)  # with a cap: scores large enough that it bends them
     out = torch.full(args["q"].shape, SENTINEL, dtype=dtype, device=DEVICE)
     got, lse = impl(**args, **(descale or {}), softmax_scale=scale, out=out, causal=False,
                     return_softmax_lse=True, softcap=softcap, fa_version=3, scheduler_metadata=None,
-                    num_splits=0, max_seqlen_k=200, window_size=(-1, -1), alibi_slopes=None)
+                    num_splits=0, max_seqlen_k=keys, window_size=(-1, -1), alibi_slopes=None)
     assert got is out
     assert lse.dtype == torch.float32 and lse.shape == (args["q"].shape[1], n + PAD_ROWS)
     assert not got[:n].isnan().any() and not lse[:, :n].isnan().any()
@@ -278,6 +279,27 @@ def test_compact_grid_loops_over_the_real_tiles_only(monkeypatch, split_keys, ra
     padded = GROUPS + [([], 0)] * 3 + [([2, 9], 40)] + [([], 5)]  # empty groups between and after
     check(window_level_attention, padded, h_kv, group, d, torch.float32)
     assert split_keys == ([4] if ranges else [])
+
+
+@NEEDS_TRITON
+def test_no_more_key_ranges_than_a_rows_keys_fill(split_keys):
+    """max_seqlen_k, the most keys a row reads (a window's length), bounds the ranges: 40 keys fill two of
+    16 at least, 16 keys one (no merge); the result is exact whatever the rows' keys span."""
+    check(window_level_attention, GROUPS, 2, 4, 64, torch.float32, keys=40)
+    check(window_level_attention, GROUPS, 2, 4, 64, torch.float32, keys=16)
+    assert split_keys == [2]
+
+
+@pytest.mark.parametrize("grid", ["by group", "compact"])
+@NEEDS_TRITON
+def test_groups_empty_and_not_on_either_grid(monkeypatch, grid):
+    """The grid by group (a program a tile of every group, the empty ones too) and the compact one (a few
+    programs looping over the real tiles), on the same groups, empty ones among them."""
+    from vllm_relay.ops import window_launch as launch
+
+    monkeypatch.setattr(launch, "COMPACT_FROM_GROUPS", 2 if grid == "compact" else None)
+    padded = [([], 0)] + GROUPS + [([], 7), ([3], 30)]
+    check(window_level_attention, padded, 2, 4, 64, torch.bfloat16)
 
 
 @NEEDS_TRITON

@@ -265,8 +265,8 @@ class RelayPlanner(LevelFinder):
                         max_seqlen_q=T if graph else staged.max_group_rows,
                         max_seqlen_k=graph_len if graph else staged.max_group_len,
                         block_table=self.level_table[G - groups: G])
-            if keys is not None:
-                call["key_start"] = keys
+            if keys is not None:  # each row reads its window's keys at most
+                call.update(key_start=keys, max_seqlen_k=min(call["max_seqlen_k"], self.window))
             count = self.cu[groups: groups + 1]
         row_index_view = self._row_index[: depth * T].view(depth, T)
         fn = self.level_fn if self.window else None

@@ -12,8 +12,11 @@ SMALL_TILE_WAVES = 4  # programs a multiprocessor, at most, for the small tiles 
 # A call of at least this many groups (a CUDA graph's: its capacity, most of them empty) launches a grid
 # of COMPACT_WAVES programs a multiprocessor looping over the step's real tiles, instead of a program for
 # every tile of every group (None: never). Off until timed against the grid by group on a GPU
-# (benchmarks/bench_window.py's graph groups).
-COMPACT_FROM_GROUPS: int | None = None
+# (benchmarks/bench_window.py's graph groups). H100, the level call among a decode graph's groups (18 at
+# 8 rows, 66 at 64 and 256), us by group / compact: Gemma 3's window layers 79.9 / 30.1, 129.7 / 46.2,
+# 125.8 / 131.5; gpt-oss's 256 rows 21.5 / 14.0 (its 8 and 64 rows measured with key ranges a 128-token
+# window leaves idle, which `num_splits` no longer makes).
+COMPACT_FROM_GROUPS: int | None = 2
 MAX_COMPACT_GROUPS = 1024  # (each program reads every group's row count)
 COMPACT_WAVES = 2
 
@@ -42,15 +45,18 @@ def tiles(max_rows: int, group: int, head_dim: int, parallel: int = 1, num_sms: 
     return block_m, block_n, block_d, num_warps
 
 
-def num_splits(programs: int, num_sms: int) -> int:
+def num_splits(programs: int, num_sms: int, keys: int | None = None) -> int:
     """Key ranges each program's keys are cut into: 1 where the grid's `programs` (groups x KV heads x
     tiles, empty groups too: a CUDA graph's groups are its capacity, and each range multiplies them all)
     fill the multiprocessors; else enough for about twice their count. A range holds MIN_SPLIT_KEYS keys
-    at least, so a short window leaves the programs of its later ranges idle; every range writes a
-    partial all the same."""
+    at least, and no more ranges than `keys` (the most keys a row reads: a window's length) fill: a range
+    past them is a program that reads nothing and a partial merged all the same (gpt-oss's 128-token
+    windows, 8 and 64 rows over a 2048-token level, H100: 12.4 and 12.5 us whole, 20.1 and 23.2 in 16
+    and 8 ranges)."""
     if programs >= num_sms:
         return 1
-    return min(MAX_SPLITS, triton.next_power_of_2(triton.cdiv(2 * num_sms, programs)))
+    fill = MAX_SPLITS if keys is None else max(1, min(MAX_SPLITS, keys // MIN_SPLIT_KEYS))
+    return min(1 << (fill.bit_length() - 1), triton.next_power_of_2(triton.cdiv(2 * num_sms, programs)))
 
 
 @functools.lru_cache(maxsize=None)

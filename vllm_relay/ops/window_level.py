@@ -261,9 +261,11 @@ def window_level_attention(q, k, v, cu_seqlens_q, seqused_k, block_table, key_st
         k_descale, v_descale, q_descale: per-tensor scales of an FP8 cache (and FP8 queries): a float, or
             a tensor holding one value (e.g. [G, Hkv] expanded from one), read on the device. q_descale
             is for FP8 queries only, scaling them as the cache's scales do.
-        **ignored: FlashAttention's tuning keywords (fa_version, scheduler_metadata, num_splits,
-            max_seqlen_k); `window_size` must be None or (-1, -1) and `alibi_slopes`, `s_aux`,
-            `cu_seqlens_k` None (else NotImplementedError: the window is `key_start`).
+        **ignored: FlashAttention's tuning keywords (fa_version, scheduler_metadata, num_splits), and
+            max_seqlen_k, read as the most keys a row reads (a window's length: it bounds the key ranges
+            a program's keys are cut into; None: unknown); `window_size` must be None or (-1, -1), and
+            `alibi_slopes`, `s_aux`, `cu_seqlens_k` None (else NotImplementedError: the window is
+            `key_start`).
 
     Returns:
         `out` [N, Hq, D], and with `return_softmax_lse` the natural-log LSE float32 [Hq, N] (allocated
@@ -303,7 +305,7 @@ def window_level_attention(q, k, v, cu_seqlens_q, seqused_k, block_table, key_st
         kernel = _window_level_kernel if q.is_cuda else _interpreted(_window_level_kernel)
         rows = block_m // group  # a tile's
         tiles = triton.cdiv(max_rows, rows)
-        splits = launch.num_splits(parallel * tiles, num_sms)
+        splits = launch.num_splits(parallel * tiles, num_sms, ignored.get("max_seqlen_k"))
         grid = (G, Hkv, tiles * splits)
         if compact:  # as many programs as the step's tiles can fill, at most (its rows: at most N)
             most = (triton.cdiv(N, rows) + min(G, N)) * Hkv * splits
@@ -324,7 +326,8 @@ def window_level_attention(q, k, v, cu_seqlens_q, seqused_k, block_table, key_st
             DOT_PRECISION="ieee" if out.dtype == torch.float32 else "tf32",
             DOT_IN_FP32=not q.is_cuda and out.dtype == torch.bfloat16, SPLITS=splits,
             MIN_CHUNK=max(block_n, launch.MIN_SPLIT_KEYS // block_n * block_n), COMPACT=compact,
-            BLOCK_G=triton.next_power_of_2(G), num_warps=num_warps, num_stages=2)
+            BLOCK_G=max(64, triton.next_power_of_2(G)) if compact else 1,  # (few compiled variants)
+            num_warps=num_warps, num_stages=2)
         if splits > 1:
             combine_splits(part_out, part_lse, out, lse, cu_seqlens_q[:1], cu_seqlens_q[G:])
     return (out, lse) if return_softmax_lse else out
