@@ -124,15 +124,16 @@ def graph_groups(rep: int) -> list[dict]:
     """The level call with the kernel's own rules, alone in its call and padded to the groups a decode graph
     of B tokens holds (`RelayPlanner.graph_capacity`: 2 system-prompt slots, `max_prompts`' default, and
     min(2 B, GRAPH_LEVELS = 64) levels): every empty group's programs are launched too, and the rules
-    choose tiles and ranges for the grid they make; padded, also as the compact grid (a few programs a
-    multiprocessor looping over the real tiles: `window_launch.COMPACT_FROM_GROUPS`)."""
+    choose tiles and ranges for the grid they make; alone and padded, also as the compact grid (a few
+    programs a multiprocessor looping over the real tiles: `window_launch.COMPACT_FROM_GROUPS`)."""
     from vllm_relay.ops import window_launch
 
     rows = []
     for name, (hq, hkv, d, w) in SHAPES.items():
         for B in (8, 64, 256):
             *_, call = case(None, hq, hkv, d, w, B, 2048, 64)
-            for groups, compact in ((1, None), (2 + min(2 * B, 64), None), (2 + min(2 * B, 64), 2)):
+            graph = 2 + min(2 * B, 64)
+            for groups, compact in ((1, None), (1, 1), (graph, None), (graph, 2)):
                 one, rule = padded(call, groups), window_launch.COMPACT_FROM_GROUPS
                 window_launch.COMPACT_FROM_GROUPS = compact
                 try:

@@ -9,14 +9,15 @@ import triton
 MAX_SPLITS = 16  # key ranges a program's keys are cut into, at most
 MIN_SPLIT_KEYS = 128  # keys a range holds, at least (rounded to the key tile)
 SMALL_TILE_WAVES = 4  # programs a multiprocessor, at most, for the small tiles of large heads
-# A call of at least this many groups (a CUDA graph's: its capacity, most of them empty) launches a grid
-# of COMPACT_WAVES programs a multiprocessor looping over the step's real tiles, instead of a program for
-# every tile of every group (None: never). Off until timed against the grid by group on a GPU
-# (benchmarks/bench_window.py's graph groups). H100, the level call among a decode graph's groups (18 at
-# 8 rows, 66 at 64 and 256), us by group / compact: Gemma 3's window layers 79.9 / 30.1, 129.7 / 46.2,
-# 125.8 / 131.5; gpt-oss's 256 rows 21.5 / 14.0 (its 8 and 64 rows measured with key ranges a 128-token
-# window leaves idle, which `num_splits` no longer makes).
-COMPACT_FROM_GROUPS: int | None = 2
+# A call of at least this many groups launches a grid of COMPACT_WAVES programs a multiprocessor looping
+# over the step's real tiles, instead of a program for every tile of every group (None: never). A CUDA
+# graph's call has a group per level it can hold, most of them empty. H100, one level of B rows over a
+# 2048-token prompt, us: alone by group / among a decode graph's groups (18 at B=8, 66 at 64 and 256) by
+# group / the same compact: Gemma 3's window layers B=8 25.9 / 77.8 / 26.1, B=64 44.4 / 146.0 / 41.5,
+# B=256 85.9 / 141.1 / 78.4; gpt-oss's 12.1 / 12.0 / 12.5, 11.7 / 13.7 / 12.7, 12.9 / 22.9 / 14.5. So every
+# call is compact (1): a graph's and an eager step's calls are then one compiled variant (BLOCK_G, at
+# least 128, too), where an eager variant otherwise compiles in the first step that reads a level.
+COMPACT_FROM_GROUPS: int | None = 1
 MAX_COMPACT_GROUPS = 1024  # (each program reads every group's row count)
 COMPACT_WAVES = 2
 

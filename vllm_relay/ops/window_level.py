@@ -326,7 +326,7 @@ def window_level_attention(q, k, v, cu_seqlens_q, seqused_k, block_table, key_st
             DOT_PRECISION="ieee" if out.dtype == torch.float32 else "tf32",
             DOT_IN_FP32=not q.is_cuda and out.dtype == torch.bfloat16, SPLITS=splits,
             MIN_CHUNK=max(block_n, launch.MIN_SPLIT_KEYS // block_n * block_n), COMPACT=compact,
-            BLOCK_G=max(64, triton.next_power_of_2(G)) if compact else 1,  # (few compiled variants)
+            BLOCK_G=max(128, triton.next_power_of_2(G)) if compact else 1,  # (few compiled variants)
             num_warps=num_warps, num_stages=2)
         if splits > 1:
             combine_splits(part_out, part_lse, out, lse, cu_seqlens_q[:1], cu_seqlens_q[G:])
