@@ -116,7 +116,8 @@ run() {  # one step into $out/STEP.txt; its exit status
   local step=$1 e2e="tests/e2e/test_gpu_relay.py"
   local t="python3 -m pytest -m gpu -p no:cacheprovider -s -x --basetemp=/tmp/pytest-relay/$step"
   case $step in
-    install) python3 -m pip install -q --no-index --no-deps --no-build-isolation --upgrade --target /tmp/site . ;;
+    install) rm -rf build  # (setuptools reuses build/lib's copy of a file older than it: a stale install)
+        python3 -m pip install -q --no-index --no-deps --no-build-isolation --upgrade --target /tmp/site . ;;
     unit) $t tests/ops tests/attention tests/hooks ;;
     mha|gqa) $t $e2e -k "matches_flash and tp1 and $step" ;;
     unsplit) $t $e2e -k unsplit ;;
