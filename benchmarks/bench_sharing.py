@@ -36,9 +36,9 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (add_sglang_args, compiled_during, decode_span_s, json_object, measure_card,  # noqa: E402
-                    model_config, profiler_config, prompt_vocab, result_line, run_logged, sglang_command,
-                    sglang_engine, sglang_sampling, worker_command)
+from common import (add_sglang_args, compiled_during, decode_span_s, host_speed_us, json_object,  # noqa: E402
+                    measure_card, model_config, profiler_config, prompt_vocab, result_line, run_logged,
+                    sglang_command, sglang_engine, sglang_sampling, worker_command)
 
 
 def shape(model: str) -> dict:
@@ -180,6 +180,7 @@ def worker(args):
             return elapsed, completions, tokens, span
 
         runs, triton_compiled = [], []
+        probe = host_speed_us()  # the host's speed at this config's runs (it moves within a job)
         for r in range(args.repeat):
             rng = random.Random(1000 + i + 100003 * r)  # the same ids for every config, fresh ones each run
             prompts, n, _ = requests(point, args.worker, rng, sh["vocab"], system)
@@ -204,6 +205,7 @@ def worker(args):
             runs.append(got)
         row = summarize(point, runs)
         row["triton_compiled"] = triton_compiled  # in the point's timed runs (first-token runs too)
+        row["host_speed_us"] = probe
         rows.append(row)
         print(f"  {args.worker} {point}: {row['elapsed_s']:.2f} s, {row['tokens_per_s']:.0f} tok/s"
               + (f", {row['ms_per_step']:.2f} ms/step" if "ms_per_step" in row else "")
@@ -307,7 +309,8 @@ def markdown(results, card, sh, args) -> str:
         lines.append(f"| {label} | " + " | ".join(cells) + f" | {bound} | {ratio('relay', 'default')} | "
                      f"{ratio('relay', 'sglang')} | {most} |")
     if not any(w == "samples" for w in args.workloads.split(",")):
-        return "\n".join(lines + compiled_lines(results, configs, pts)) + "\n"
+        return "\n".join(lines + compiled_lines(results, configs, pts)
+                         + host_lines(results, configs, pts)) + "\n"
     lines += ["", "Relay / reachable: against the bound plus the least time one prefill of the shared prompt "
               "takes (its FLOPs at the matmul rate above), which the bound leaves out and no engine can skip.", "",
               "First token of the n completions of a cold prompt (s); ms a decode step (the job less that first "
@@ -340,7 +343,17 @@ def markdown(results, card, sh, args) -> str:
         jobs = " | ".join(f"{r['job_first_token_s']:.3f} s, {r['job_decode_ms_per_step']:.2f} ms"
                           if "job_decode_ms_per_step" in r else "" for r in (results[c]["rows"][i] for c in configs))
         lines.append(f"| P={point['P']}, n={point['n']} | {cells} | {steps} | {jobs} | {rel} | {run} |")
-    return "\n".join(lines + compiled_lines(results, configs, pts)) + "\n"
+    return "\n".join(lines + compiled_lines(results, configs, pts)
+                         + host_lines(results, configs, pts)) + "\n"
+
+
+def host_lines(results, configs, pts) -> list[str]:
+    """The host's pure-Python probe (`common.host_speed_us`, us) as each config's runs of each point began:
+    a host-bound step moves with it, and it moves within a job."""
+    probes = [f"{c} at {', '.join(f'{k}={v}' for k, v in pts[i].items())}: {row['host_speed_us']:.0f}"
+              for c in configs for i, row in enumerate(results[c]["rows"]) if "host_speed_us" in row]
+    return ["", "The host's pure-Python probe as each config's runs began (us; less is faster): "
+            + "; ".join(probes)] if probes else []
 
 
 def compiled_lines(results, configs, pts) -> list[str]:

@@ -225,6 +225,22 @@ def test_the_sglang_config_sends_each_point_with_its_n_and_refuses_short_runs(tm
         bench.worker(args)
 
 
+def test_markdown_gives_the_hosts_probe_at_each_configs_runs():
+    """A host-bound step moves with the host's speed, which moves within a job: each config's probe."""
+    args = SimpleNamespace(**{**vars(ARGS), "workloads": "samples", "prefix_lens": "1024", "ns": "64"})
+    card = {"copy_bytes_per_s": 4e12, "bf16_flop_per_s": 8e14, "device": "card"}
+
+    def rows(probe):
+        return {"rows": [{**p, "elapsed_s": 1.0, "tokens_per_s": 1000.0, "first_token_s": 0.1,
+                          "host_speed_us": probe} for p in bench.points(args)]}
+
+    md = bench.markdown({"relay": rows(1941.2), "default": rows(3486.0)}, card, SHAPE, args)
+    note = md.splitlines()[-1]
+    assert note.startswith("The host's pure-Python probe")
+    assert "relay at workload=samples, P=1024, n=64: 1941" in note and "default at workload=samples, P=1024, " \
+        "n=64: 3486" in note
+
+
 def test_a_points_timed_runs_report_the_triton_kernels_compiled_inside_them(tmp_path, monkeypatch, capsys):
     """Each timed run (the job and its first-token run) asks `compiled_during` for its own wall times; the
     row keeps every name, and the worker says so as it runs."""
@@ -255,6 +271,7 @@ def test_a_points_timed_runs_report_the_triton_kernels_compiled_inside_them(tmp_
     out = capsys.readouterr().out
     row = json.loads(out.split("RESULT ", 1)[1])["rows"][0]
     assert row["triton_compiled"] == ["_fuse_in_place_kernel"]
+    assert row["host_speed_us"] > 0  # the host's probe as the point's runs began
     assert "Triton kernels compiled during a timed run: ['_fuse_in_place_kernel']" in out
     # the warm-up is not timed; the job and its first-token run are, one after the other
     assert len(windows) == 2 and all(a <= b for a, b in windows) and windows[1][0] >= windows[0][1]
