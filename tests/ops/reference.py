@@ -107,6 +107,14 @@ def make_paged_cache(ks, vs, block_size, dtype, extra_blocks=3):
     return k_cache, v_cache, table, seqused
 
 
+def cache_to(k_cache, v_cache, device):
+    """The two halves of a packed cache (`make_paged_cache`'s) on `device`, still the halves of one tensor:
+    `.to()` of a view with gaps between its rows copies it contiguous, and a GPU test would then never see
+    the cache's strides."""
+    packed = torch.cat([k_cache, v_cache], dim=-1).to(device)
+    return packed[..., : k_cache.shape[-1]], packed[..., k_cache.shape[-1]:]
+
+
 def scatter_blocks(k_cache, v_cache, ks, vs, ids, table, scales=(1.0, 1.0)) -> None:
     """Request b's K/V ([K_b, Hkv, D] each) into the next ceil(K_b / block_size) blocks of `ids`, in order,
     recorded in `table[b]`; values divided by `scales` (an FP8 cache's) and cast to the cache's dtype."""

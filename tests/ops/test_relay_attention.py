@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from tests.ops.reference import DTYPES, assert_close, attention_ref, cu_seqlens, make_paged_cache, on_grid
+from tests.ops.reference import (DTYPES, assert_close, attention_ref, cache_to, cu_seqlens, make_paged_cache,
+                                 on_grid)
 from vllm_relay.ops import RelayPlan, SharedLevel, prefix_block_table, relay_attention, varlen_attention_torch
 from vllm_relay.ops.level_tree import LevelRule, find_levels, level_rows
 
@@ -96,7 +97,7 @@ def build(batch, sys_pages, h_kv, group, d, block_size, dtype, device="cpu", sof
         ref[rows], _ = attention_ref(q[rows], k, v, scale, causal=True, softcap=softcap, sinks=sinks)
     own_table = torch.randint(0, table.shape[0], (B, width), dtype=torch.int32)  # stale entries
     own_table[:, : table.shape[1]] = table[:B]
-    moved = [x.to(device) for x in (q, k_cache, v_cache)]
+    moved = [q.to(device), *cache_to(k_cache, v_cache, device)]
     return moved, (own_table.to(device), lens[:B].to(device)), slot_pages.to(device), scale, ref
 
 
