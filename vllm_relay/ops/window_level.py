@@ -41,9 +41,9 @@ from vllm_relay.ops.window_level_torch import _check_args, _out_dtype, _scale, w
 # so no pointer is specialized on its alignment and one compiled variant serves every step. Nor is the
 # LSE's row stride, which is the step's row count: 1, a multiple of 16 or neither would each compile a
 # variant of their own (as `fuse_in_place.py`'s LSE strides would), one of them first in some step after
-# the engine's start.
+# the engine's start. Nor is the group count: 1 in most eager steps' calls, a graph's capacity in its graphs.
 _POINTERS = ["cu_ptr", "seqused_ptr", "bt_ptr", "key_start_ptr", "k_scale_ptr", "v_scale_ptr", "q_scale_ptr"]
-_MOVING = ["stride_lh", "stride_bt", "stride_ps", "stride_pls", "stride_plh"]
+_MOVING = ["stride_lh", "stride_bt", "stride_ps", "stride_pls", "stride_plh", "num_groups"]
 
 
 # Reductions spelled as `tl.max`, `tl.min` and `tl.sum` spell them, with their combine functions: those
