@@ -1,7 +1,7 @@
 """vllm_relay/ops/window_launch.py: the window level's launch rules, against the grids they are held to
 (the kernel's results with these launches: tests/ops/test_window_level.py)."""
 
-from vllm_relay.ops.window_launch import MAX_SPLITS, num_splits, tiles
+from vllm_relay.ops.window_launch import MAX_SPLITS, launch, num_splits, tiles
 
 
 def test_large_heads_take_small_tiles_while_the_grid_stays_small():
@@ -26,3 +26,22 @@ def test_no_more_ranges_than_a_rows_keys_fill():
     assert num_splits(8, 132, keys=1024) == 8  # Gemma 3's
     assert num_splits(8, 132, keys=10**6) == num_splits(8, 132) == MAX_SPLITS
     assert num_splits(1000, 132, keys=10**6) == 1
+
+
+def test_a_graphs_call_and_an_eager_steps_share_a_compiled_variant():
+    """Gemma 3's window layers, 64 samples of a 4096-token prompt on an H100: the decode graph's call (its
+    66 groups, 64 tokens) and the eager step of the 63 siblings (one group) launch the same constants, so
+    no compilation waits in the first step that reads the level."""
+    graph_grid, graph = launch(64, 2, 8, 256, 66, 64, 1024, 132)
+    eager_grid, eager = launch(63, 2, 8, 256, 1, 63, 1024, 132)
+    assert graph == eager and graph["COMPACT"] and graph["SPLITS"] == 8
+    assert graph_grid == eager_grid == (264,)  # (2 programs a multiprocessor, looping over the real tiles)
+
+
+def test_the_grid_by_group_launches_every_tile_of_every_group(monkeypatch):
+    import vllm_relay.ops.window_launch as rules
+
+    monkeypatch.setattr(rules, "COMPACT_FROM_GROUPS", None)
+    grid, consts = launch(64, 2, 8, 256, 66, 64, 1024, 132)
+    assert not consts["COMPACT"] and consts["BLOCK_G"] == 1
+    assert grid == (66, 8, 64 // (consts["BLOCK_M"] // 2) * consts["SPLITS"])

@@ -65,6 +65,28 @@ def sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
 
 
+def launch(num_rows: int, group: int, num_kv_heads: int, head_dim: int, num_groups: int, max_rows: int,
+           keys: int | None, num_sms: int) -> tuple[tuple[int, ...], dict]:
+    """A call's grid and the kernel's launch constants (tiles, warps, ranges, grid kind), from the rules
+    above: `num_rows` rows (N), `num_groups` groups of at most `max_rows` rows, each row reading at most
+    `keys` keys. The constants are what a compiled variant is made of, so they depend on the call's
+    shape alone: a CUDA graph's call (its capacity of groups) and an eager step's (its real ones) of as
+    many rows share one."""
+    packed = compact(num_groups)
+    parallel = num_kv_heads if packed else num_groups * num_kv_heads  # programs a tile index makes
+    block_m, block_n, block_d, num_warps = tiles(max_rows, group, head_dim, parallel, num_sms)
+    rows = block_m // group  # a tile's
+    n_tiles = triton.cdiv(max_rows, rows)
+    splits = num_splits(parallel * n_tiles, num_sms, keys)
+    grid = (num_groups, num_kv_heads, n_tiles * splits)
+    if packed:  # as many programs as the step's tiles can fill, at most (its rows: at most N)
+        most = (triton.cdiv(num_rows, rows) + min(num_groups, num_rows)) * num_kv_heads * splits
+        grid = (min(most, COMPACT_WAVES * num_sms),)
+    return grid, dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=num_warps, SPLITS=splits,
+                      MIN_CHUNK=max(block_n, MIN_SPLIT_KEYS // block_n * block_n), COMPACT=packed,
+                      BLOCK_G=max(128, triton.next_power_of_2(num_groups)) if packed else 1)
+
+
 def compact(num_groups: int) -> bool:
     """Whether a call of `num_groups` groups loops over its step's real tiles (COMPACT_FROM_GROUPS)."""
     return COMPACT_FROM_GROUPS is not None and COMPACT_FROM_GROUPS <= num_groups <= MAX_COMPACT_GROUPS

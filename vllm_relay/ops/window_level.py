@@ -295,21 +295,14 @@ def window_level_attention(q, k, v, cu_seqlens_q, seqused_k, block_table, key_st
     G = seqused_k.shape[0]
     max_rows = int(max_seqlen_q)
     if G and max_rows > 0 and N:
-        num_sms, compact = launch.sm_count(q.device), launch.compact(G)
-        parallel = Hkv if compact else G * Hkv  # programs a tile index makes (compact: its real groups')
-        block_m, block_n, block_d, num_warps = launch.tiles(max_rows, group, D, parallel, num_sms)
+        grid, consts = launch.launch(N, group, Hkv, D, G, max_rows, ignored.get("max_seqlen_k"),
+                                     launch.sm_count(q.device))
+        splits = consts["SPLITS"]
         scales = (q_descale, k_descale, v_descale)
         on_device = any(isinstance(x, torch.Tensor) for x in scales)
         ptrs = [_scale_tensor(x, q) for x in scales] if on_device else [cu_seqlens_q] * 3
         floats = [1.0] * 3 if on_device else [1.0 if x is None else float(x) for x in scales]
         kernel = _window_level_kernel if q.is_cuda else _interpreted(_window_level_kernel)
-        rows = block_m // group  # a tile's
-        tiles = triton.cdiv(max_rows, rows)
-        splits = launch.num_splits(parallel * tiles, num_sms, ignored.get("max_seqlen_k"))
-        grid = (G, Hkv, tiles * splits)
-        if compact:  # as many programs as the step's tiles can fill, at most (its rows: at most N)
-            most = (triton.cdiv(N, rows) + min(G, N)) * Hkv * splits
-            grid = (min(most, launch.COMPACT_WAVES * num_sms),)
         part_out, part_lse, part_strides = lse, lse, (0,) * 5  # (unread with one range)
         if splits > 1:  # the ranges' partials (graph memory under a capture), merged below
             part_out = torch.empty(splits, N, Hq, D, dtype=torch.float32, device=q.device)
@@ -321,13 +314,9 @@ def window_level_attention(q, k, v, cu_seqlens_q, seqused_k, block_table, key_st
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1),
             v.stride(2), out.stride(0), out.stride(1), lse.stride(0), block_table.stride(0),
             *part_strides, G, Hkv,
-            GROUP=group, HEAD_DIM=D, BLOCK_SIZE=k.shape[1], BLOCK_M=block_m, BLOCK_N=block_n,
-            BLOCK_D=block_d, SCALES_ON_DEVICE=on_device, SOFTCAP=bool(softcap),
+            GROUP=group, HEAD_DIM=D, BLOCK_SIZE=k.shape[1], SCALES_ON_DEVICE=on_device, SOFTCAP=bool(softcap),
             DOT_PRECISION="ieee" if out.dtype == torch.float32 else "tf32",
-            DOT_IN_FP32=not q.is_cuda and out.dtype == torch.bfloat16, SPLITS=splits,
-            MIN_CHUNK=max(block_n, launch.MIN_SPLIT_KEYS // block_n * block_n), COMPACT=compact,
-            BLOCK_G=max(128, triton.next_power_of_2(G)) if compact else 1,  # (few compiled variants)
-            num_warps=num_warps, num_stages=2)
+            DOT_IN_FP32=not q.is_cuda and out.dtype == torch.bfloat16, **consts, num_stages=2)
         if splits > 1:
             combine_splits(part_out, part_lse, out, lse, cu_seqlens_q[:1], cu_seqlens_q[G:])
     return (out, lse) if return_softmax_lse else out
