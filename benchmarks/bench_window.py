@@ -98,10 +98,9 @@ def tile_sweep(rep: int, quick: bool = False) -> list[dict]:
                     wl.tiles = lambda *_, c=(block_m, block_n, chosen[2], warps): c
                     wl.num_splits = rules[1] if min_keys else (lambda *_: 1)
                     wl.MIN_SPLIT_KEYS = min_keys or rules[2]
-                    try:  # (the ranges as the call makes them: a program a tile of each KV head)
-                        programs = hkv * triton.cdiv(B, block_m // group)
-                        splits = rules[1](programs, wl.sm_count(call["q"].device), call["max_seqlen_k"]) \
-                            if min_keys else 1
+                    try:  # (the ranges as the call makes them)
+                        splits = wl.launch(B, group, hkv, d, 1, B, call["max_seqlen_k"],
+                                           wl.sm_count(call["q"].device))[1]["SPLITS"]
                         us = graph_ms(lambda call=call: window_level_attention(**call), rep)[0] * 1e3
                     finally:
                         wl.tiles, wl.num_splits, wl.MIN_SPLIT_KEYS = rules

@@ -353,17 +353,15 @@ if not os.path.exists(ptxas):
 fn, results = wl._window_level_kernel, {}
 for key in json.loads(sys.argv[1]):
     group, head_dim, max_rows, parallel, cache, softcap = key
-    compact = parallel == 0  # the compact grid of a graph's call: a tile index makes one program a KV head
-    parallel = parallel or 8
-    block_m, block_n, block_d, num_warps = launch.tiles(max_rows, group, head_dim, parallel, 132)
+    compact = parallel == 0  # the compact grid of a graph's call (66 groups); else by group, 8 KV heads
+    launch.COMPACT_FROM_GROUPS = 1 if compact else None
+    _, consts = launch.launch(max_rows, group, 8, head_dim, 66 if compact else parallel // 8, max_rows, None,
+                              132)  # an H100's multiprocessors
+    num_warps = consts.pop("num_warps")
     types = {"q_ptr": "*bf16", "k_ptr": cache, "v_ptr": cache, "out_ptr": "*bf16", "lse_ptr": "*fp32",
              "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32"}
-    splits = launch.num_splits(parallel * -(-max_rows * group // block_m), 132)  # an H100's multiprocessors
-    consts = dict(GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=16, BLOCK_M=block_m, BLOCK_N=block_n,
-                  BLOCK_D=block_d, SCALES_ON_DEVICE=cache != "*bf16", SOFTCAP=softcap, DOT_PRECISION="tf32",
-                  DOT_IN_FP32=False,
-                  SPLITS=splits, MIN_CHUNK=max(block_n, launch.MIN_SPLIT_KEYS // block_n * block_n),
-                  COMPACT=compact, BLOCK_G=128 if compact else 1)
+    consts.update(GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=16, SCALES_ON_DEVICE=cache != "*bf16",
+                  SOFTCAP=softcap, DOT_PRECISION="tf32", DOT_IN_FP32=False)
     signature = {name: "constexpr" if name in consts else types.get(name) or (
         "*fp32" if name.endswith("scale_ptr") else "*i32" if name.endswith("_ptr")
         else "fp32" if name.endswith("scale") or name == "softcap" else "i32") for name in fn.arg_names}
