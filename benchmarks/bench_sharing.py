@@ -290,7 +290,7 @@ def markdown(results, card, sh, args) -> str:
     bounds = {}  # point index: (the bound's seconds, its output tokens/s)
     for i, point in enumerate(pts):
         get = {c: results[c]["rows"][i] for c in configs}
-        label = ", ".join(f"{k}={v}" for k, v in point.items())
+        label = point_label(point)
         if point["workload"] == "latency":
             cells = [f"{get[c]['ms_per_step']:.2f}" for c in configs]
             lines.append(f"| {label} | " + " | ".join(cells) + " | | | | | |")
@@ -347,10 +347,14 @@ def markdown(results, card, sh, args) -> str:
                          + host_lines(results, configs, pts)) + "\n"
 
 
+def point_label(point: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in point.items())
+
+
 def host_lines(results, configs, pts) -> list[str]:
     """The host's pure-Python probe (`common.host_speed_us`, us) as each config's runs of each point began:
     a host-bound step moves with it, and it moves within a job."""
-    probes = [f"{c} at {', '.join(f'{k}={v}' for k, v in pts[i].items())}: {row['host_speed_us']:.0f}"
+    probes = [f"{c} at {point_label(pts[i])}: {row['host_speed_us']:.0f}"
               for c in configs for i, row in enumerate(results[c]["rows"]) if "host_speed_us" in row]
     return ["", "The host's pure-Python probe as each config's runs began (us; less is faster): "
             + "; ".join(probes)] if probes else []
@@ -358,7 +362,7 @@ def host_lines(results, configs, pts) -> list[str]:
 
 def compiled_lines(results, configs, pts) -> list[str]:
     """The markdown's note of Triton kernels compiled inside timed runs (start-up work in a figure), if any."""
-    leaks = [f"{c} at {', '.join(f'{k}={v}' for k, v in pts[i].items())}: {', '.join(row['triton_compiled'])}"
+    leaks = [f"{c} at {point_label(pts[i])}: {', '.join(row['triton_compiled'])}"
              for c in configs for i, row in enumerate(results[c]["rows"]) if row.get("triton_compiled")]
     return ["", "Triton kernels compiled during timed runs (their time is in the figure): " + "; ".join(leaks)] \
         if leaks else []
