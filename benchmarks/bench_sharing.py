@@ -36,8 +36,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (add_sglang_args, compiled_during, decode_span_s, host_speed_us, json_object,  # noqa: E402
-                    measure_card, model_config, profiler_config, prompt_vocab, result_line, run_logged,
+from common import (add_sglang_args, compiled_during, decode_span_s, host_speed_us,  # noqa: E402
+                    jit_compiled, json_object, measure_card, model_config, profiler_config, prompt_vocab, result_line, run_logged,
                     sglang_command, sglang_engine, sglang_sampling, worker_command)
 
 
@@ -240,6 +240,7 @@ def run_config(args, config) -> dict:
     log, rc = run_logged(cmd, args, config)
     result = result_line(log)
     if result is not None:
+        result["vllm_jit_compiled"] = jit_compiled(log)
         return result
     raise RuntimeError(f"{config} failed (rc {rc}):\n{log[-6000:]}")
 
@@ -364,8 +365,11 @@ def compiled_lines(results, configs, pts) -> list[str]:
     """The markdown's note of Triton kernels compiled inside timed runs (start-up work in a figure), if any."""
     leaks = [f"{c} at {point_label(pts[i])}: {', '.join(row['triton_compiled'])}"
              for c in configs for i, row in enumerate(results[c]["rows"]) if row.get("triton_compiled")]
-    return ["", "Triton kernels compiled during timed runs (their time is in the figure): " + "; ".join(leaks)] \
-        if leaks else []
+    jit = [f"{c}: {', '.join(results[c]['vllm_jit_compiled'])}" for c in configs
+           if results[c].get("vllm_jit_compiled")]
+    return (["", "Triton kernels compiled during timed runs (their time is in the figure): " + "; ".join(leaks)]
+            if leaks else []) + (["", "Triton kernels vLLM's JIT monitor saw compiled after the engine's warm-up "
+                                  "(in some run of the config): " + "; ".join(jit)] if jit else [])
 
 
 def plot(path: str, sh: dict | None = None) -> str:

@@ -42,7 +42,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (add_sglang_args, add_workload_args, compiled_during, decode_span_s,  # noqa: E402
-                    engine_kwargs, model_config, prompt_vocab, result_line, run_logged, sampling_params,
+                    engine_kwargs, jit_compiled, model_config, prompt_vocab, result_line, run_logged, sampling_params,
                     sglang_command, sglang_engine, sglang_sampling, strip_system, worker_command, workload)
 
 
@@ -234,6 +234,7 @@ def run_config(args, config):
         # tokens, and at 1000 requests both engines preempt and recompute.
         kv = re.findall(r"GPU KV cache size: ([\d,]+) tokens|max_total_num_tokens=(\d+)", log)
         result["kv_cache_tokens"] = [int((a or b).replace(",", "")) for a, b in kv]
+        result["vllm_jit_compiled"] = jit_compiled(log)
         if args.iteration_details:
             result["iterations"] = iteration_summary(log)
         return result

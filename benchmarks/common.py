@@ -13,6 +13,7 @@ import functools
 import glob
 import json
 import os
+import re
 import socket
 import statistics
 import subprocess
@@ -77,6 +78,16 @@ def compiled_during(t0: float, t1: float, dirs: list[str] | None = None) -> list
                 if kernel and t0 <= f.stat().st_mtime <= t1:
                     names.append(f.name[:-5])
     return sorted(names)
+
+
+JIT_LINE = re.compile(r"Triton kernel JIT compilation during inference: (\w+)")
+
+
+def jit_compiled(log: str) -> list[str]:
+    """The Triton kernels vLLM's JIT monitor saw compiled after the engine's warm-up (its `jit_monitor`
+    warnings in a process's log): in any run of the process, the benchmark's own warm-up runs included.
+    Unlike `compiled_during` it misses no cache folder, but places a compile only in the process."""
+    return JIT_LINE.findall(log)
 
 
 def decode_span_s(outs) -> float | None:

@@ -119,6 +119,18 @@ def test_compiled_during_lists_the_kernels_written_inside_the_window(tmp_path):
     assert common.compiled_during(200.5, 300.0, [str(cache)]) == []
 
 
+def test_jit_compiled_reads_vllms_jit_monitor_warnings():
+    """vLLM 0.33 logs each Triton compile after its warm-up; those lines name the kernel, the rest do not."""
+    log = ("(EngineCore pid=1) INFO 12-06 19:51:18 [jit_monitor.py:84] Kernel JIT monitor activated; monitored "
+           "JIT compilations during inference will use mode=warn.\n"
+           "(EngineCore pid=1) WARNING 12-06 23:41:46 [jit_monitor.py:140] Triton kernel JIT compilation during "
+           "inference: _window_level_kernel. This causes a latency spike; consider extending warmup\n"
+           "(EngineCore pid=1) WARNING 12-06 23:44:59 [jit_monitor.py:140] Triton kernel JIT compilation during "
+           "inference: _compute_local_logits_stats_kernel. This causes a latency spike\n")
+    assert common.jit_compiled(log) == ["_window_level_kernel", "_compute_local_logits_stats_kernel"]
+    assert common.jit_compiled("RESULT {}\n") == []
+
+
 def test_triton_cache_dirs_include_the_ones_vllm_gives_its_engine(tmp_path, monkeypatch):
     """With no TRITON_CACHE_DIR, vLLM's compiler points its engine's Triton at a folder under its cache
     root (torch_compile_cache/<hash>/.../triton_cache): compilations there count as well."""

@@ -148,6 +148,10 @@ def test_markdown_names_the_triton_kernels_compiled_inside_timed_runs():
     note = md.splitlines()[-1]
     assert note.startswith("Triton kernels compiled during timed runs")
     assert "relay at workload=samples, P=1024, n=64: _fuse_in_place_kernel" in note and "ceiling" not in note
+    jit = bench.markdown({"ceiling": rows([]), "relay": {**rows([]), "vllm_jit_compiled": ["_window_level_kernel"]}},
+                         card, SHAPE, args)
+    assert jit.splitlines()[-1].startswith("Triton kernels vLLM's JIT monitor saw compiled")
+    assert "relay: _window_level_kernel" in jit.splitlines()[-1] and "compiled during timed runs" not in jit
 
 
 def test_plot_draws_a_panel_per_prompt_length_context_and_tree(tmp_path):
