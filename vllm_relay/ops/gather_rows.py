@@ -6,11 +6,12 @@ and 4 levels, 16 MB per layer on a Llama-7B shape). This kernel reads the step's
 device memory and its programs past it return at once, so an empty level costs one launch.
 """
 
-import os
 
 import torch
 import triton
 import triton.language as tl
+
+from vllm_relay.ops.interpreter import kernel_for, runs_triton
 
 
 def gather_rows_torch(src, perm, count, out):
@@ -51,11 +52,7 @@ def gather_rows_triton(src, perm, count, out):
     rows = perm.shape[0]
     if rows == 0:
         return out
-    kernel = _gather_rows_kernel
-    if not src.is_cuda:
-        from vllm_relay.ops.relay_fusion import _interpreted
-
-        kernel = _interpreted(kernel)
+    kernel = kernel_for(_gather_rows_kernel, src)
     row = src[0].numel()
     block = min(4096, triton.next_power_of_2(row))
     per = 4
@@ -81,7 +78,7 @@ def gather_rows(src, perm, count, out):
     Example:
         >>> gather_rows(q, level.perm, level.num_rows, level.q_buf)  # doctest: +SKIP
     """
-    if src.is_cuda or os.environ.get("TRITON_INTERPRET", "0") == "1":
+    if runs_triton(src):
         return gather_rows_triton(src, perm, count, out)
     return gather_rows_torch(src, perm, count, out)
 

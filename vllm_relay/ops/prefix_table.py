@@ -14,11 +14,12 @@ one pass:
 the own tokens it precedes fit the model's length, so they are entries past the last used block.
 """
 
-import os
 
 import torch
 import triton
 import triton.language as tl
+
+from vllm_relay.ops.interpreter import kernel_for, runs_triton
 
 
 def prefix_block_table_torch(block_table, seq_lens, pages, slot, slot_pages, page_size, out_table,
@@ -82,11 +83,7 @@ def prefix_block_table_triton(block_table, seq_lens, pages, slot, slot_pages, pa
     rows, width = pages.shape[0], block_table.shape[1]
     if rows == 0:
         return out_table, out_lens
-    kernel = _prefix_block_table_kernel
-    if not block_table.is_cuda:
-        from vllm_relay.ops.relay_fusion import _interpreted
-
-        kernel = _interpreted(kernel)
+    kernel = kernel_for(_prefix_block_table_kernel, block_table)
     block = min(1024, triton.next_power_of_2(width))
     kernel[(rows, triton.cdiv(width, block))](
         block_table, seq_lens, pages, slot, slot_pages, out_table, out_lens,
@@ -122,7 +119,7 @@ def prefix_block_table(block_table, seq_lens, pages, slot, slot_pages, page_size
         >>> prefix_block_table(bt, lens, pages, slot, slot_pages, 16,  # doctest: +SKIP
         ...                    ctx_bt, ctx_lens, start=skip)
     """
-    if block_table.is_cuda or os.environ.get("TRITON_INTERPRET", "0") == "1":
+    if runs_triton(block_table):
         return prefix_block_table_triton(block_table, seq_lens, pages, slot, slot_pages, page_size,
                                          out_table, out_lens, src_row, start)
     return prefix_block_table_torch(block_table, seq_lens, pages, slot, slot_pages, page_size,

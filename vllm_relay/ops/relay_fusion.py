@@ -18,11 +18,11 @@ Conventions shared by every function in this file:
     vLLM's Triton `merge_attn_states` does), and `out_lse` is written with -inf there.
 """
 
-import os
-
 import torch
 import triton
 import triton.language as tl
+
+from vllm_relay.ops.interpreter import kernel_for, runs_triton
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -163,32 +163,6 @@ def _lse_strides(lse: torch.Tensor, layout: str) -> tuple[int, int]:
     return (lse.stride(1), lse.stride(0)) if layout == "ht" else (lse.stride(0), lse.stride(1))
 
 
-def _interpreted(kernel):
-    """`kernel` as the Triton interpreter runs it, for CPU tensors under TRITON_INTERPRET=1.
-
-    `triton.jit` picks compiled or interpreted when the module is imported; a test run may import
-    this module before TRITON_INTERPRET is set, so the interpreted twin is built on demand here.
-    """
-    import types
-
-    from triton.runtime.interpreter import InterpretedFunction
-
-    if isinstance(kernel, InterpretedFunction):
-        return kernel
-    cached = getattr(kernel, "_relay_interpreted", None)
-    if cached is None:
-        fn = kernel.fn
-        # The @triton.jit helpers it calls must be interpreted too: rebind them in a copy of its globals.
-        helpers = {name: _interpreted(obj) for name, obj in fn.__globals__.items()
-                   if isinstance(obj, triton.runtime.JITFunction) and name in fn.__code__.co_names}
-        if helpers:
-            fn = types.FunctionType(fn.__code__, {**fn.__globals__, **helpers}, fn.__name__, fn.__defaults__,
-                                    fn.__closure__)
-        cached = InterpretedFunction(fn)
-        kernel._relay_interpreted = cached
-    return cached
-
-
 def _launch_config(num_rows: int, head_dim: int, elem_size: int, interpret: bool):
     """(BLOCK_R, BLOCK_D, num_warps) for programs of BLOCK_R (token, head) rows.
 
@@ -220,8 +194,7 @@ def relay_fusion_triton(o_sys, lse_sys, o_ctx, lse_ctx, out=None, out_lse=None, 
     Same arguments, semantics and aliasing rules as `relay_fusion`.
     """
     _check_args(o_sys, lse_sys, o_ctx, lse_ctx, out, out_lse, sys_index, lse_layout)
-    interpret = os.environ.get("TRITON_INTERPRET", "0") == "1"
-    if not o_ctx.is_cuda and not interpret:
+    if not runs_triton(o_ctx):
         raise ValueError(
             f"relay_fusion_triton: tensors are on {o_ctx.device}; the Triton kernel needs CUDA "
             "tensors, or TRITON_INTERPRET=1 for CPU ones (use relay_fusion_torch instead)")
@@ -232,7 +205,7 @@ def relay_fusion_triton(o_sys, lse_sys, o_ctx, lse_ctx, out=None, out_lse=None, 
         return out
     if o_sys.numel() == 0:  # every token untagged: never read, but must be a valid pointer
         o_sys, lse_sys = o_ctx, lse_ctx
-    kernel = _relay_fusion_kernel if o_ctx.is_cuda else _interpreted(_relay_fusion_kernel)
+    kernel = kernel_for(_relay_fusion_kernel, o_ctx)
     block_r, block_d, num_warps = _launch_config(T * H, D, o_ctx.element_size(), not o_ctx.is_cuda)
     ls_t, ls_h = _lse_strides(lse_sys, lse_layout)
     lc_t, lc_h = _lse_strides(lse_ctx, lse_layout)
@@ -283,7 +256,7 @@ def relay_fusion(o_sys, lse_sys, o_ctx, lse_ctx, out=None, out_lse=None, sys_ind
         >>> o = relay_fusion(o_sys, lse_sys, o_ctx, lse_ctx,  # doctest: +SKIP
         ...                  out=o_ctx, sys_index=plan.sys_index)
     """
-    if o_ctx.is_cuda or os.environ.get("TRITON_INTERPRET", "0") == "1":
+    if runs_triton(o_ctx):
         return relay_fusion_triton(o_sys, lse_sys, o_ctx, lse_ctx, out, out_lse, sys_index, lse_layout)
     return relay_fusion_torch(o_sys, lse_sys, o_ctx, lse_ctx, out, out_lse, sys_index, lse_layout)
 

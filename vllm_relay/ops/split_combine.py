@@ -14,13 +14,12 @@ twin, in fp32. Rows outside `start[0]` .. `end[0]` - 1 (read on the device: a st
 graph) are left as they are.
 """
 
-import os
 
 import torch
 import triton
 import triton.language as tl
 
-from vllm_relay.ops.relay_fusion import _interpreted
+from vllm_relay.ops.interpreter import kernel_for, runs_triton
 
 
 @triton.jit(do_not_specialize=["stride_ps", "stride_ls", "stride_lh", "stride_olh"],
@@ -73,14 +72,13 @@ def combine_splits(part_out: torch.Tensor, part_lse: torch.Tensor, out: torch.Te
     The Triton kernel on CUDA tensors (and on CPU ones under TRITON_INTERPRET=1), else the torch twin.
     No host synchronization: the launch can be captured in a CUDA graph.
     """
-    interpret = os.environ.get("TRITON_INTERPRET", "0") == "1"
-    if not part_out.is_cuda and not interpret:
+    if not runs_triton(part_out):
         return combine_splits_torch(part_out, part_lse, out, lse, start, end)  # (which checks them)
     _check(part_out, part_lse, out, lse)
     S, N, H, D = part_out.shape
     if N == 0:
         return None
-    kernel = _combine_kernel if part_out.is_cuda else _interpreted(_combine_kernel)
+    kernel = kernel_for(_combine_kernel, part_out)
     block_d = triton.next_power_of_2(D)
     kernel[(N,)](part_out, part_lse, out, lse, start, end, *part_out.stride()[:3],
                  part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1), lse.stride(0),

@@ -23,14 +23,13 @@ torch twin (`window_level_torch.py`: the CPU path and the kernel's test twin), c
 group's keys gathered explicitly.
 """
 
-import os
 
 import torch
 import triton
 import triton.language as tl
 
 from vllm_relay.ops import window_launch as launch
-from vllm_relay.ops.relay_fusion import _interpreted
+from vllm_relay.ops.interpreter import kernel_for, runs_triton
 from vllm_relay.ops.split_combine import combine_splits
 from vllm_relay.ops.window_level_torch import _check_args, _out_dtype, _scale, window_level_attention_torch
 
@@ -278,8 +277,7 @@ def window_level_attention(q, k, v, cu_seqlens_q, seqused_k, block_table, key_st
     """
     _check_args(q, k, v, cu_seqlens_q, seqused_k, block_table, key_start, out, causal, ignored,
                 (q_descale, k_descale, v_descale))
-    interpret = os.environ.get("TRITON_INTERPRET", "0") == "1"
-    if not q.is_cuda and not interpret:
+    if not runs_triton(q):
         return window_level_attention_torch(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, seqused_k=seqused_k,
                                             block_table=block_table, key_start=key_start,
                                             max_seqlen_q=max_seqlen_q, softmax_scale=softmax_scale, out=out,
@@ -302,7 +300,7 @@ def window_level_attention(q, k, v, cu_seqlens_q, seqused_k, block_table, key_st
         on_device = any(isinstance(x, torch.Tensor) for x in scales)
         ptrs = [_scale_tensor(x, q) for x in scales] if on_device else [cu_seqlens_q] * 3
         floats = [1.0] * 3 if on_device else [1.0 if x is None else float(x) for x in scales]
-        kernel = _window_level_kernel if q.is_cuda else _interpreted(_window_level_kernel)
+        kernel = kernel_for(_window_level_kernel, q)
         part_out, part_lse, part_strides = lse, lse, (0,) * 5  # (unread with one range)
         if splits > 1:  # the ranges' partials (graph memory under a capture), merged below
             part_out = torch.empty(splits, N, Hq, D, dtype=torch.float32, device=q.device)
