@@ -36,8 +36,9 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (add_sglang_args, compiled_during, decode_span_s, host_speed_us,  # noqa: E402
-                    jit_compiled, json_object, measure_card, model_config, profiler_config, prompt_vocab, result_line, run_logged,
+from common import (JIT_MONITOR, add_sglang_args, compiled_during, decode_span_s, host_speed_us,  # noqa: E402
+                    jit_compiled, json_object, measure_card, model_config, profiler_config, prompt_vocab,
+                    result_line, run_logged,
                     sglang_command, sglang_engine, sglang_sampling, worker_command)
 
 
@@ -113,7 +114,7 @@ def graph_sizes(args) -> dict:
 def engine_kwargs(args, config, system):
     kw = dict(model=args.model, load_format="dummy", max_model_len=args.max_model_len, seed=0,
               max_num_seqs=args.max_num_seqs, disable_log_stats=False,
-              enable_logging_iteration_details=args.iteration_details)
+              enable_logging_iteration_details=args.iteration_details, **JIT_MONITOR)
     if config.startswith("relay"):
         relay = {"auto_levels": config == "relay"}
         if "tree" in args.workloads:

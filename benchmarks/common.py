@@ -80,6 +80,9 @@ def compiled_during(t0: float, t1: float, dirs: list[str] | None = None) -> list
     return sorted(names)
 
 
+# Every Triton compile after the engine's warm-up logged, each with its constants and signature (by default
+# vLLM logs a kernel's first only): what `jit_compiled` reads, and what tells a variant from another.
+JIT_MONITOR = {"jit_monitor_verbose": True}
 JIT_LINE = re.compile(r"Triton kernel JIT compilation during inference: (\w+)")
 
 
@@ -235,7 +238,7 @@ def engine_kwargs(args, config, systems):
     # Stats on: the latency sweep reads each request's engine timestamps (the same cost for every config).
     kw = dict(model=args.model, load_format="dummy", max_model_len=args.max_model_len, seed=args.seed,
               disable_log_stats=False, tensor_parallel_size=args.tensor_parallel_size,
-              enable_logging_iteration_details=args.iteration_details)
+              enable_logging_iteration_details=args.iteration_details, **JIT_MONITOR)
     if args.gpu_memory_utilization:
         kw["gpu_memory_utilization"] = args.gpu_memory_utilization
     if args.max_num_seqs:

@@ -126,8 +126,11 @@ def test_jit_compiled_reads_vllms_jit_monitor_warnings():
            "(EngineCore pid=1) WARNING 12-06 23:41:46 [jit_monitor.py:140] Triton kernel JIT compilation during "
            "inference: _window_level_kernel. This causes a latency spike; consider extending warmup\n"
            "(EngineCore pid=1) WARNING 12-06 23:44:59 [jit_monitor.py:140] Triton kernel JIT compilation during "
-           "inference: _compute_local_logits_stats_kernel. This causes a latency spike\n")
-    assert common.jit_compiled(log) == ["_window_level_kernel", "_compute_local_logits_stats_kernel"]
+           "inference: _compute_local_logits_stats_kernel. This causes a latency spike\n"
+           "(EngineCore pid=1) WARNING 12-06 23:45:00 [jit_monitor.py:140] Triton kernel JIT compilation during "
+           "inference: _window_level_kernel (constexprs={BLOCK_M=64, SPLITS=1}; signature={q_ptr='*bf16'}). This\n")
+    assert common.jit_compiled(log) == ["_window_level_kernel", "_compute_local_logits_stats_kernel",
+                                        "_window_level_kernel"]
     assert common.jit_compiled("RESULT {}\n") == []
 
 
