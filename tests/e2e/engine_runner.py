@@ -4,8 +4,11 @@ An engine that does not select relay is a reference: it runs with the plugin not
 (`VLLM_PLUGINS=""`), so it is vLLM as a user without relay has it.
 """
 
+import importlib
 import json
 import os
+import pkgutil
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -58,6 +61,29 @@ def run_module(module: str, spec: dict, tmp_path: Path, name: str) -> dict:
                           env=plugin_env(spec))
     assert proc.returncode == 0, proc.stderr[-6000:]
     return json.loads(out_file.read_text())
+
+
+# vLLM's JIT monitor, active from the end of the engine's warm-up: each Triton compile after it is a
+# latency spike in a served step (with `jit_monitor_verbose`, logged with its constants and signature).
+JIT_LINE = re.compile(r"Triton kernel JIT compilation during inference: (\w+)")
+
+
+def relay_kernels() -> set[str]:
+    """The names of relay's Triton kernels (every `@triton.jit` function of `vllm_relay.ops` named `*_kernel`)."""
+    import triton
+
+    import vllm_relay.ops as ops
+
+    return {name for m in pkgutil.iter_modules(ops.__path__)
+            for name, obj in vars(importlib.import_module(f"vllm_relay.ops.{m.name}")).items()
+            if isinstance(obj, triton.runtime.JITFunction) and name.endswith("_kernel")}
+
+
+def relay_compiles_after_warm_up(log: str) -> list[str]:
+    """The lines of an engine's log where vLLM's JIT monitor saw one of relay's kernels compiled after the
+    engine's warm-up: a variant that neither the warm-up nor the CUDA graphs' capture compiled."""
+    kernels = relay_kernels()
+    return [line for line in log.splitlines() if (m := JIT_LINE.search(line)) and m.group(1) in kernels]
 
 
 def assert_same_outputs(got: list, want: list, tol: float = 1e-4) -> float:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.engine_runner import run_engine
+from tests.e2e.engine_runner import relay_compiles_after_warm_up, run_engine
 from tests.e2e.test_relay_exactness import drafter_setup, workload
 from vllm_relay.testing.models import VL_ENGINE, VL_MODELS, get_model
 
@@ -93,8 +93,9 @@ def run_four(spec: dict, base: dict, relay_config: dict, tmp_path,
              backends: tuple = ("FLASH_ATTN", "TRITON_ATTN")) -> tuple[dict, str]:
     """The same requests on relay with vLLM's default CUDA graphs, relay eager, and vLLM's FLASH_ATTN and
     TRITON_ATTN with graphs (`backends`: an MLA model's FLASH_ATTN_MLA and TRITON_MLA): ({"relay", "eager",
-    "flash", "triton"}: outputs, relay's log)."""
-    graphs = {"enforce_eager": False}
+    "flash", "triton"}: outputs, relay's log). Relay with graphs compiles none of its kernels after the
+    engine's warm-up: its capture and warm-up compiled every variant its steps launch."""
+    graphs = {"enforce_eager": False, "jit_monitor_verbose": True}
     relay = {"attention_backend": "relay", "additional_config": relay_config}
     engines = {"relay": {**base, **graphs, **relay}, "eager": {**base, **relay},
                "flash": {**base, **graphs, "attention_backend": backends[0]},
@@ -103,6 +104,8 @@ def run_four(spec: dict, base: dict, relay_config: dict, tmp_path,
     for name, engine in engines.items():
         runs[name], out = run_engine({**spec, "engine": engine}, tmp_path, name)
         log = log or out
+    compiled = relay_compiles_after_warm_up(log)
+    assert not compiled, "\n".join(compiled)
     return runs, log
 
 
