@@ -38,8 +38,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (JIT_MONITOR, add_sglang_args, compiled_during, decode_span_s, host_speed_us,  # noqa: E402
                     jit_compiled, json_object, measure_card, model_config, profiler_config, prompt_vocab,
-                    result_line, run_logged,
-                    sglang_command, sglang_engine, sglang_sampling, worker_command)
+                    result_line, run_logged, sglang_command, sglang_engine, sglang_sampling, worker_command)
 
 
 def shape(model: str) -> dict:
@@ -368,9 +367,13 @@ def compiled_lines(results, configs, pts) -> list[str]:
              for c in configs for i, row in enumerate(results[c]["rows"]) if row.get("triton_compiled")]
     jit = [f"{c}: {', '.join(results[c]['vllm_jit_compiled'])}" for c in configs
            if results[c].get("vllm_jit_compiled")]
-    return (["", "Triton kernels compiled during timed runs (their time is in the figure): " + "; ".join(leaks)]
-            if leaks else []) + (["", "Triton kernels vLLM's JIT monitor saw compiled after the engine's warm-up "
-                                  "(in some run of the config): " + "; ".join(jit)] if jit else [])
+    lines = []
+    if leaks:
+        lines += ["", "Triton kernels compiled during timed runs (their time is in the figure): " + "; ".join(leaks)]
+    if jit:
+        lines += ["", "Triton kernels vLLM's JIT monitor saw compiled after the engine's warm-up (in some run of "
+                  "the config): " + "; ".join(jit)]
+    return lines
 
 
 def plot(path: str, sh: dict | None = None) -> str:

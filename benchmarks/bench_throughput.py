@@ -42,8 +42,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (add_sglang_args, add_workload_args, compiled_during, decode_span_s,  # noqa: E402
-                    engine_kwargs, jit_compiled, model_config, prompt_vocab, result_line, run_logged, sampling_params,
-                    sglang_command, sglang_engine, sglang_sampling, strip_system, worker_command, workload)
+                    engine_kwargs, jit_compiled, model_config, prompt_vocab, result_line, run_logged,
+                    sampling_params, sglang_command, sglang_engine, sglang_sampling, strip_system,
+                    worker_command, workload)
 
 
 def decode_latency(llm, system_ids, args):

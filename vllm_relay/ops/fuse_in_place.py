@@ -9,12 +9,11 @@ Any other layout, and the CPU, take `relay_fusion` level by level (the reference
 against).
 """
 
-
 import torch
 import triton
 import triton.language as tl
 
-from vllm_relay.ops.interpreter import interpreted, interpreting
+from vllm_relay.ops.interpreter import kernel_for, runs_triton
 from vllm_relay.ops.relay_fusion import _blend, _launch_config, _merge_weights, relay_fusion
 
 
@@ -95,8 +94,7 @@ def fuse_in_place(out, lse, o_level, lse_level, row_index, update_lse: bool) -> 
     T, H, D = out.shape
     N = o_level.shape[0]
     rows = row_index.view(-1, T) if row_index.dim() == 1 else row_index
-    interpret = not out.is_cuda and interpreting()
-    if not ((out.is_cuda or interpret) and out.is_contiguous() and o_level.is_contiguous() and lse.is_contiguous()
+    if not (runs_triton(out) and out.is_contiguous() and o_level.is_contiguous() and lse.is_contiguous()
             and lse_level.is_contiguous() and lse.shape == (H, T) and lse_level.shape == (H, N)
             and o_level.shape[1:] == out.shape[1:] and rows.shape[1] == T and rows.is_contiguous()):
         levels = rows.shape[0]
@@ -106,8 +104,8 @@ def fuse_in_place(out, lse, o_level, lse_level, row_index, update_lse: bool) -> 
         return out
     if T == 0:
         return out
-    block_r, block_d, num_warps = _launch_config(T * H, D, out.element_size(), interpret)
-    kernel = interpreted(_fuse_in_place_kernel) if interpret else _fuse_in_place_kernel
+    block_r, block_d, num_warps = _launch_config(T * H, D, out.element_size(), not out.is_cuda)
+    kernel = kernel_for(_fuse_in_place_kernel, out)
     kernel[(triton.cdiv(T * H, block_r),)](
         out, lse, o_level if N else out, lse_level if N else lse, rows, T, T, N, out, rows,
         NUM_HEADS=H, HEAD_DIM=D, BLOCK_R=block_r, BLOCK_D=block_d, UPDATE_LSE=update_lse,
@@ -130,8 +128,7 @@ def fuse_joint(out, o_all, lse_all, ctx_start, row_index) -> torch.Tensor:
     """
     T, H, D = out.shape
     rows = row_index.view(-1, T) if row_index.dim() == 1 else row_index
-    interpret = not out.is_cuda and interpreting()
-    if not ((out.is_cuda or interpret) and out.is_contiguous() and o_all.is_contiguous()
+    if not (runs_triton(out) and out.is_contiguous() and o_all.is_contiguous()
             and lse_all.stride(1) == 1 and rows.is_contiguous()):
         start = int(ctx_start.reshape(-1)[0])  # level by level, in fp32 (rounded once, as the kernel)
         acc, o_levels = o_all[start: start + T].to(torch.float32, copy=True), o_all.float()
@@ -142,8 +139,8 @@ def fuse_joint(out, o_all, lse_all, ctx_start, row_index) -> torch.Tensor:
         return out.copy_(acc)
     if T == 0:
         return out
-    block_r, block_d, num_warps = _launch_config(T * H, D, out.element_size(), interpret)
-    kernel = interpreted(_fuse_in_place_kernel) if interpret else _fuse_in_place_kernel
+    block_r, block_d, num_warps = _launch_config(T * H, D, out.element_size(), not out.is_cuda)
+    kernel = kernel_for(_fuse_in_place_kernel, out)
     kernel[(triton.cdiv(T * H, block_r),)](
         out, lse_all, o_all, lse_all, rows, T, lse_all.stride(0), lse_all.stride(0), o_all, ctx_start,
         NUM_HEADS=H, HEAD_DIM=D, BLOCK_R=block_r, BLOCK_D=block_d, UPDATE_LSE=False,

@@ -6,7 +6,6 @@ and 4 levels, 16 MB per layer on a Llama-7B shape). This kernel reads the step's
 device memory and its programs past it return at once, so an empty level costs one launch.
 """
 
-
 import torch
 import triton
 import triton.language as tl

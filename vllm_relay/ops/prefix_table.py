@@ -14,7 +14,6 @@ one pass:
 the own tokens it precedes fit the model's length, so they are entries past the last used block.
 """
 
-
 import torch
 import triton
 import triton.language as tl

@@ -14,7 +14,6 @@ twin, in fp32. Rows outside `start[0]` .. `end[0]` - 1 (read on the device: a st
 graph) are left as they are.
 """
 
-
 import torch
 import triton
 import triton.language as tl

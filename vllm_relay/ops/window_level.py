@@ -23,7 +23,6 @@ torch twin (`window_level_torch.py`: the CPU path and the kernel's test twin), c
 group's keys gathered explicitly.
 """
 
-
 import torch
 import triton
 import triton.language as tl
