@@ -69,14 +69,15 @@ JIT_LINE = re.compile(r"Triton kernel JIT compilation during inference: (\w+)")
 
 
 def relay_kernels() -> set[str]:
-    """The names of relay's Triton kernels (every `@triton.jit` function of `vllm_relay.ops` named `*_kernel`)."""
-    import triton
+    """The names of relay's Triton kernels: every `@triton.jit` function of `vllm_relay.ops` named `*_kernel`
+    (compiled or, where TRITON_INTERPRET=1 was set before its module was imported, interpreted)."""
+    from triton.runtime.jit import KernelInterface
 
     import vllm_relay.ops as ops
 
     return {name for m in pkgutil.iter_modules(ops.__path__)
             for name, obj in vars(importlib.import_module(f"vllm_relay.ops.{m.name}")).items()
-            if isinstance(obj, triton.runtime.JITFunction) and name.endswith("_kernel")}
+            if isinstance(obj, KernelInterface) and name.endswith("_kernel")}
 
 
 def relay_compiles_after_warm_up(log: str) -> list[str]:
