@@ -65,3 +65,28 @@ def test_one_compiled_kernel_serves_a_count_at_any_alignment():
         gather_rows(src, perm, counts[i: i + 1], out)
         assert torch.equal(out[:n], src[perm[:n].long()]) and not out[n:].any()
     assert len(cache) == compiled
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn])
+def test_the_warm_up_compiles_what_a_step_launches(dtype):
+    """`warm_up_gather_rows` compiles the kernel a step's gather launches: the queries a view of vLLM's
+    fused QKV rows (another row stride), any count, the planner's buffers (FP8 rows as bytes)."""
+    from vllm_relay.ops.gather_rows import _gather_rows_kernel, warm_up_gather_rows
+
+    hq, hkv, d = 12, 4, 80  # a shape no other test compiles
+    bytes_ = dtype == torch.float8_e4m3fn
+    perm = torch.zeros(700, dtype=torch.int32, device="cuda")[3:]  # a staging buffer's view
+    q_buf = torch.zeros(600, hq, d, dtype=dtype, device="cuda")
+    rows = q_buf.view(torch.uint8) if bytes_ else q_buf
+    cache = _gather_rows_kernel.device_caches[torch.cuda.current_device()][0]
+    before = len(cache)
+    warm_up_gather_rows(perm, rows)
+    assert len(cache) == before + 1
+    qkv = torch.randn(300, (hq + 2 * hkv) * d, device="cuda").to(dtype)
+    q = qkv[:, : hq * d].view(300, hq, d)
+    src = q.view(torch.uint8) if bytes_ else q
+    perm[:517].copy_(torch.randint(0, 300, (517,), dtype=torch.int32))
+    gather_rows(src, perm, torch.tensor([517], dtype=torch.int32, device="cuda"), rows)
+    assert torch.equal(rows[:517], src[perm[:517].long()])
+    assert len(cache) == before + 1

@@ -82,6 +82,18 @@ def gather_rows(src, perm, count, out):
     return gather_rows_torch(src, perm, count, out)
 
 
+def warm_up_gather_rows(perm, out) -> None:
+    """Compile the kernel every `gather_rows(src, perm[:n], count, out[:n])` of a step will launch, with `src`
+    rows shaped and typed as `out`'s (FP8 rows gathered as bytes: pass `out` viewed as uint8), by one
+    launch that copies no row. A step whose levels run outside any CUDA graph (speculative decoding's
+    verification steps, prompt chunks) otherwise compiles it in the first such step of a loaded server.
+    A no-op off CUDA."""
+    if not perm.is_cuda:
+        return
+    src = torch.empty(1, *out.shape[1:], dtype=out.dtype, device=out.device)
+    gather_rows_triton(src, perm[:1], torch.zeros(1, dtype=torch.int32, device=perm.device), out[:1])
+
+
 def _check_args(src, perm, count, out) -> None:
     if perm.dtype != torch.int32 or count.dtype != torch.int32 or perm.dim() != 1 or count.numel() != 1:
         raise ValueError(f"gather_rows: perm must be int32 [N] and count int32 [1], got {perm.dtype} "
