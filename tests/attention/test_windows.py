@@ -80,6 +80,17 @@ def test_window_layers_read_each_level_from_each_rows_window_on(window, seed, mo
     if step.tree is not None:
         assert plan.run_level and planner.stats["level_groups"] == step.tree.num_groups
         assert plan.level.call["max_seqlen_k"] <= window  # (the most keys a row reads: the kernel's ranges)
+        # With full graphs an eager step bounds the keys as a graph does (its kernel variant compiled at the
+        # capture), exactly still.
+        graphs = RelayPlanner(vllm_config(shared_path="always", full_graphs=True),
+                              SimpleNamespace(block_size=BLOCK), "cpu", window=window,
+                              level_fn=window_level_attention_torch)
+        graphs.kv_group = 1
+        graph_plan = graphs.plan(cm, step)
+        assert not graph_plan.graph
+        graph_len = graphs.level_table.shape[1] * BLOCK
+        assert graph_plan.level.call["max_seqlen_k"] == min(graph_len, window)
+        run_and_check(world, graph_plan, cm, window=window)
     own = [r for r in range(step.tree.num_groups) if step.tree.pages[r]] if step.tree is not None else []
     if own:  # a block id inside the window of a row of a level of own pages, changed in group 1's table
         g = own[0]

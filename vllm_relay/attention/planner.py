@@ -270,7 +270,11 @@ class RelayPlanner(LevelFinder):
                         max_seqlen_k=graph_len if graph else staged.max_group_len,
                         block_table=self.level_table[G - groups: G])
             if keys is not None:  # each row reads its window's keys at most
-                call.update(key_start=keys, max_seqlen_k=min(call["max_seqlen_k"], self.window))
+                # (the key bound sizes the kernel's key ranges, a compiled constant: with full graphs an eager
+                # step takes the graphs' bound, so that a level shorter than the window launches a variant
+                # their capture compiled, not one compiled mid-run)
+                bound = graph_len if self.full_graphs else call["max_seqlen_k"]
+                call.update(key_start=keys, max_seqlen_k=min(bound, self.window))
             count = self.cu[groups: groups + 1]
         row_index_view = self._row_index[: depth * T].view(depth, T)
         fn = self.level_fn if self.window else None
