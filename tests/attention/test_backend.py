@@ -42,3 +42,30 @@ def test_a_drafters_builder_plans_its_passes_with_the_drafter_step_and_nothing_e
     # the drafter's pass: a graph where the planner's rule says one runs (vLLM picks it unseen)
     assert planned == [(builder.draft_of.draft_step, False, None), (own, False, False), (None, True, True)]
     assert backend.RelayMetadataBuilder.draft_of is None  # the target's builders: no drafter step
+
+
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+def test_window_warm_up_reads_caches_laid_out_as_the_layers(fp8, monkeypatch):
+    """The builder's warm-up of the window level's kernel (interpreted here) runs on a one-page cache that
+    `_caches` views as the layers' forward does: [blocks, block_size, Hkv, D], FP8 where the cache is."""
+    from types import SimpleNamespace as NS
+
+    import torch
+
+    from vllm_relay.ops import window_level
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    calls = []
+    monkeypatch.setattr(backend, "warm_up_window_level",
+                        lambda *a, **kw: calls.append((a, kw)) or window_level.warm_up_window_level(*a, **kw))
+    fp8_dtype = torch.float8_e4m3fn if fp8 else None
+    planner = NS(hkv=2, page_size=16, window=64, max_tokens=40, device=torch.device("cpu"),
+                 q_buf=torch.zeros(8, 4, 32, dtype=torch.bfloat16),
+                 out_buf=torch.zeros(8, 4, 32, dtype=torch.bfloat16))
+    impl = NS(head_size=32, fp8_dtype=fp8_dtype, scale=0.17, logits_soft_cap=None)
+    builder = NS(planner=planner, kv_cache_dtype=torch.bfloat16)
+    backend.RelayMetadataBuilder._warm_up_window_levels(builder, impl)
+    (q, k, v, out, max_rows, keys, scale), kw = calls[0]
+    assert k.shape == v.shape == (1, 16, 2, 32) and k.dtype == (fp8_dtype or torch.bfloat16)
+    assert (max_rows, keys, scale, kw["softcap"]) == (40, 64, 0.17, 0.0)
+    assert ("k_descale" in kw) == fp8 and kw.get("q_descale") is None

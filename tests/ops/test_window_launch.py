@@ -1,7 +1,9 @@
 """vllm_relay/ops/window_launch.py: the window level's launch rules, against the grids they are held to
 (the kernel's results with these launches: tests/ops/test_window_level.py)."""
 
-from vllm_relay.ops.window_launch import MAX_SPLITS, launch, num_splits, tiles
+import pytest
+
+from vllm_relay.ops.window_launch import MAX_SPLITS, launch, num_splits, one_group_variants, tiles
 
 
 def test_large_heads_take_small_tiles_while_the_grid_stays_small():
@@ -45,3 +47,16 @@ def test_the_grid_by_group_launches_every_tile_of_every_group(monkeypatch):
     grid, consts = launch(64, 2, 8, 256, 66, 64, 1024, 132)
     assert not consts["COMPACT"] and consts["BLOCK_G"] == 1
     assert grid == (66, 8, 64 // (consts["BLOCK_M"] // 2) * consts["SPLITS"])
+
+
+@pytest.mark.parametrize("hq, hkv, d, keys", [(16, 8, 256, 1024), (64, 8, 64, 128), (32, 8, 128, 4096),
+                                              (12, 4, 80, None), (8, 8, 200, 700)])
+@pytest.mark.parametrize("num_sms", [132, 78, 7])
+def test_one_group_variants_are_every_row_counts(hq, hkv, d, keys, num_sms):
+    """What the warm-up compiles (`one_group_variants`, which stops at the first row count taking the
+    largest count's constants) is every row count's constants, each first met at the count it names."""
+    every = {}
+    for rows in range(1, 2500):
+        consts = tuple(sorted(launch(1, hq // hkv, hkv, d, 1, rows, keys, num_sms)[1].items()))
+        every.setdefault(consts, rows)
+    assert one_group_variants(hq // hkv, hkv, d, 2499, keys, num_sms) == every

@@ -417,3 +417,37 @@ def test_tiles_fit_in_registers_on_hopper(hopper_registers, shape, max_rows, par
     group, head_dim, cache, softcap = HEAD_SIZES[shape]
     registers, spilled = hopper_registers[group, head_dim, max_rows, parallel, cache, softcap]
     assert spilled == 0, f"{spilled} bytes spilled a thread ({registers} registers)"
+
+
+@NEEDS_TRITON
+def test_the_warm_up_launches_every_variant_and_writes_nothing():
+    """`warm_up_window_level` launches each variant a one-group call of up to `max_rows` rows takes, over a
+    group of no rows: the output keeps its sentinel."""
+    from vllm_relay.ops import window_launch as launch
+    from vllm_relay.ops.window_level import warm_up_window_level
+
+    args, *_ = build(SMALL, 2, 4, 64, 16, torch.bfloat16, layout="packed")
+    out = torch.full(args["q"].shape, SENTINEL, dtype=torch.bfloat16, device=DEVICE)
+    want = launch.one_group_variants(4, 2, 64, 300, 96, launch.sm_count(args["q"].device))
+    assert warm_up_window_level(args["q"], args["k"], args["v"], out, 300, 96, 0.1, softcap=5.0) == len(want)
+    assert (out == SENTINEL).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fp8", [None, torch.float8_e4m3fn], ids=["bf16", "fp8"])
+def test_after_the_warm_up_a_large_prompt_chunk_compiles_nothing(fp8):
+    """Gemma 3's window layers (16 query heads of 256 over 8 KV heads): a level call of 600 rows (an eager
+    step's prompt chunk) takes wider tiles than any decode graph's; the warm-up compiled them."""
+    from vllm_relay.ops.window_level import _window_level_kernel, warm_up_window_level
+
+    scales = (0.5, 2.0) if fp8 else (1.0, 1.0)
+    args, *_ = build([(list(range(-40, 560)), 700)], 8, 2, 256, 16, torch.bfloat16, fp8=fp8, scales=scales,
+                     layout="packed")
+    descale = {"k_descale": torch.tensor([scales[0]], device=DEVICE),
+               "v_descale": torch.tensor([scales[1]], device=DEVICE)} if fp8 else {}
+    out = torch.zeros(args["q"].shape, dtype=torch.bfloat16, device=DEVICE)
+    assert warm_up_window_level(args["q"], args["k"], args["v"], out, 4096, 1024, 0.0625, **descale) >= 2
+    cache = _window_level_kernel.device_caches[torch.cuda.current_device()][0]
+    compiled = len(cache)
+    window_level_attention(**args, **descale, softmax_scale=0.0625, out=out, max_seqlen_k=1024)
+    assert len(cache) == compiled

@@ -41,7 +41,7 @@ from vllm_relay.attention.common import (
 from vllm_relay.attention.planner import RelayPlanner
 from vllm_relay.ops import RelayPlan, force_one_split, graph_split_cap, relay_attention
 from vllm_relay.ops.split_schedule import FA3_DYNAMIC_SPLIT_BATCHES
-from vllm_relay.ops.window_level import window_level_attention
+from vllm_relay.ops.window_level import warm_up_window_level, window_level_attention
 
 
 class RelayAttentionBackend(FlashAttentionBackend):
@@ -170,10 +170,27 @@ class RelayMetadataBuilder(RelayBuilder, FlashAttentionMetadataBuilder):
                                        level_fn=window_level_attention,
                                        query_dtype=current_platform.fp8_dtype() if quantized_q else None),
                           device, self.aot_schedule)
+        if self.planner.window:
+            self._warm_up_window_levels(impls[0])
         if self.use_full_cuda_graph and self.aot_schedule:
             # FA3's split workspace in every graph, for the context and the levels' calls alike
             # (vLLM's cap, 32, is 8x what FA3 can use with 32 KV heads on an H100).
             self.max_num_splits = graph_split_cap(self.max_num_splits, self.planner.num_sms, self.num_heads_kv)
+
+    def _warm_up_window_levels(self, impl) -> None:
+        """Compile the window level kernel's variants that an eager step's prompt chunks launch
+        (`warm_up_window_level`), on a one-page cache laid out and typed as the layers' (`_caches`)."""
+        p = self.planner
+        kv = torch.zeros(1, p.hkv, p.page_size, 2 * impl.head_size, device=p.device,
+                         dtype=torch.uint8 if impl.fp8_dtype is not None else self.kv_cache_dtype)
+        k, v = _caches(kv, impl.head_size, impl.fp8_dtype)
+        descale = {}
+        if impl.fp8_dtype is not None:  # per-tensor scales on the device, as the layers' (`forward`)
+            one = torch.ones(1, dtype=torch.float32, device=p.device)
+            descale = dict(k_descale=one, v_descale=one,
+                           q_descale=one if p.q_buf.dtype == impl.fp8_dtype else None)
+        warm_up_window_level(p.q_buf, k, v, p.out_buf, p.max_tokens, p.window, impl.scale,
+                             softcap=impl.logits_soft_cap or 0.0, **descale)
 
     def _build(self, cm, fast_build: bool, step, capture: bool = False):
         plan, step, unsplit = self._plan(cm, step, capture)
@@ -278,13 +295,21 @@ class RelayAttentionImpl(FlashAttentionImpl):
         if output_scale is not None or output_block_scale is not None:
             raise NotImplementedError("fused output quantization is not supported by relay")
         n = attn_metadata.num_actual_tokens
-        key_cache, value_cache = kv_cache.transpose(1, 2).split(self.head_size, dim=-1)
-        key_cache = canonicalize_singleton_dim_strides(key_cache)
-        value_cache = canonicalize_singleton_dim_strides(value_cache)
+        key_cache, value_cache = _caches(kv_cache, self.head_size, self.fp8_dtype)
         descale = None
-        if self.fp8_dtype is not None:  # as FlashAttention's forward reads it
-            key_cache, value_cache = key_cache.view(self.fp8_dtype), value_cache.view(self.fp8_dtype)
+        if self.fp8_dtype is not None:
             descale = (layer._q_scale if self.supports_quant_query_input else None, layer._k_scale, layer._v_scale)
         relay_attention(query[:n], key_cache, value_cache, plan, output[:n], self.scale,
                         flash_attn.flash_attn_varlen_func, self.attn_kwargs, self.context_kwargs, descale)
         return output
+
+
+def _caches(kv_cache, head_size: int, fp8_dtype):
+    """A layer's key and value caches, [num_blocks, block_size, Hkv, D] views of vLLM's FlashAttention cache
+    ([num_blocks, Hkv, block_size, 2 D]), FP8 where the cache is (as FlashAttention's forward reads it)."""
+    key_cache, value_cache = kv_cache.transpose(1, 2).split(head_size, dim=-1)
+    key_cache = canonicalize_singleton_dim_strides(key_cache)
+    value_cache = canonicalize_singleton_dim_strides(value_cache)
+    if fp8_dtype is not None:
+        key_cache, value_cache = key_cache.view(fp8_dtype), value_cache.view(fp8_dtype)
+    return key_cache, value_cache

@@ -87,6 +87,24 @@ def launch(num_rows: int, group: int, num_kv_heads: int, head_dim: int, num_grou
                       BLOCK_G=max(128, triton.next_power_of_2(num_groups)) if packed else 1)
 
 
+def one_group_variants(group: int, num_kv_heads: int, head_dim: int, max_rows: int, keys: int | None,
+                       num_sms: int) -> dict[tuple, int]:
+    """The launch constants of a call of one group and 1 to `max_rows` rows (an eager step's prompt chunk
+    reading a level), each with the fewest rows that take it. The tiles only widen and the key ranges only
+    fall as the rows grow, so past the first row count whose constants are the largest count's, every
+    count has them."""
+    def constants(rows):
+        return tuple(sorted(launch(1, group, num_kv_heads, head_dim, 1, rows, keys, num_sms)[1].items()))
+
+    variants, last = {}, constants(max_rows)
+    for rows in range(1, max_rows + 1):
+        c = constants(rows)
+        variants.setdefault(c, rows)
+        if c == last:
+            break
+    return variants
+
+
 def compact(num_groups: int) -> bool:
     """Whether a call of `num_groups` groups loops over its step's real tiles (COMPACT_FROM_GROUPS)."""
     return COMPACT_FROM_GROUPS is not None and COMPACT_FROM_GROUPS <= num_groups <= MAX_COMPACT_GROUPS

@@ -324,3 +324,26 @@ def _scale_tensor(x, like: torch.Tensor) -> torch.Tensor:
     if isinstance(x, torch.Tensor):
         return x
     return torch.full((1,), 1.0 if x is None else float(x), dtype=torch.float32, device=like.device)
+
+
+def warm_up_window_level(q, k, v, out, max_rows: int, keys: int | None, softmax_scale: float,
+                         softcap: float = 0.0, k_descale=None, v_descale=None, q_descale=None) -> int:
+    """Compile every kernel variant a level call of one group and 1 to `max_rows` rows launches, reading at
+    most `keys` keys a row, with q, k, v and out typed and laid out as the calls' (one row of `q` and `out`
+    is used, the caches may hold one page): `launch.one_group_variants`.
+    An eager step's prompt chunks can take a variant no CUDA graph's capture compiled (heads over 128
+    with more than a few hundred rows take wider tiles): without this it is compiled in the first such
+    step of a loaded server. Each variant runs once over a group of no rows, which reads and writes
+    nothing. Returns the variants launched; a no-op off CUDA unless the kernel is interpreted."""
+    if not runs_triton(q):
+        return 0
+    group, num_kv_heads, head_dim = q.shape[1] // k.shape[2], k.shape[2], q.shape[2]
+    sms = launch.sm_count(q.device)
+    variants = launch.one_group_variants(group, num_kv_heads, head_dim, max_rows, keys, sms)
+    zeros = torch.zeros(2, dtype=torch.int32, device=q.device)
+    for rows in variants.values():
+        window_level_attention(q=q[:1], k=k, v=v, cu_seqlens_q=zeros, seqused_k=zeros[:1],
+                               block_table=zeros[:1].view(1, 1), key_start=zeros[:1], max_seqlen_q=rows,
+                               max_seqlen_k=keys, softmax_scale=softmax_scale, out=out[:1], softcap=softcap,
+                               k_descale=k_descale, v_descale=v_descale, q_descale=q_descale)
+    return len(variants)
