@@ -46,7 +46,7 @@ def test_a_drafters_builder_plans_its_passes_with_the_drafter_step_and_nothing_e
 
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
 def test_window_warm_up_reads_caches_laid_out_as_the_layers(fp8, monkeypatch):
-    """The builder's warm-up of the window level's kernel (interpreted here) runs on a one-page cache that
+    """The builder's warm-up of the window level's kernel (interpreted here) runs on a two-page cache that
     `_caches` views as the layers' forward does: [blocks, block_size, Hkv, D], FP8 where the cache is."""
     from types import SimpleNamespace as NS
 
@@ -66,6 +66,6 @@ def test_window_warm_up_reads_caches_laid_out_as_the_layers(fp8, monkeypatch):
     builder = NS(planner=planner, kv_cache_dtype=torch.bfloat16)
     backend.RelayMetadataBuilder._warm_up_window_levels(builder, impl)
     (q, k, v, out, max_rows, keys, scale), kw = calls[0]
-    assert k.shape == v.shape == (1, 16, 2, 32) and k.dtype == (fp8_dtype or torch.bfloat16)
+    assert k.shape == v.shape == (2, 16, 2, 32) and k.dtype == (fp8_dtype or torch.bfloat16)
     assert (max_rows, keys, scale, kw["softcap"]) == (40, 64, 0.17, 0.0)
     assert ("k_descale" in kw) == fp8 and kw.get("q_descale") is None

@@ -179,9 +179,10 @@ class RelayMetadataBuilder(RelayBuilder, FlashAttentionMetadataBuilder):
 
     def _warm_up_window_levels(self, impl) -> None:
         """Compile the window level kernel's variants that an eager step's prompt chunks launch
-        (`warm_up_window_level`), on a one-page cache laid out and typed as the layers' (`_caches`)."""
+        (`warm_up_window_level`), on a cache of two pages laid out and typed as the layers' (`_caches`; with
+        one, its page stride would be canonicalized to another value than theirs)."""
         p = self.planner
-        kv = torch.zeros(1, p.hkv, p.page_size, 2 * impl.head_size, device=p.device,
+        kv = torch.zeros(2, p.hkv, p.page_size, 2 * impl.head_size, device=p.device,
                          dtype=torch.uint8 if impl.fp8_dtype is not None else self.kv_cache_dtype)
         k, v = _caches(kv, impl.head_size, impl.fp8_dtype)
         descale = {}
