@@ -92,8 +92,9 @@
 #             about 5 min per P)
 #   sglang-serve  chat through SGLang's OpenAI server, relay's and vLLM's default, as `serve` (about 9 min;
 #             SGLANG_CONFIGS=sglang,relay: about 6)
-# PACK=1: at the end, every file under $OUT goes into one archive, $OUT/pack_HHMMSS.tgz (a device call brings
-# back a few files only), the steps' exit lines and last output lines still printed.
+# PACK=1: after each step (after all of them with --side-by-side), every file under $OUT not yet packed goes
+# into one archive, $OUT/pack_HHMMSS_STEP.tgz (a device call brings back a few files only, and a call cut by
+# its time limit keeps the steps it finished), the steps' exit lines and last output lines still printed.
 # A test step that fails leaves its engines' outputs in $OUT/STEP-outputs.tgz (KEEP_OUTPUTS=1: every test
 # step). Steps run one after another, each well under a call's 600 s. With --side-by-side the test steps (not
 # host and the throughput jobs, which need the machine alone) run at once, each engine on a share of the
@@ -226,11 +227,14 @@ run() {  # one step into $out/STEP.txt; its exit status
   return $rc
 }
 
-pack() {  # PACK=1: $out's files (not earlier packs) into one archive, the originals removed; its status
+pack() {  # PACK=1: $out's files (not earlier packs) into one archive named after step $2, the originals
+  # removed; its status $1
   [ -n "${PACK:-}" ] || return "$1"
+  local name="pack_$stamp${2:+_$2}.tgz"
   (cd "$out" && find . -type f ! -name 'pack_*.tgz' | sort > /tmp/pack_list_$stamp &&
-   tar -czf "pack_$stamp.tgz" -T /tmp/pack_list_$stamp && xargs -d '\n' rm -f < /tmp/pack_list_$stamp &&
-   find . -mindepth 1 -type d -empty -delete && echo "packed $(wc -l < /tmp/pack_list_$stamp) files: $out/pack_$stamp.tgz")
+   [ -s /tmp/pack_list_$stamp ] && tar -czf "$name" -T /tmp/pack_list_$stamp &&
+   xargs -d '\n' rm -f < /tmp/pack_list_$stamp &&
+   find . -mindepth 1 -type d -empty -delete && echo "packed $(wc -l < /tmp/pack_list_$stamp) files: $out/$name")
   return "$1"
 }
 
@@ -256,6 +260,7 @@ else
   for step in "$@"; do
     run "$step"; rc=$?; echo "$step: exit $rc"; tail -n 3 "$out/$step.txt"
     [ $rc = 0 ] || status=$rc
+    pack 0 "$step"
   done
 fi
 pack $status
