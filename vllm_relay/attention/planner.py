@@ -43,7 +43,7 @@ from vllm_relay.ops.fuse_in_place import warm_up_fuse_in_place
 from vllm_relay.ops.gather_rows import warm_up_gather_rows
 from vllm_relay.ops.joint import joint_capacity, joint_layout
 from vllm_relay.ops.level_tree import LevelTree, level_rows, slot_front
-from vllm_relay.ops.varlen_attention import FP8_DTYPES
+from vllm_relay.ops.relay_attention import as_gathered
 from vllm_relay.stats import add_stats
 
 # What a planner counts (`stats`; the engine's `relay_worker_stats` sums a worker's planners').
@@ -158,8 +158,7 @@ class RelayPlanner(LevelFinder):
         for levels in range(1, self.max_depth + 1):
             warm_up_fuse_in_place(hq, value_size or head_size, model.dtype, self.device, max_tokens, levels=levels,
                                   joint_too=self.joint)
-        fp8 = self.q_buf.dtype in FP8_DTYPES  # (FP8 queries are gathered as bytes: `relay_attention._bytes`)
-        warm_up_gather_rows(self.perm, self.q_buf.view(torch.uint8) if fp8 else self.q_buf)
+        warm_up_gather_rows(self.perm, as_gathered(self.q_buf))
         # The level sequences' tables and lengths, then the contexts', in one tensor each: a joint call
         # reads the end of the first part and the start of the second (a step's level tables end at
         # row G). jtable: [G + max_reqs, W], W = vLLM's block-table width.

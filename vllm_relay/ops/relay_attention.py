@@ -164,14 +164,15 @@ def _descales(descale, call: dict, k_cache) -> dict:
             for name, x in zip(("q_descale", "k_descale", "v_descale"), descale) if x is not None}
 
 
-def _bytes(x):
-    """FP8 rows gathered as bytes (the gathers copy rows, whatever they hold)."""
+def as_gathered(x):
+    """`x` as the level gathers read or write it: FP8 rows as bytes (the gathers copy rows, whatever they
+    hold; the planner compiles its gather for this view)."""
     return x.view(torch.uint8) if x is not None and x.dtype in FP8_DTYPES else x
 
 
 def _level_call(q, k_cache, v_cache, level: SharedLevel, softmax_scale, attn_fn, extra, descale=None):
     """One level's gather and grouped non-causal call: (output [N, Hq, D], LSE [Hq, N])."""
-    src, buf = _bytes(q), _bytes(level.q_buf)
+    src, buf = as_gathered(q), as_gathered(level.q_buf)
     if level.num_rows is not None:
         q_level = gather_rows(src, level.perm, level.num_rows, buf)
     elif buf is not None:
