@@ -25,6 +25,10 @@ repeat (the same prompts again would hit it; relay then fills its prompts again)
 staying the headline figure. Each run lists the Triton kernels compiled inside it (start-up work
 leaking into the measurement, `common.compiled_during`); `--triton-cache DIR` gives each configuration
 a fresh Triton cache, so that kernels a warm cache would load are compiled, and seen, too.
+With `relay` and `noprefix` in one job (on a GPU), the summary also gives the least time any engine on
+vLLM can take for the single workload: the no-prompt run's time plus the system prompt's attention in
+relay's run (each query token it scheduled, drafts included, against every prompt key, at the card's
+matmul rate: `prompt_attention`), and what that allows against the default.
 `--accuracy` instead compares relay with FLASH_ATTN on the same full prompts (greedy, top-5
 logprobs over the first 8 generated tokens). `--tensor-parallel-size N` runs every configuration
 over N GPUs (data parallelism is a serving feature: vllm.LLM refuses it). Usage (GPU host):
@@ -42,7 +46,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (add_sglang_args, add_workload_args, compiled_during, decode_span_s,  # noqa: E402
-                    engine_kwargs, jit_compiled, model_config, prompt_vocab, result_line, run_logged,
+                    engine_kwargs, jit_compiled, measure_card, model_config, prompt_vocab, result_line,
+                    run_logged,
                     sampling_params, sglang_command, sglang_engine, sglang_sampling, strip_system,
                     worker_command, workload)
 
@@ -156,13 +161,15 @@ def worker(args):
         for i in range(1 if accuracy else args.repeat):
             if i and not llm.reset_prefix_cache():  # a repeat sends the same prompts: none may be cached
                 raise RuntimeError("reset_prefix_cache() failed before a repeat run")
+            tokens0 = scheduled_relay_tokens(llm, args.worker)
             profiling = args.profile and i == 0 and name == names[0]
             if profiling:  # (outside the timed span; the profiler itself slows the steps it records)
                 llm.start_profile()
             t0, wall0, preempted = time.perf_counter(), time.time(), preemptions(llm)
             outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
             runs.append({"elapsed_s": time.perf_counter() - t0, "wall": [wall0, time.time()],
-                         "preemptions": preemptions(llm) - preempted})
+                         "preemptions": preemptions(llm) - preempted,
+                         "relay_tokens": scheduled_relay_tokens(llm, args.worker) - tokens0})
             if profiling:
                 llm.stop_profile()
         elapsed = runs[0]["elapsed_s"]
@@ -171,6 +178,8 @@ def worker(args):
              "output_tokens": sum(len(o.outputs[0].token_ids) for o in outs),
              "runs_requests_per_s": [len(prompts) / x["elapsed_s"] for x in runs],
              "runs_preemptions": [x["preemptions"] for x in runs]}
+        if args.worker == "relay":  # the query tokens relay computed in each run (prompt chunks, drafts too)
+            r["runs_relay_tokens"] = [x["relay_tokens"] for x in runs]
         r["triton_compiled"] = [compiled_during(*x["wall"]) for x in runs]
         relayed += sum(1 for p in prompts if any(p[: len(s)] == s and len(p) > len(s) for s in load_systems))
         if accuracy:
@@ -198,6 +207,57 @@ def worker(args):
             raise RuntimeError(f"relay served only {result['relay_stats']['relay_requests']} of the "
                                f"{relayed} requests behind a system prompt: they were not routed")
     print("RESULT " + json.dumps(result), flush=True)
+
+
+def scheduled_relay_tokens(llm, config: str) -> int:
+    """The query tokens a relay engine has scheduled for requests on a registered prompt so far (0 for
+    other configurations): each attends to all of its system prompt's keys."""
+    if config != "relay":
+        return 0
+    from vllm_relay.stats import relay_stats
+
+    return relay_stats(llm)["relay_tokens"]
+
+
+def prompt_attention(args, relay: dict, card: dict) -> dict | None:
+    """The system prompt's attention in relay's first run of the single workload: every query token it
+    scheduled (its own prompt tokens and, with speculative decoding, every draft it verified) attends to
+    all `prefix_len` prompt keys in every layer and query head, at 4 FLOPs a head dimension (Q.K and
+    P.V). No engine skips that work, and the no-prompt engine does the rest of relay's (the same
+    model, requests, drafts and sampling): its time plus this work at the card's matmul rate is the least
+    any engine on vLLM can take. None for models whose layers attend to fewer keys (sliding windows) or
+    in another form (MLA), and runs that did not count their tokens."""
+    c = model_config(args.model)
+    tokens = relay.get("single", {}).get("runs_relay_tokens", [0])[0]
+    windows = (c.get("sliding_window") and c.get("use_sliding_window", True)) or any(
+        t != "full_attention" for t in c.get("layer_types") or ())
+    if not tokens or windows or c.get("kv_lora_rank"):
+        return None
+    hd = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+    flops = 4 * tokens * args.prefix_len * c["num_hidden_layers"] * c["num_attention_heads"] * hd
+    return {"query_tokens": tokens, "flops": flops, "bf16_flop_per_s": card["bf16_flop_per_s"],
+            "seconds": flops / card["bf16_flop_per_s"]}
+
+
+def on_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def bound_lines(bound: dict, elapsed: dict) -> str:
+    """`bound` (`prompt_attention`) completed with the least time it gives (the no-prompt run's time
+    plus the prompt's attention) and what that allows against the default; its summary lines."""
+    bound["bound_s"] = elapsed["noprefix"] + bound["seconds"]
+    lines = [f"  the prompt's attention in relay's run: {bound['query_tokens']} query tokens, "
+             f"{bound['flops'] / 1e15:.3f} PFLOP, {bound['seconds']:.2f} s at the card's matmul rate "
+             f"({bound['bf16_flop_per_s'] / 1e12:.0f} TFLOP/s); no prompt + that = {bound['bound_s']:.2f} s"]
+    if "default" in elapsed:
+        bound["most_over_default"] = elapsed["default"] / bound["bound_s"]
+        lines.append(f"  the most any engine can reach here: {bound['most_over_default']:.3f}x the default")
+    bound["relay_over_bound"] = bound["bound_s"] / elapsed["relay"]
+    lines.append(f"  relay / that bound = {bound['relay_over_bound']:.3f}")
+    return "\n".join(lines)
 
 
 def preemptions(llm) -> int:
@@ -340,6 +400,11 @@ def main():
                 print(f"  relay / no system prompt = {got['relay'] / got['noprefix']:.3f}")
             if "noprefix-relay" in got and "noprefix" in got:
                 print(f"  relay backend without prompts / default = {got['noprefix-relay'] / got['noprefix']:.3f}")
+        if "single" in results.get("relay", {}) and "single" in results.get("noprefix", {}) and on_gpu():
+            bound = prompt_attention(args, results["relay"], measure_card())  # (its engines are gone)
+            if bound is not None:
+                results["prompt_attention"] = bound
+                print(bound_lines(bound, {c: r["single"]["elapsed_s"] for c, r in results.items() if "single" in r}))
         lat = {c: r["latency"] for c, r in results.items() if "latency" in r}
         if "relay" in lat and "default" in lat:
             for a, b in zip(lat["relay"], lat["default"]):

@@ -117,3 +117,53 @@ def test_the_sglang_config_runs_in_sglangs_environment(tmp_path, monkeypatch):
     assert result["kv_cache_tokens"] == [1234]
     assert got["requests"] == {"multi": [list(x) for x in workload(args, "multi")]}
     assert not os.path.exists(got["cmd"][-1])  # removed after the run
+
+
+def shape_folder(tmp_path, **config):
+    import json
+
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    return SimpleNamespace(model=str(tmp_path), prefix_len=96)
+
+
+LLAMA = dict(num_hidden_layers=3, num_attention_heads=6, num_key_value_heads=2, hidden_size=120)
+
+
+def test_the_prompts_attention_counts_every_scheduled_token_against_every_prompt_key(tmp_path):
+    """Each query token relay scheduled meets each of the 96 prompt keys in each of 3 layers and 6 query
+    heads of 20: a dot product of 20 and a weighted sum of 20 values, 2 FLOPs an element each."""
+    args = shape_folder(tmp_path, **LLAMA)
+    relay = {"single": {"runs_relay_tokens": [7, 8]}}  # the first run's
+    got = bt.prompt_attention(args, relay, {"bf16_flop_per_s": 1e9})
+    pairs = 7 * 96 * 3 * 6  # (token, key, layer, head)
+    assert got["flops"] == pairs * (2 * 20 + 2 * 20)
+    assert got["seconds"] == got["flops"] / 1e9 and got["query_tokens"] == 7
+
+
+def test_the_bound_is_no_prompt_plus_the_prompts_attention(tmp_path):
+    args = shape_folder(tmp_path, **LLAMA, head_dim=32)
+    bound = bt.prompt_attention(args, {"single": {"runs_relay_tokens": [10]}}, {"bf16_flop_per_s": 4 * 96 * 3 * 6 * 32})
+    assert bound["seconds"] == 10.0  # head_dim read from the config, not hidden / heads
+    text = bt.bound_lines(bound, {"default": 60.0, "relay": 45.0, "noprefix": 30.0})
+    assert bound["bound_s"] == 40.0 and bound["most_over_default"] == 1.5 and bound["relay_over_bound"] == 40 / 45
+    assert "1.500x the default" in text and "relay / that bound = 0.889" in text
+
+
+def test_no_bound_where_layers_see_fewer_keys_or_none_were_counted(tmp_path):
+    card = {"bf16_flop_per_s": 1e12}
+    counted = {"single": {"runs_relay_tokens": [5]}}
+    assert bt.prompt_attention(shape_folder(tmp_path, **LLAMA), {"single": {}}, card) is None
+    for other in ({"sliding_window": 1024}, {"layer_types": ["sliding_attention", "full_attention"]},
+                  {"kv_lora_rank": 512}):
+        assert bt.prompt_attention(shape_folder(tmp_path, **LLAMA, **other), counted, card) is None
+    # Qwen2's configs name a window they do not use, and a type for every layer
+    for full in ({"sliding_window": 4096, "use_sliding_window": False}, {"layer_types": ["full_attention"] * 3}):
+        assert bt.prompt_attention(shape_folder(tmp_path, **LLAMA, **full), counted, card)["query_tokens"] == 5
+
+
+def test_relay_tokens_are_read_from_relay_engines_only(monkeypatch):
+    import vllm_relay.stats
+
+    monkeypatch.setattr(vllm_relay.stats, "relay_stats", lambda llm: {"relay_tokens": llm})
+    assert bt.scheduled_relay_tokens(11, "relay") == 11
+    assert bt.scheduled_relay_tokens(11, "default") == 0 and bt.scheduled_relay_tokens(11, "noprefix-relay") == 0
