@@ -36,16 +36,15 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (JIT_MONITOR, add_sglang_args, compiled_during, decode_span_s, host_speed_us,  # noqa: E402
-                    jit_compiled, json_object, measure_card, model_config, profiler_config, prompt_vocab,
-                    result_line, run_logged, sglang_command, sglang_engine, sglang_sampling, worker_command)
+from common import (JIT_MONITOR, add_sglang_args, attention_shape, compiled_during,  # noqa: E402
+                    decode_span_s, host_speed_us, jit_compiled, json_object, measure_card, model_config,
+                    profiler_config, prompt_vocab, result_line, run_logged, sglang_command, sglang_engine,
+                    sglang_sampling, worker_command)
 
 
 def shape(model: str) -> dict:
     c = model_config(model)
-    hd = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
-    return {"layers": c["num_hidden_layers"], "hq": c["num_attention_heads"], "hkv": c["num_key_value_heads"],
-            "head_dim": hd, "vocab": prompt_vocab(c), "hidden": c["hidden_size"],
+    return {**attention_shape(c), "vocab": prompt_vocab(c), "hidden": c["hidden_size"],
             "inter": c["intermediate_size"]}
 
 

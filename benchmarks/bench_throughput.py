@@ -45,11 +45,10 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (add_sglang_args, add_workload_args, compiled_during, decode_span_s,  # noqa: E402
-                    engine_kwargs, jit_compiled, measure_card, model_config, prompt_vocab, result_line,
-                    run_logged,
-                    sampling_params, sglang_command, sglang_engine, sglang_sampling, strip_system,
-                    worker_command, workload)
+from common import (add_sglang_args, add_workload_args, attention_shape, compiled_during,  # noqa: E402
+                    decode_span_s, engine_kwargs, has_gpu, jit_compiled, measure_card, model_config,
+                    prompt_vocab, result_line, run_logged, sampling_params, sglang_command, sglang_engine,
+                    sglang_sampling, strip_system, worker_command, workload)
 
 
 def decode_latency(llm, system_ids, args):
@@ -233,16 +232,10 @@ def prompt_attention(args, relay: dict, card: dict) -> dict | None:
         t != "full_attention" for t in c.get("layer_types") or ())
     if not tokens or windows or c.get("kv_lora_rank"):
         return None
-    hd = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
-    flops = 4 * tokens * args.prefix_len * c["num_hidden_layers"] * c["num_attention_heads"] * hd
+    sh = attention_shape(c)
+    flops = 4 * tokens * args.prefix_len * sh["layers"] * sh["hq"] * sh["head_dim"]
     return {"query_tokens": tokens, "flops": flops, "bf16_flop_per_s": card["bf16_flop_per_s"],
             "seconds": flops / card["bf16_flop_per_s"]}
-
-
-def on_gpu() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
 
 
 def bound_lines(bound: dict, elapsed: dict) -> str:
@@ -400,11 +393,12 @@ def main():
                 print(f"  relay / no system prompt = {got['relay'] / got['noprefix']:.3f}")
             if "noprefix-relay" in got and "noprefix" in got:
                 print(f"  relay backend without prompts / default = {got['noprefix-relay'] / got['noprefix']:.3f}")
-        if "single" in results.get("relay", {}) and "single" in results.get("noprefix", {}) and on_gpu():
+        if "single" in results.get("relay", {}) and "single" in results.get("noprefix", {}) and has_gpu():
             bound = prompt_attention(args, results["relay"], measure_card())  # (its engines are gone)
             if bound is not None:
                 results["prompt_attention"] = bound
-                print(bound_lines(bound, {c: r["single"]["elapsed_s"] for c, r in results.items() if "single" in r}))
+                elapsed = {c: r["single"]["elapsed_s"] for c, r in results.items() if "single" in r}
+                print(bound_lines(bound, elapsed))
         lat = {c: r["latency"] for c, r in results.items() if "latency" in r}
         if "relay" in lat and "default" in lat:
             for a, b in zip(lat["relay"], lat["default"]):

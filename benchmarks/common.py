@@ -36,6 +36,13 @@ def model_config(model: str) -> dict:
 MEDIA_TOKEN_KEYS = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
 
 
+def attention_shape(config: dict) -> dict:
+    """A model config's (`model_config`) attention: its layers, query and KV heads, and head size."""
+    hd = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    return {"layers": config["num_hidden_layers"], "hq": config["num_attention_heads"],
+            "hkv": config["num_key_value_heads"], "head_dim": hd}
+
+
 def prompt_vocab(config: dict) -> int:
     """The end of the token ids a random prompt draws from: the vocabulary, less the multimodal
     placeholders at its top (Qwen2.5-VL's image and video tokens, which vLLM refuses without their data)."""

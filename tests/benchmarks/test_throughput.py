@@ -142,10 +142,12 @@ def test_the_prompts_attention_counts_every_scheduled_token_against_every_prompt
 
 def test_the_bound_is_no_prompt_plus_the_prompts_attention(tmp_path):
     args = shape_folder(tmp_path, **LLAMA, head_dim=32)
-    bound = bt.prompt_attention(args, {"single": {"runs_relay_tokens": [10]}}, {"bf16_flop_per_s": 4 * 96 * 3 * 6 * 32})
+    rate = {"bf16_flop_per_s": 4 * 96 * 3 * 6 * 32}
+    bound = bt.prompt_attention(args, {"single": {"runs_relay_tokens": [10]}}, rate)
     assert bound["seconds"] == 10.0  # head_dim read from the config, not hidden / heads
     text = bt.bound_lines(bound, {"default": 60.0, "relay": 45.0, "noprefix": 30.0})
-    assert bound["bound_s"] == 40.0 and bound["most_over_default"] == 1.5 and bound["relay_over_bound"] == 40 / 45
+    assert bound["bound_s"] == 40.0 and bound["most_over_default"] == 1.5
+    assert bound["relay_over_bound"] == 40 / 45
     assert "1.500x the default" in text and "relay / that bound = 0.889" in text
 
 
@@ -157,8 +159,10 @@ def test_no_bound_where_layers_see_fewer_keys_or_none_were_counted(tmp_path):
                   {"kv_lora_rank": 512}):
         assert bt.prompt_attention(shape_folder(tmp_path, **LLAMA, **other), counted, card) is None
     # Qwen2's configs name a window they do not use, and a type for every layer
-    for full in ({"sliding_window": 4096, "use_sliding_window": False}, {"layer_types": ["full_attention"] * 3}):
-        assert bt.prompt_attention(shape_folder(tmp_path, **LLAMA, **full), counted, card)["query_tokens"] == 5
+    for full in ({"sliding_window": 4096, "use_sliding_window": False},
+                 {"layer_types": ["full_attention"] * 3}):
+        bound = bt.prompt_attention(shape_folder(tmp_path, **LLAMA, **full), counted, card)
+        assert bound["query_tokens"] == 5
 
 
 def test_relay_tokens_are_read_from_relay_engines_only(monkeypatch):
@@ -166,4 +170,5 @@ def test_relay_tokens_are_read_from_relay_engines_only(monkeypatch):
 
     monkeypatch.setattr(vllm_relay.stats, "relay_stats", lambda llm: {"relay_tokens": llm})
     assert bt.scheduled_relay_tokens(11, "relay") == 11
-    assert bt.scheduled_relay_tokens(11, "default") == 0 and bt.scheduled_relay_tokens(11, "noprefix-relay") == 0
+    assert bt.scheduled_relay_tokens(11, "default") == 0
+    assert bt.scheduled_relay_tokens(11, "noprefix-relay") == 0
