@@ -34,7 +34,8 @@
 #             (sinks, a 128-token window in every other layer, a dense MLP in place of the MoE), SHAPE=qwen2.5-vl-7b-shape with
 #             ENGINE_ARGS='{"limit_mm_per_prompt": {"image": 0, "video": 0}}' (M-RoPE)
 #   latency   decode steps of B requests behind a 2048-token system prompt (B = 1, 8, 64, 256), Llama-3-8B shape:
-#             vLLM's default and relay on their engines, after 200 requests of the throughput workload (about 6 min)
+#             vLLM's default and relay on their engines, after 200 requests of the throughput workload (about 6 min);
+#             CONFIGS, BATCHES (1,8,64,256) and ENGINE_ARGS as for l3 (n-gram drafts: verification steps)
 #   serve     chat through the OpenAI server (two system prompts, 20% without), Poisson 1, 4 and 8 requests/s for
 #             20 s each, TTFT and TPOT: vLLM's default server and relay's, Llama-3-8B shape (about 7 min);
 #             RESTARTS=R starts both servers again in each of R rounds, the order reversed each round (a
@@ -175,8 +176,9 @@ run() {  # one step into $out/STEP.txt; its exit status
         $bt --model "$m" --max-model-len 5120 --configs relay,noprefix \
             --out "$out/single_llama2_p2048_$stamp.json" ;;
     latency) m=$(model llama-3-8b-shape)
-        $bt --model "$m" --max-model-len 4096 --num-prompts 200 --configs default,relay --latency \
-            --latency-batches 1,8,64,256 --out "$out/latency_llama3_p2048_$stamp.json" ;;
+        $bt --model "$m" --max-model-len 4096 --num-prompts 200 --configs "${CONFIGS:-default,relay}" --latency \
+            --latency-batches "${BATCHES:-1,8,64,256}" ${ENGINE_ARGS:+--engine-args "$ENGINE_ARGS"} \
+            --out "$out/latency_llama3_p2048_$stamp.json" ;;
     serve) m=$(model llama-3-8b-shape)
         python3 benchmarks/bench_serving.py --model "$m" --rates 1,4,8 --duration "${DURATION:-20}" \
             --restarts "${RESTARTS:-1}" --configs "${SERVE_CONFIGS:-default,relay}" ${SERVER_ARGS:+--server-args "$SERVER_ARGS"} \

@@ -158,6 +158,36 @@ def test_graph_steps_run_levels_only_in_the_levels_graph(monkeypatch):
     assert eager.plan(world.cm(), None) is None  # plain attention, vLLM's own tables
 
 
+def test_a_verification_step_in_its_levels_graph_reads_levels_in_two_calls(monkeypatch):
+    """Drafts being verified: 4 tokens a request, a full graph of 5 requests and 20 tokens (one padding
+    request). Its levels' twin is captured as such a step and holds the levels and the contexts as two
+    calls (the joint call is for one token a request); the step replaying it writes the captured
+    buffers, every token of a request reading its levels, and is exact."""
+    monkeypatch.setitem(levels_module.MIN_SAVED_TOKENS, ("cpu", True), 1)
+    batch = [(0, 30, 4, -1, 0), (0, 41, 4, -1, 0), (-1, 100, 4, -1, 0), (-1, 90, 4, 2, 5)]
+    world = World(batch, torch.float32, "cpu", 3)
+    world.record_fills()
+    planner = make_planner(full_graphs=True)
+    assert planner.joint
+    cm = world.cm(pad_reqs=1, pad_tokens=4)
+    captured = planner.plan(cm, None, capture=True, levels=True)
+    assert captured.graph and captured.run_level and not captured.joint
+    assert captured.level.row_index.shape == (planner.max_depth, 20)
+    assert captured.level.call["max_seqlen_q"] == 20
+    step = world.step()
+    planner.levels_for(step)
+    assert step.tree is not None
+    step.graph_levels = True  # what the dispatcher records when vLLM replays the twin
+    plan = planner.plan(cm, step, graph=True)  # as the backend's builder asks on Model Runner V2
+    assert plan.graph and plan.run_level and not plan.joint
+    assert plan.level.perm.data_ptr() == captured.level.perm.data_ptr()
+    assert plan.level.call["cu_seqlens_q"].shape == captured.level.call["cu_seqlens_q"].shape
+    assert plan.context.block_table_tensor.data_ptr() == captured.context.block_table_tensor.data_ptr()
+    # Slot 0's eight tokens read its prompt once, rows 2 and 3's eight their 5 pages.
+    assert planner.stats["shared_tokens"] == 16 and planner.stats["level_graph_steps"] == 1
+    run_and_check(world, plan, cm, padded(world.q, cm))
+
+
 def test_prompt_chunks_in_a_full_graph_of_any_batch_read_everything_in_their_context(monkeypatch):
     """Under `cudagraph_mode=FULL` a step with prompt chunks replays vLLM's graph of its size, captured
     with no levels for a batch of any query lengths (hooks/graphs.py): the plan writes the context
@@ -184,14 +214,16 @@ def test_prompt_chunks_in_a_full_graph_of_any_batch_read_everything_in_their_con
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("q_len", [1, 3])
 @pytest.mark.parametrize("level_splits", [8, 1])
 @pytest.mark.parametrize("group", [1, 4])
-def test_graph_replay_equals_eager_on_cuda(group, level_splits):
+def test_graph_replay_equals_eager_on_cuda(group, level_splits, q_len):
     """Capture relay attention once (as vLLM captures a decode graph: plan with no relay request),
     then for random decode batches (up to three levels per token)
     write each plan into the same buffers and replay: bit-identical to running the same plan
     eagerly, and close to the fp32 reference. The levels' FlashAttention call split (up to 8) and
-    unsplit (one split: no split combine over the graph's padded level)."""
+    unsplit (one split: no split combine over the graph's padded level); decodes of one token a
+    request (the joint call) and of three (drafts verified: two calls)."""
     pytest.importorskip("vllm")
     from vllm.vllm_flash_attn import flash_attn_varlen_func
 
@@ -205,7 +237,7 @@ def test_graph_replay_equals_eager_on_cuda(group, level_splits):
             for r in range(int(n)):
                 parent = int(rng.integers(0, r)) if r and rng.random() < 0.7 else -1
                 slot = batch[parent][0] if parent >= 0 else int(rng.integers(-1, 2))
-                batch.append((slot, int(rng.integers(1, 300)), 1, parent, int(rng.integers(1, 12))))
+                batch.append((slot, int(rng.integers(q_len, 300)), q_len, parent, int(rng.integers(1, 12))))
             worlds.append(World(batch, torch.bfloat16, "cuda", s))
         planner = make_planner("cuda", shared_path="always", dtype=torch.bfloat16, full_graphs=True)
         worlds[0].record_fills()  # every world's cache is built alike: same slot pages layout per world
@@ -213,10 +245,11 @@ def test_graph_replay_equals_eager_on_cuda(group, level_splits):
         # One static set of inputs the graph reads: q, caches and output of the largest world.
         k_cache = torch.zeros_like(max(worlds, key=lambda w: w.k_cache.shape[0]).k_cache)
         v_cache = torch.zeros_like(k_cache)
-        q_static = torch.zeros(B, base.H_KV * base.GROUP, D, dtype=torch.bfloat16, device="cuda")
+        q_static = torch.zeros(B * q_len, base.H_KV * base.GROUP, D, dtype=torch.bfloat16, device="cuda")
         out_static = torch.zeros_like(q_static)
         capture_world = worlds[0]
-        cm_static = capture_world.cm(pad_reqs=B - len(capture_world.batch), pad_tokens=B - len(capture_world.batch))
+        pad = B - len(capture_world.batch)
+        cm_static = capture_world.cm(pad_reqs=pad, pad_tokens=pad * q_len)
         plan = planner.plan(cm_static, None, capture=True, levels=True)  # the levels' twin of the graph
         relay_plan = as_relay_plan(plan, cm_static)
         relay_plan.context["num_splits"] = 8
@@ -232,14 +265,14 @@ def test_graph_replay_equals_eager_on_cuda(group, level_splits):
             relay_attention(q_static, k_cache, v_cache, relay_plan, out_static, D ** -0.5, flash_attn_varlen_func, kw)
         for world in worlds[1:]:
             world.record_fills()
-            n = len(world.batch)
+            n, tokens = len(world.batch), len(world.batch) * q_len
             k_cache.zero_()
             v_cache.zero_()
             k_cache[: world.k_cache.shape[0]] = world.k_cache
             v_cache[: world.v_cache.shape[0]] = world.v_cache
             q_static.zero_()
-            q_static[:n] = world.q
-            cm = world.cm(pad_reqs=B - n, pad_tokens=B - n)
+            q_static[:tokens] = world.q
+            cm = world.cm(pad_reqs=B - n, pad_tokens=(B - n) * q_len)
             # The runner's persistent buffers: write this step's metadata into the captured ones.
             cm_static.query_start_loc.copy_(cm.query_start_loc)
             cm_static.seq_lens.copy_(cm.seq_lens)
@@ -247,13 +280,14 @@ def test_graph_replay_equals_eager_on_cuda(group, level_splits):
             step = world.step()
             planner.levels_for(step)
             step.graph_levels = True  # what vLLM's dispatcher records when it replays the twin
-            step_plan = planner.plan(cm_static, step)
+            step_plan = planner.plan(cm_static, step, graph=True)
             assert step_plan.level.perm.data_ptr() == plan.level.perm.data_ptr()
+            assert step_plan.joint == plan.joint == (q_len == 1)
             graph.replay()
-            replayed = out_static[:n].clone()
+            replayed = out_static[:tokens].clone()
             eager_out = torch.zeros_like(out_static)
             relay_attention(q_static, k_cache, v_cache, relay_plan, eager_out, D ** -0.5, flash_attn_varlen_func, kw)
-            assert torch.equal(replayed, eager_out[:n])
+            assert torch.equal(replayed, eager_out[:tokens])
             torch.testing.assert_close(replayed.float().cpu(), world.reference(), atol=1.6e-2, rtol=1.6e-2)
             # The next decode step over the same rows (the hook's same row facts): with its tree reused,
             # nothing is staged again, and the graph replays the same attention.
@@ -262,11 +296,12 @@ def test_graph_replay_equals_eager_on_cuda(group, level_splits):
                                          step.block_table, step.seq_lens.copy())
             planner.levels_for(again)
             again.graph_levels = True
-            planner.plan(cm_static, again)
-            assert (staged is not None and planner._staged is staged) == (again.tree is step.tree)
+            planner.plan(cm_static, again, graph=True)
+            if q_len == 1:  # (a step of several tokens a request is staged every time)
+                assert (staged is not None and planner._staged is staged) == (again.tree is step.tree)
             out_static.zero_()
             graph.replay()
-            assert torch.equal(out_static[:n], replayed)
+            assert torch.equal(out_static[:tokens], replayed)
         assert planner.stats["shared_tokens"] > 0
         # trees: tokens under two and three levels were replayed
         assert planner.stats["tokens_under_2_levels"] > 0 and planner.stats["tokens_under_3_levels"] > 0

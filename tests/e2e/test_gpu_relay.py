@@ -293,15 +293,16 @@ def test_features_mla_on_cuda_against_flash_attn_mla(tmp_path):
 
 def test_ngram_speculative_decoding_on_cuda_against_flash(tmp_path):
     """n-gram drafts (no drafter model) on Model Runner V2: verification steps of several tokens per
-    request read the levels as prompt chunks do; relay within the rule against FLASH_ATTN with the same
-    drafter, graphs and eager, and drafts accepted under relay as without it. (Uniform verification
-    batches replay vLLM's own graphs: the level twins are captured for one-token decodes only.)"""
+    request read the levels as prompt chunks do, in full graphs too (their levels' twins, captured as
+    such steps); relay within the rule against FLASH_ATTN with the same drafter, graphs and eager, and
+    drafts accepted under relay as without it."""
     spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
     runs = run_with_feature("ngram", "tiny-llama-loops", {"speculative_config": spec}, 7, 48, tmp_path)
     relay, flash = runs["relay"], runs["flash"]
     print(f"ngram drafts {relay['draft_tokens']}, accepted {relay['accepted_tokens']} (FLASH_ATTN: "
           f"{flash['draft_tokens']}, {flash['accepted_tokens']})")
     assert relay["worker_stats"]["shared_tokens"] > 0, relay["worker_stats"]
+    assert relay["worker_stats"]["level_graph_steps"] > 0, relay["worker_stats"]  # verifications replayed
     assert relay["draft_tokens"] > 200 and relay["accepted_tokens"] > relay["draft_tokens"] // 3, relay
 
 

@@ -19,9 +19,10 @@ class State:
     step = None
     planner = None
     capturing = (False, False)
+    multi_token_graphs = False
 
 
-def manager(monkeypatch, mode_name="FULL_AND_PIECEWISE", decode_query_len=1):
+def manager(monkeypatch, mode_name="FULL_AND_PIECEWISE", decode_query_len=1, multi_token=False):
     import vllm.v1.worker.gpu.cudagraph_utils as cu
     from vllm.config import CUDAGraphMode, VllmConfig
 
@@ -34,7 +35,9 @@ def manager(monkeypatch, mode_name="FULL_AND_PIECEWISE", decode_query_len=1):
                                  decode_query_len=decode_query_len)
     from vllm_relay.hooks.graphs import relay_graphs
 
-    relay_graphs(m, State())
+    state = State()
+    state.multi_token_graphs = multi_token
+    relay_graphs(m, state)
     return m
 
 
@@ -159,6 +162,60 @@ def test_under_cudagraph_mode_full_one_token_decodes_with_levels_replay_twins(mo
     assert desc.cg_mode == CUDAGraphMode.NONE and state.step.graph_levels is None
     # With drafts a decode is several tokens a request: no twins (none would ever replay).
     assert all(kind(d) == "plain" for d in manager(monkeypatch, "FULL", 3)._capture_descs[CUDAGraphMode.FULL])
+
+
+def test_verification_decodes_get_split_twins_where_no_drafter_model_replays_a_graph(monkeypatch):
+    """With drafts of 3 tokens vLLM keys its decode graphs by 4 tokens a request. Where nothing else
+    replays a graph over the target's tables (`multi_token`: n-gram drafts), each gets a twin holding
+    the levels, captured as such a decode (no unsplit twin: the contexts are a call of their own); a
+    verification step with levels replays it, one without replays vLLM's graph, a step of another
+    count (a request without drafts) never gets a twin captured for 4."""
+    from types import SimpleNamespace
+
+    from vllm.config import CUDAGraphMode
+
+    monkeypatch.delenv("VLLM_RELAY_UNSPLIT_GRAPHS", raising=False)
+    plain = manager(monkeypatch, decode_query_len=4)._capture_descs[CUDAGraphMode.FULL]
+    assert all(kind(d) == "plain" for d in plain)
+    m = manager(monkeypatch, decode_query_len=4, multi_token=True)
+    full = m._capture_descs[CUDAGraphMode.FULL]
+    assert [(d.num_tokens, d.num_reqs, d.uniform_token_count, kind(d)) for d in full] == \
+        [(8, 2, 4, "split"), (8, 2, 4, "plain"), (4, 1, 4, "split"), (4, 1, 4, "plain")]
+    m = captured(m)
+    state = m.relay_state
+    state.planner = SimpleNamespace(runs_unsplit=lambda tree, n: True)  # (no unsplit twin to take)
+    state.step = step_with("narrow")
+    desc = m.dispatch(2, 8, 4, 0, 4)
+    assert kind(desc) == "split" and desc.uniform_token_count == 4 and desc.num_tokens == 8
+    assert state.step.graph_levels is True and not state.step.graph_unsplit
+    state.step = step_with(None)
+    assert kind(m.dispatch(2, 8, 4, 0, 4)) == "plain" and state.step.graph_levels is False
+    state.step = step_with("narrow")  # one token a request: no graph of that count, none of its twins
+    assert kind(m.dispatch(2, 2, 1, 0, 1)) == "plain"
+
+
+def test_multi_token_twins_only_without_a_drafter_model_and_where_every_planner_reads_levels():
+    from types import SimpleNamespace
+
+    from vllm.v1.worker.gpu.spec_decode.speculator import DraftModelSpeculator
+
+    from vllm_relay.hooks.graphs import multi_token_twins
+
+    class Ngram:
+        pass
+
+    gqa, mla = SimpleNamespace(max_level_query_len=None), SimpleNamespace(max_level_query_len=1)
+    runner = SimpleNamespace(speculator=Ngram(), decode_query_len=4)
+    assert multi_token_twins(runner, [gqa])
+    assert not multi_token_twins(runner, [gqa, mla])  # MLA's decode form: one token a request here
+    assert multi_token_twins(runner, [SimpleNamespace(max_level_query_len=4)])
+    assert not multi_token_twins(SimpleNamespace(speculator=None, decode_query_len=1), [gqa])
+    class Eagle(DraftModelSpeculator):  # (EAGLE-3, MTP: a graph of their own over the target's tables)
+        pass
+
+    Eagle.__abstractmethods__ = frozenset()
+    drafter = Eagle.__new__(Eagle)
+    assert not multi_token_twins(SimpleNamespace(speculator=drafter, decode_query_len=4), [gqa])
 
 
 def test_each_capture_tells_the_model_state_which_graph_it_is(monkeypatch):

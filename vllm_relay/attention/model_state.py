@@ -94,6 +94,7 @@ class RelayModelState(DefaultModelState):
         self.step: relay_step.RelayStep | None = None
         self.planner = None  # the relay planner that finds the levels (attention/workers.level_planner)
         self.capturing = (False, False)  # the full graph being captured: (with the levels, unsplit)
+        self.multi_token_graphs = False  # decodes of several tokens a request get graphs with levels too
         self._rows = None  # (request indices, req_slot, req_shift) of the last step's batch
         self._shift = None  # this step's per-token shift on the device, for M-RoPE's positions
         # A drafter's passes after its first (`attach_drafter`): their step, a token per row, and each

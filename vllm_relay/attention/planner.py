@@ -13,8 +13,9 @@ Each step gives:
   the prompt of n samples), each read once by one grouped call for all the tokens under it (`ops.find_levels`);
 * the context tables: each request's own pages past its levels, with its slot's pages in front for a
   relay request whose system prompt is no level (the prefix path; `ops.prefix_block_table`);
-* on a decode step, one call for both (the joint call, `ops/joint.py`): the levels in sequences of a
-  few rows, then a sequence per token over its context table.
+* on a decode step of one token a request, one call for both (the joint call, `ops/joint.py`): the
+  levels in sequences of a few rows, then a sequence per token over its context table (drafts being
+  verified, several tokens a request: two calls, as for prompt chunks).
 The rules that decide each of these are measured, in `rules.py`.
 """
 
@@ -233,9 +234,12 @@ class RelayPlanner(LevelFinder):
         if staged is None or key is None or not same_key(staged.key, key):
             joint = (self.joint and with_level and T == B and cm.max_query_len <= 1  # a token per request
                      and (step is None or bool((step.q_lens == 1).all())))
-            if graph and with_level and self.joint and not joint:  # the graph holds a joint call
-                raise RuntimeError(f"vllm-relay: a full-graph step with levels must hold one token per request "
-                                   f"({B} requests, {T} tokens): its graph runs the levels and contexts as one call")
+            # A levels' graph holds the joint call (one token a request) or two calls (the same several
+            # tokens a request: drafts verified), as captured.
+            verify = T % B == 0 and T > B and (step is None or bool((step.q_lens == T // B).all()))
+            if graph and with_level and self.joint and not joint and not verify:
+                raise RuntimeError(f"vllm-relay: a full-graph step with levels ({B} requests, {T} tokens) must "
+                                   "hold one token per request, or as many each")
             staged = self._stage_plan(cm, step, tree, B, T, graph, key, joint)
         keys = self.window_rows.keys(cm.seq_lens, staged.rows) if self.window else None
         self._staged = staged if key is not None else None

@@ -11,8 +11,13 @@ graph only for a step that has levels. A step without them replays exactly vLLM'
 reading the context tables relay writes, which are vLLM's own tables when nothing is shared).
 
 Under vLLM's default `FULL_AND_PIECEWISE` those are its uniform-decode graphs; steps with a prompt chunk
-run piecewise, their attention eager, levels and all. Under `cudagraph_mode=FULL` vLLM has one kind of
-graph for every batch up to its largest size, prompt chunks too (host-bound steps, such as a lone
+run piecewise, their attention eager, levels and all. With drafts a decode is 1 + k tokens a request (vLLM
+keys those graphs by `uniform_token_count`): their twins hold the levels and the contexts as two calls
+(the joint call is for one token a request), and are captured only where nothing else replays a graph
+over the target's tables (`multi_token_twins`: n-gram drafts, no drafter model; a drafter model's first
+pass replays a graph of its own, captured without levels, over the tables the target's step wrote).
+
+Under `cudagraph_mode=FULL` vLLM has one kind of graph for every batch up to its largest size, prompt chunks too (host-bound steps, such as a lone
 chat request's prefill, replay one graph instead of a piece a layer): each of its graphs of as many
 requests as tokens gets twins captured as one-token decodes, replayed for the steps that are such
 decodes and have levels; a step with a prompt chunk replays vLLM's graph and reads its system prompt
@@ -67,10 +72,11 @@ class RelayLevelsDescriptor(BatchExecutionDescriptor):
 
 def levels_twin(desc, unsplit: bool = False) -> RelayLevelsDescriptor:
     """The descriptor of `desc`'s graph that also runs the levels (`unsplit`: its unsplit twin), captured
-    as a decode of one token per request (vLLM's capture reads `uniform_token_count` for the dummy
-    batch's query length)."""
+    as a decode of `desc`'s tokens a request, one where it has no such count (vLLM's capture reads
+    `uniform_token_count` for the dummy batch's query length)."""
     kept = {f.name: getattr(desc, f.name) for f in fields(BatchExecutionDescriptor)}
-    return RelayLevelsDescriptor(**{**kept, "uniform_token_count": 1}, relay_unsplit=unsplit)
+    return RelayLevelsDescriptor(**{**kept, "uniform_token_count": desc.uniform_token_count or 1},
+                                 relay_unsplit=unsplit)
 
 
 def _rank(d) -> int:
@@ -80,14 +86,29 @@ def _rank(d) -> int:
     return 0 if d.relay_unsplit else 2
 
 
-def _has_twin(desc, decode_query_len: int = 1) -> bool:
-    """The graphs that get twins: FULL graphs that can hold a decode of one token per request (vLLM's
-    uniform decodes; under `cudagraph_mode=FULL`, its graphs of as many requests as tokens, where a
-    decode is one token: with drafts it is more)."""
+def _has_twin(desc, decode_query_len: int = 1, multi_token: bool = False) -> bool:
+    """The graphs that get twins: FULL graphs of vLLM's uniform decodes, of one token a request (of
+    more, with drafts, where `multi_token`); under `cudagraph_mode=FULL`, its graphs of as many requests
+    as tokens, where a decode is one token."""
     if desc.cg_mode != CUDAGraphMode.FULL or desc.num_ubatches != 1:
         return False
-    return desc.uniform_token_count == 1 or (desc.uniform_token_count is None and decode_query_len == 1
-                                             and desc.num_reqs == desc.num_tokens and desc.max_query_len in (None, 1))
+    if desc.uniform_token_count is not None:
+        return desc.uniform_token_count == 1 or multi_token
+    return decode_query_len == 1 and desc.num_reqs == desc.num_tokens and desc.max_query_len in (None, 1)
+
+
+def multi_token_twins(runner, planners) -> bool:
+    """Whether `runner`'s decodes of several tokens a request (drafts verified) get twins: only where
+    no drafter model replays a graph over the target step's tables (its first pass, captured without
+    levels, would read context tables that left the levels' pages out), and every relay planner
+    (`planners`) gives such rows levels (an MLA backend's decode form holds so many tokens a request)."""
+    from vllm.v1.worker.gpu.spec_decode.speculator import DraftModelSpeculator
+
+    spec = getattr(runner, "speculator", None)
+    if spec is None or isinstance(spec, DraftModelSpeculator):
+        return False
+    tokens = runner.decode_query_len
+    return all(p.max_level_query_len is None or p.max_level_query_len >= tokens for p in planners)
 
 
 class _CaptureWithLevels(CudaGraphManager):
@@ -110,13 +131,16 @@ class RelayCudaGraphManager(ModelCudaGraphManager, _CaptureWithLevels):
     relay_state = None  # the runner's RelayModelState
 
     def add_level_twins(self) -> None:
-        """Key the twins of each FULL graph that can hold a one-token decode, captured right beside it."""
+        """Key the twins of each FULL graph that can hold a decode (`_has_twin`), captured right beside
+        it; an unsplit twin only for one token a request (the joint call's)."""
         full = self._capture_descs.get(CUDAGraphMode.FULL)
         if not full:
             return
         unsplit = (False,) if envs.VLLM_RELAY_UNSPLIT_GRAPHS == 0 else (False, True)
+        multi = self.relay_state.multi_token_graphs
         full = [d for d in full if not isinstance(d, RelayLevelsDescriptor)]
-        full += [levels_twin(d, u) for d in full if _has_twin(d, self.decode_query_len) for u in unsplit]
+        full += [levels_twin(d, u) for d in full if _has_twin(d, self.decode_query_len, multi)
+                 for u in (unsplit if levels_twin(d).uniform_token_count == 1 else (False,))]
         order = lambda d: (d.num_tokens, d.num_active_loras, _rank(d))  # noqa: E731
         self._capture_descs[CUDAGraphMode.FULL] = sorted(full, key=order, reverse=True)
 
@@ -127,7 +151,9 @@ class RelayCudaGraphManager(ModelCudaGraphManager, _CaptureWithLevels):
         step = self.relay_state.step if self.relay_state is not None else None
         if step is None:
             return desc
-        if uniform_token_count == 1 and _has_twin(desc, self.decode_query_len) and step.tree is not None:
+        if (step.tree is not None and uniform_token_count is not None
+                and _has_twin(desc, self.decode_query_len, self.relay_state.multi_token_graphs)
+                and levels_twin(desc).uniform_token_count == uniform_token_count):
             twin = levels_twin(desc, True)
             if twin not in self.graphs or not _runs_unsplit(self.relay_state.planner, step, desc.num_tokens):
                 twin = levels_twin(desc)

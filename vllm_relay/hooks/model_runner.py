@@ -32,8 +32,10 @@ def _initialize_kv_cache(self, *args, **kwargs):
 
     if isinstance(self.model_state, RelayModelState):
         if self.cudagraph_manager is not None:
-            from vllm_relay.hooks.graphs import relay_graphs
+            from vllm_relay.attention.workers import planners
+            from vllm_relay.hooks.graphs import multi_token_twins, relay_graphs
 
+            self.model_state.multi_token_graphs = multi_token_twins(self, planners(self.attn_groups))
             relay_graphs(self.cudagraph_manager, self.model_state)
         from vllm_relay.hooks import drafter, staged_tokens
 
