@@ -324,7 +324,8 @@ def draft_divergence(got: list, want: list) -> list[float]:
 @pytest.mark.parametrize("method,tokens", [("eagle3", 1), ("eagle3", 3), ("mtp", 1)])
 def test_drafter_models_on_cuda_against_flash(method, tokens, tmp_path):
     """Drafter models on Model Runner V2 (hooks/drafter.py): EAGLE-3, one and three tokens a step, and
-    MiMo's MTP layer (one: vLLM's MiMo drafts one). Relay's greedy outputs within the rule against
+    MiMo's MTP layer (one: vLLM's MiMo drafts one); verification steps and the drafter's first pass replay
+    the levels' twins (hooks/graphs.py). Relay's greedy outputs within the rule against
     FLASH_ATTN with the same drafter, graphs and eager, and its drafts too, position by position, against
     FLASH_ATTN's in the same mode (graphs, eager): relay's drafts may part from them in at most twice the
     share of steps TRITON_ATTN's part from FLASH_ATTN's with graphs, plus
@@ -345,6 +346,8 @@ def test_drafter_models_on_cuda_against_flash(method, tokens, tmp_path):
                                         tmp_path, "flash-eager")
     relay, eager, flash, triton = runs["relay"], runs["eager"], runs["flash"], runs["triton"]
     assert relay["relay_stats"]["relay_requests"] == num_relay, relay["relay_stats"]
+    # Verification steps replayed the levels' twins (and the drafter's first pass its own).
+    assert relay["worker_stats"]["level_graph_steps"] > 0, relay["worker_stats"]
     assert all(len(d) >= 8 for d in flash["drafts"]), [len(d) for d in flash["drafts"]]
     ref_same, ref_err = divergence(triton["outputs"], flash["outputs"])
     bound = logprob_bound(ref_err)

@@ -22,22 +22,24 @@ class State:
     multi_token_graphs = False
 
 
-def manager(monkeypatch, mode_name="FULL_AND_PIECEWISE", decode_query_len=1, multi_token=False):
+def manager(monkeypatch, mode_name="FULL_AND_PIECEWISE", decode_query_len=1, multi_token=False, draft=False):
+    """vLLM's graph manager of the target model (`draft`: of a drafter model's first pass), relay's."""
     import vllm.v1.worker.gpu.cudagraph_utils as cu
     from vllm.config import CUDAGraphMode, VllmConfig
+    from vllm.v1.worker.gpu.spec_decode.target_dependent_ar.cudagraph_utils import SpeculatorCudaGraphManager
 
     monkeypatch.setattr(cu, "get_pp_group", lambda: type("PP", (), {"is_first_rank": True, "is_last_rank": True}))
     monkeypatch.setattr(cu.current_platform, "get_global_graph_pool", lambda: None, raising=False)
     config = VllmConfig()
     config.compilation_config.cudagraph_capture_sizes = [1, 2, 4, 8]
     config.compilation_config.max_cudagraph_capture_size = 8
-    m = cu.ModelCudaGraphManager(config, "cpu", getattr(CUDAGraphMode, mode_name),
-                                 decode_query_len=decode_query_len)
-    from vllm_relay.hooks.graphs import relay_graphs
+    cls = SpeculatorCudaGraphManager if draft else cu.ModelCudaGraphManager
+    m = cls(config, "cpu", getattr(CUDAGraphMode, mode_name), decode_query_len=decode_query_len)
+    from vllm_relay.hooks.graphs import relay_draft_graphs, relay_graphs
 
     state = State()
     state.multi_token_graphs = multi_token
-    relay_graphs(m, state)
+    (relay_draft_graphs if draft else relay_graphs)(m, state)
     return m
 
 
@@ -194,10 +196,64 @@ def test_verification_decodes_get_split_twins_where_no_drafter_model_replays_a_g
     assert kind(m.dispatch(2, 2, 1, 0, 1)) == "plain"
 
 
-def test_multi_token_twins_only_without_a_drafter_model_and_where_every_planner_reads_levels():
+def test_a_drafter_models_first_pass_replays_its_twin_exactly_when_the_target_step_did(monkeypatch):
+    """EAGLE-3 / MTP: the drafter's first pass runs over the target step's tokens on the target's
+    tables. Its verification graphs get split twins like the target's; it replays its twin when the
+    target's step replayed one (`graph_levels`, recorded by the target's dispatch), else vLLM's graph;
+    with no twin captured for the size, it runs eagerly (on the target's metadata), never vLLM's graph
+    over tables that leave the levels' pages out."""
+    from vllm.config import CUDAGraphMode
+
+    m = manager(monkeypatch, decode_query_len=4, draft=True)
+    full = m._capture_descs[CUDAGraphMode.FULL]
+    assert [(d.num_tokens, d.uniform_token_count, kind(d)) for d in full] == \
+        [(8, 4, "split"), (8, 4, "plain"), (4, 4, "split"), (4, 4, "plain")]
+    m = captured(m)
+    state = m.relay_state
+    state.step = step_with("narrow")
+    state.step.graph_levels = True  # the target replayed its twin
+    assert kind(m.dispatch(2, 8, 4, 0, 4)) == "split"
+    state.step.graph_levels = False  # the target replayed vLLM's graph
+    assert kind(m.dispatch(2, 8, 4, 0, 4)) == "plain"
+    state.step.graph_levels = None  # the target ran eagerly or piecewise
+    assert kind(m.dispatch(2, 8, 4, 0, 4)) == "plain"
+    del m.graphs[[d for d in m.graphs if kind(d) == "split" and d.num_tokens == 8][0]]
+    state.step.graph_levels = True
+    desc = m.dispatch(2, 8, 4, 0, 4)
+    assert desc.cg_mode == CUDAGraphMode.NONE and desc.num_tokens == 8
+
+
+def test_a_drafter_capture_builds_each_twins_metadata_with_the_levels(monkeypatch):
+    """The drafter's first-pass manager builds each graph's metadata through the target's builders
+    (`prepare_inputs_to_capture`); relay's class sits below it, so the model state says, while each
+    is built, whether that graph holds the levels."""
+    import vllm.v1.worker.gpu.cudagraph_utils as cu
+    import vllm.v1.worker.gpu.spec_decode.target_dependent_ar.cudagraph_utils as spec_cu
+    from vllm.config import CUDAGraphMode
+
+    m = manager(monkeypatch, decode_query_len=4, draft=True)
+    seen = []
+
+    def build(num_reqs, num_tokens, *args, **kwargs):
+        seen.append((num_tokens, m.relay_state.capturing))
+        return None, None
+
+    def base_capture(self, create_forward_fn, progress_bar_desc="Capturing CUDA graphs"):
+        for d in self._capture_descs[CUDAGraphMode.FULL]:
+            create_forward_fn(d, warmup=False)
+            assert self.relay_state.capturing == (False, False)
+
+    monkeypatch.setattr(spec_cu, "prepare_inputs_to_capture", build)
+    monkeypatch.setattr(cu.CudaGraphManager, "capture", base_capture)
+    m.capture(lambda *a, **k: None, m.relay_state, None, None, [], None)
+    assert seen == [(8, (True, False)), (8, (False, False)), (4, (True, False)), (4, (False, False))]
+
+
+def test_multi_token_twins_where_relay_twins_every_graph_over_the_tables_and_planners_read_levels():
     from types import SimpleNamespace
 
     from vllm.v1.worker.gpu.spec_decode.speculator import DraftModelSpeculator
+    from vllm.v1.worker.gpu.spec_decode.target_dependent_ar.cudagraph_utils import SpeculatorCudaGraphManager
 
     from vllm_relay.hooks.graphs import multi_token_twins
 
@@ -210,11 +266,17 @@ def test_multi_token_twins_only_without_a_drafter_model_and_where_every_planner_
     assert not multi_token_twins(runner, [gqa, mla])  # MLA's decode form: one token a request here
     assert multi_token_twins(runner, [SimpleNamespace(max_level_query_len=4)])
     assert not multi_token_twins(SimpleNamespace(speculator=None, decode_query_len=1), [gqa])
-    class Eagle(DraftModelSpeculator):  # (EAGLE-3, MTP: a graph of their own over the target's tables)
+    class Drafter(DraftModelSpeculator):
         pass
 
-    Eagle.__abstractmethods__ = frozenset()
-    drafter = Eagle.__new__(Eagle)
+    Drafter.__abstractmethods__ = frozenset()
+    drafter = Drafter.__new__(Drafter)  # EAGLE-3, MTP: their first pass's graphs get twins too
+    drafter.prefill_cudagraph_manager = SpeculatorCudaGraphManager.__new__(SpeculatorCudaGraphManager)
+    assert multi_token_twins(SimpleNamespace(speculator=drafter, decode_query_len=4), [gqa])
+    drafter.prefill_cudagraph_manager = None  # (no graphs)
+    assert multi_token_twins(SimpleNamespace(speculator=drafter, decode_query_len=4), [gqa])
+    other = type("OwnGraphs", (SpeculatorCudaGraphManager,), {})  # another drafter's graphs: none
+    drafter.prefill_cudagraph_manager = other.__new__(other)
     assert not multi_token_twins(SimpleNamespace(speculator=drafter, decode_query_len=4), [gqa])
 
 

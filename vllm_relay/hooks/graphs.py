@@ -13,9 +13,10 @@ reading the context tables relay writes, which are vLLM's own tables when nothin
 Under vLLM's default `FULL_AND_PIECEWISE` those are its uniform-decode graphs; steps with a prompt chunk
 run piecewise, their attention eager, levels and all. With drafts a decode is 1 + k tokens a request (vLLM
 keys those graphs by `uniform_token_count`): their twins hold the levels and the contexts as two calls
-(the joint call is for one token a request), and are captured only where nothing else replays a graph
-over the target's tables (`multi_token_twins`: n-gram drafts, no drafter model; a drafter model's first
-pass replays a graph of its own, captured without levels, over the tables the target's step wrote).
+(the joint call is for one token a request). A drafter model's first pass (EAGLE-3, MTP) replays graphs
+of its own over the tables the target's step wrote: each of those gets a twin as well, replayed when the
+target's step replayed its twin (`RelayDraftGraphs`); with a drafter relay cannot give twins to, the
+verification steps replay vLLM's graphs (`multi_token_twins`).
 
 Under `cudagraph_mode=FULL` vLLM has one kind of graph for every batch up to its largest size, prompt chunks too (host-bound steps, such as a lone
 chat request's prefill, replay one graph instead of a piece a layer): each of its graphs of as many
@@ -45,10 +46,11 @@ How: the runner's graph manager becomes `RelayCudaGraphManager` (hooks/model_run
 class of the instance vLLM made, for relay engines only). Its capture reaches vLLM's through
 `_CaptureWithLevels`, placed between vLLM's `ModelCudaGraphManager` and `CudaGraphManager` in the
 method order, so the factory vLLM's model manager hands its base class is wrapped to tell the model
-state which kind of graph each capture is.
+state which kind of graph each capture is. A drafter's first-pass manager becomes `RelayDraftGraphs`
+the same way (its capture builds the metadata through the target's builders).
 """
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 from vllm.config import CUDAGraphMode
 from vllm.v1.worker.gpu.cudagraph_utils import (
@@ -56,6 +58,7 @@ from vllm.v1.worker.gpu.cudagraph_utils import (
     CudaGraphManager,
     ModelCudaGraphManager,
 )
+from vllm.v1.worker.gpu.spec_decode.target_dependent_ar.cudagraph_utils import SpeculatorCudaGraphManager
 
 from vllm_relay import envs
 from vllm_relay.hooks._patch import swap
@@ -98,15 +101,20 @@ def _has_twin(desc, decode_query_len: int = 1, multi_token: bool = False) -> boo
 
 
 def multi_token_twins(runner, planners) -> bool:
-    """Whether `runner`'s decodes of several tokens a request (drafts verified) get twins: only where
-    no drafter model replays a graph over the target step's tables (its first pass, captured without
-    levels, would read context tables that left the levels' pages out), and every relay planner
+    """Whether `runner`'s decodes of several tokens a request (drafts verified) get twins: with n-gram
+    drafts, and with a drafter model whose first pass relay gives twins too (`RelayDraftGraphs`: vLLM's
+    EAGLE-3 and MTP speculators; another's graphs over the target's tables, captured without levels,
+    would read context tables that leave the levels' pages out), where every relay planner
     (`planners`) gives such rows levels (an MLA backend's decode form holds so many tokens a request)."""
     from vllm.v1.worker.gpu.spec_decode.speculator import DraftModelSpeculator
 
     spec = getattr(runner, "speculator", None)
-    if spec is None or isinstance(spec, DraftModelSpeculator):
+    if spec is None:
         return False
+    if isinstance(spec, DraftModelSpeculator):
+        first = getattr(spec, "prefill_cudagraph_manager", None)
+        if first is not None and type(first) is not SpeculatorCudaGraphManager:
+            return False
     tokens = runner.decode_query_len
     return all(p.max_level_query_len is None or p.max_level_query_len >= tokens for p in planners)
 
@@ -133,16 +141,8 @@ class RelayCudaGraphManager(ModelCudaGraphManager, _CaptureWithLevels):
     def add_level_twins(self) -> None:
         """Key the twins of each FULL graph that can hold a decode (`_has_twin`), captured right beside
         it; an unsplit twin only for one token a request (the joint call's)."""
-        full = self._capture_descs.get(CUDAGraphMode.FULL)
-        if not full:
-            return
         unsplit = (False,) if envs.VLLM_RELAY_UNSPLIT_GRAPHS == 0 else (False, True)
-        multi = self.relay_state.multi_token_graphs
-        full = [d for d in full if not isinstance(d, RelayLevelsDescriptor)]
-        full += [levels_twin(d, u) for d in full if _has_twin(d, self.decode_query_len, multi)
-                 for u in (unsplit if levels_twin(d).uniform_token_count == 1 else (False,))]
-        order = lambda d: (d.num_tokens, d.num_active_loras, _rank(d))  # noqa: E731
-        self._capture_descs[CUDAGraphMode.FULL] = sorted(full, key=order, reverse=True)
+        _add_twins(self, self.relay_state.multi_token_graphs, unsplit)
 
     def dispatch(self, num_reqs, num_tokens, uniform_token_count, num_active_loras, max_query_len=None,
                  num_ubatches: int = 1):
@@ -165,6 +165,44 @@ class RelayCudaGraphManager(ModelCudaGraphManager, _CaptureWithLevels):
         return desc
 
 
+def _add_twins(manager, multi_token: bool, unsplit: tuple) -> None:
+    """Key in `manager` the twins of each FULL graph that can hold a decode, each size's graphs in
+    capture order; the `unsplit` twins (False, True: both) for one token a request only."""
+    full = manager._capture_descs.get(CUDAGraphMode.FULL)
+    if not full:
+        return
+    full = [d for d in full if not isinstance(d, RelayLevelsDescriptor)]
+    full += [levels_twin(d, u) for d in full if _has_twin(d, manager.decode_query_len, multi_token)
+             for u in (unsplit if levels_twin(d).uniform_token_count == 1 else (False,))]
+    order = lambda d: (d.num_tokens, d.num_active_loras, _rank(d))  # noqa: E731
+    manager._capture_descs[CUDAGraphMode.FULL] = sorted(full, key=order, reverse=True)
+
+
+class RelayDraftGraphs(SpeculatorCudaGraphManager, _CaptureWithLevels):
+    """The graphs of a drafter model's first pass (vLLM's EAGLE-3 and MTP speculators' draft prefill),
+    which runs the draft layers over the target step's tokens: eagerly on the target's attention
+    metadata, or replaying a graph of its own whose attention reads the same persistent tables. Each of
+    its verification graphs gets a levels' twin, captured through the target's builders as the target's
+    twin is, replayed exactly when the target's step replayed its twin (the context tables then leave
+    the levels' pages to the levels); with no such twin captured, the pass runs eagerly on the target's
+    metadata."""
+
+    relay_state = None  # the runner's RelayModelState
+
+    def add_level_twins(self) -> None:
+        _add_twins(self, True, (False,))
+
+    def dispatch(self, num_reqs, num_tokens, uniform_token_count, num_active_loras, max_query_len=None,
+                 num_ubatches: int = 1):
+        desc = super().dispatch(num_reqs, num_tokens, uniform_token_count, num_active_loras, max_query_len,
+                                num_ubatches)
+        step = self.relay_state.step
+        if desc.cg_mode == CUDAGraphMode.FULL and step is not None and step.graph_levels:
+            twin = levels_twin(desc)
+            desc = twin if twin in self.graphs else replace(desc, cg_mode=CUDAGraphMode.NONE)
+        return desc
+
+
 def _runs_unsplit(planner, step, num_tokens: int) -> bool:
     """Whether the step's joint call runs unsplit in a graph of `num_tokens` (the planner's rule, asked
     before vLLM picks the graph; every step with levels under VLLM_RELAY_UNSPLIT_GRAPHS=2)."""
@@ -178,5 +216,15 @@ def relay_graphs(manager, model_state) -> None:
     if type(manager) is not ModelCudaGraphManager:
         raise RuntimeError(f"vllm-relay: unexpected CUDA graph manager {type(manager).__name__}")
     swap(manager, "__class__", RelayCudaGraphManager)
+    swap(manager, "relay_state", model_state)
+    manager.add_level_twins()
+
+
+def relay_draft_graphs(manager, model_state) -> None:
+    """Make a drafter model's first-pass graph manager `manager` relay's (`RelayDraftGraphs`), serving
+    `model_state`."""
+    if type(manager) is not SpeculatorCudaGraphManager:
+        raise RuntimeError(f"vllm-relay: unexpected drafter graph manager {type(manager).__name__}")
+    swap(manager, "__class__", RelayDraftGraphs)
     swap(manager, "relay_state", model_state)
     manager.add_level_twins()

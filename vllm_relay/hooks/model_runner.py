@@ -33,10 +33,14 @@ def _initialize_kv_cache(self, *args, **kwargs):
     if isinstance(self.model_state, RelayModelState):
         if self.cudagraph_manager is not None:
             from vllm_relay.attention.workers import planners
-            from vllm_relay.hooks.graphs import multi_token_twins, relay_graphs
+            from vllm_relay.hooks.graphs import multi_token_twins, relay_draft_graphs, relay_graphs
 
-            self.model_state.multi_token_graphs = multi_token_twins(self, planners(self.attn_groups))
-            relay_graphs(self.cudagraph_manager, self.model_state)
+            state = self.model_state
+            state.multi_token_graphs = multi_token_twins(self, planners(self.attn_groups))
+            relay_graphs(self.cudagraph_manager, state)
+            first_pass = getattr(getattr(self, "speculator", None), "prefill_cudagraph_manager", None)
+            if first_pass is not None and state.multi_token_graphs:  # a drafter model's first pass
+                relay_draft_graphs(first_pass, state)
         from vllm_relay.hooks import drafter, staged_tokens
 
         drafter.attach(self)  # a drafter of several tokens a step: its later passes on relay
