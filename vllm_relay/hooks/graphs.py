@@ -18,10 +18,10 @@ of its own over the tables the target's step wrote: each of those gets a twin as
 target's step replayed its twin (`RelayDraftGraphs`); with a drafter relay cannot give twins to, the
 verification steps replay vLLM's graphs (`multi_token_twins`).
 
-Under `cudagraph_mode=FULL` vLLM has one kind of graph for every batch up to its largest size, prompt chunks too (host-bound steps, such as a lone
-chat request's prefill, replay one graph instead of a piece a layer): each of its graphs of as many
-requests as tokens gets twins captured as one-token decodes, replayed for the steps that are such
-decodes and have levels; a step with a prompt chunk replays vLLM's graph and reads its system prompt
+Under `cudagraph_mode=FULL` vLLM has one kind of graph for every batch up to its largest size, prompt
+chunks too (host-bound steps, such as a lone chat request's prefill, replay one graph instead of a piece
+a layer): each of its graphs of as many requests as tokens gets twins captured as one-token decodes,
+replayed for the steps that are such decodes and have levels; a step with a prompt chunk replays vLLM's graph and reads its system prompt
 in its context that step (no levels), or runs eagerly with levels past the largest graph.
 
 The twin is a subclass of vLLM's `BatchExecutionDescriptor` with fields of its own: it never equals
