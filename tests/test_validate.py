@@ -53,6 +53,8 @@ FRONT_END = [
     ({}, {"VLLM_RELAY_SYSTEM_PROMPTS_FILE": "file:[1, 2]"}, {}, "must hold a JSON object {name: text"),
     ({}, {"VLLM_RELAY_UNSPLIT_GRAPHS": "3"}, {},
      "VLLM_RELAY_UNSPLIT_GRAPHS='3': expected one of 0 (the split graph with levels only)"),
+    ({}, {"VLLM_RELAY_VERIFY_GRAPHS": "yes"}, {},
+     "VLLM_RELAY_VERIFY_GRAPHS='yes': expected one of 0 (vLLM's graphs for decodes verifying drafts)"),
     ({}, {"VLLM_RELAY_CACHE": "file:{}"}, {}, "prompts.json': not a folder"),
     ({}, {"VLLM_RELAY_MAX_PROMPTS": "4"}, {},
      "VLLM_RELAY_MAX_PROMPTS is no longer read by vllm-relay: set max_prompts in the relay section"),

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     VLLM_RELAY_SYSTEM_PROMPTS_FILE: str | None = None
     VLLM_RELAY_CACHE: str | None = None
     VLLM_RELAY_UNSPLIT_GRAPHS: int = 1
+    VLLM_RELAY_VERIFY_GRAPHS: int = 0
 
 
 def _str(name: str) -> str | None:
@@ -42,6 +43,8 @@ def _folder(name: str) -> str | None:
 UNSPLIT_GRAPHS = {0: "the split graph with levels only", 1: "split and unsplit, each where it runs faster",
                   2: "the unsplit graph on every step with levels"}
 
+VERIFY_GRAPHS = {0: "vLLM's graphs for decodes verifying drafts", 1: "their graphs with levels"}
+
 environment_variables: dict[str, Callable[[], Any]] = {
     # Path of a JSON file {name: text | [token ids] | {"chat_system": text}} merged into
     # RelayConfig.system_prompts (its entries win on a name clash): long prompts do not fit
@@ -56,6 +59,13 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # attention either way; 1 measured +0.9% at P=8192 against 0, for 0.12 GiB more graph memory
     # (Llama-2-7B shape, H200, 2026-11-28: benchmarks/results/2026-11-28_1337_h200/).
     "VLLM_RELAY_UNSPLIT_GRAPHS": lambda: _choice("VLLM_RELAY_UNSPLIT_GRAPHS", 1, UNSPLIT_GRAPHS),
+    # Which full CUDA graphs decodes verifying drafts (1 + k tokens a request) replay (hooks/graphs.py):
+    # 0 (the default) vLLM's, reading a shared prefix in each request's context (exact, no saving); 1
+    # their levels' twins, and the drafter's first pass's (its GPU tests). The same attention either
+    # way; 1 measured slower at 64 requests (n-gram drafts of 3, Llama-3-8B shape, P=2048: 3.23 ms a
+    # token against vLLM's 2.81; 1 and 8 requests alike; H100, 2026-12-07:
+    # benchmarks/results/2026-12-07_h100_vllm033_verification_graphs/).
+    "VLLM_RELAY_VERIFY_GRAPHS": lambda: _choice("VLLM_RELAY_VERIFY_GRAPHS", 0, VERIFY_GRAPHS),
 }
 
 

@@ -291,11 +291,13 @@ def test_features_mla_on_cuda_against_flash_attn_mla(tmp_path):
     assert eager_stats["shared_tokens"] > 0 and eager_stats["prefix_requests"] > 0, eager_stats
 
 
-def test_ngram_speculative_decoding_on_cuda_against_flash(tmp_path):
+def test_ngram_speculative_decoding_on_cuda_against_flash(tmp_path, monkeypatch):
     """n-gram drafts (no drafter model) on Model Runner V2: verification steps of several tokens per
     request read the levels as prompt chunks do, in full graphs too (their levels' twins, captured as
-    such steps); relay within the rule against FLASH_ATTN with the same drafter, graphs and eager, and
-    drafts accepted under relay as without it."""
+    such steps, VLLM_RELAY_VERIFY_GRAPHS=1; vLLM's graphs by default, as every decode step without
+    levels replays); relay within the rule against FLASH_ATTN with the same drafter, graphs and eager,
+    and drafts accepted under relay as without it."""
+    monkeypatch.setenv("VLLM_RELAY_VERIFY_GRAPHS", "1")
     spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
     runs = run_with_feature("ngram", "tiny-llama-loops", {"speculative_config": spec}, 7, 48, tmp_path)
     relay, flash = runs["relay"], runs["flash"]
@@ -322,7 +324,7 @@ def draft_divergence(got: list, want: list) -> list[float]:
 
 
 @pytest.mark.parametrize("method,tokens", [("eagle3", 1), ("eagle3", 3), ("mtp", 1)])
-def test_drafter_models_on_cuda_against_flash(method, tokens, tmp_path):
+def test_drafter_models_on_cuda_against_flash(method, tokens, tmp_path, monkeypatch):
     """Drafter models on Model Runner V2 (hooks/drafter.py): EAGLE-3, one and three tokens a step, and
     MiMo's MTP layer (one: vLLM's MiMo drafts one); verification steps and the drafter's first pass replay
     the levels' twins (hooks/graphs.py). Relay's greedy outputs within the rule against
@@ -332,6 +334,7 @@ def test_drafter_models_on_cuda_against_flash(method, tokens, tmp_path):
     2% (near-ties of a random head in bf16); a drafter reading the wrong pages, or placing its KV by
     shifted positions, parts in most steps. No prompt chunked (vLLM's own drafts differ between a
     chunked and a whole prefill)."""
+    monkeypatch.setenv("VLLM_RELAY_VERIFY_GRAPHS", "1")  # the twins (vLLM's graphs by default)
     model, spec, (systems, prompts, num_relay) = drafter_setup(method, tokens)
     base = {"model": model, "dtype": "bfloat16", "max_model_len": 512, "max_num_batched_tokens": 2048,
             "max_num_seqs": 16, "speculative_config": spec}

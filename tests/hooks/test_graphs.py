@@ -249,7 +249,8 @@ def test_a_drafter_capture_builds_each_twins_metadata_with_the_levels(monkeypatc
     assert seen == [(8, (True, False)), (8, (False, False)), (4, (True, False)), (4, (False, False))]
 
 
-def test_multi_token_twins_where_relay_twins_every_graph_over_the_tables_and_planners_read_levels():
+def test_multi_token_twins_where_relay_twins_every_graph_over_the_tables_and_planners_read_levels(monkeypatch):
+    """Only with VLLM_RELAY_VERIFY_GRAPHS=1 (the default replays vLLM's graphs for verification)."""
     from types import SimpleNamespace
 
     from vllm.v1.worker.gpu.spec_decode.speculator import DraftModelSpeculator
@@ -262,6 +263,9 @@ def test_multi_token_twins_where_relay_twins_every_graph_over_the_tables_and_pla
 
     gqa, mla = SimpleNamespace(max_level_query_len=None), SimpleNamespace(max_level_query_len=1)
     runner = SimpleNamespace(speculator=Ngram(), decode_query_len=4)
+    monkeypatch.delenv("VLLM_RELAY_VERIFY_GRAPHS", raising=False)
+    assert not multi_token_twins(runner, [gqa])
+    monkeypatch.setenv("VLLM_RELAY_VERIFY_GRAPHS", "1")
     assert multi_token_twins(runner, [gqa])
     assert not multi_token_twins(runner, [gqa, mla])  # MLA's decode form: one token a request here
     assert multi_token_twins(runner, [SimpleNamespace(max_level_query_len=4)])

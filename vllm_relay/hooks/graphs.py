@@ -13,10 +13,11 @@ reading the context tables relay writes, which are vLLM's own tables when nothin
 Under vLLM's default `FULL_AND_PIECEWISE` those are its uniform-decode graphs; steps with a prompt chunk
 run piecewise, their attention eager, levels and all. With drafts a decode is 1 + k tokens a request (vLLM
 keys those graphs by `uniform_token_count`): their twins hold the levels and the contexts as two calls
-(the joint call is for one token a request). A drafter model's first pass (EAGLE-3, MTP) replays graphs
-of its own over the tables the target's step wrote: each of those gets a twin as well, replayed when the
-target's step replayed its twin (`RelayDraftGraphs`); with a drafter relay cannot give twins to, the
-verification steps replay vLLM's graphs (`multi_token_twins`).
+(the joint call is for one token a request); only with VLLM_RELAY_VERIFY_GRAPHS=1, for they measured
+slower than vLLM's graphs at 64 requests (envs.py). A drafter model's first pass (EAGLE-3, MTP) replays
+graphs of its own over the tables the target's step wrote: each of those gets a twin as well, replayed
+when the target's step replayed its twin (`RelayDraftGraphs`); with a drafter relay cannot give twins
+to, the verification steps replay vLLM's graphs (`multi_token_twins`).
 
 Under `cudagraph_mode=FULL` vLLM has one kind of graph for every batch up to its largest size, prompt
 chunks too (host-bound steps, such as a lone chat request's prefill, replay one graph instead of a piece
@@ -101,7 +102,9 @@ def _has_twin(desc, decode_query_len: int = 1, multi_token: bool = False) -> boo
 
 
 def multi_token_twins(runner, planners) -> bool:
-    """Whether `runner`'s decodes of several tokens a request (drafts verified) get twins: with n-gram
+    """Whether `runner`'s decodes of several tokens a request (drafts verified) get twins: only with
+    VLLM_RELAY_VERIFY_GRAPHS=1 (their two calls in a graph measured slower than vLLM's graph at 64
+    requests, envs.py); with n-gram
     drafts, and with a drafter model whose first pass relay gives twins too (`RelayDraftGraphs`: vLLM's
     EAGLE-3 and MTP speculators; another's graphs over the target's tables, captured without levels,
     would read context tables that leave the levels' pages out), where every relay planner
@@ -109,7 +112,7 @@ def multi_token_twins(runner, planners) -> bool:
     from vllm.v1.worker.gpu.spec_decode.speculator import DraftModelSpeculator
 
     spec = getattr(runner, "speculator", None)
-    if spec is None:
+    if spec is None or envs.VLLM_RELAY_VERIFY_GRAPHS == 0:
         return False
     if isinstance(spec, DraftModelSpeculator):
         first = getattr(spec, "prefill_cudagraph_manager", None)
