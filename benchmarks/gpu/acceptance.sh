@@ -32,7 +32,9 @@
 #             ENGINE_ARGS='{"kv_cache_dtype": "fp8"}' CONFIGS=default,relay (about 5 min); SHAPE another model
 #             of vllm_relay.testing: SHAPE=gemma-3-12b-shape (sliding windows), SHAPE=gpt-oss-20b-attention-shape
 #             (sinks, a 128-token window in every other layer, a dense MLP in place of the MoE), SHAPE=qwen2.5-vl-7b-shape with
-#             ENGINE_ARGS='{"limit_mm_per_prompt": {"image": 0, "video": 0}}' (M-RoPE)
+#             ENGINE_ARGS='{"limit_mm_per_prompt": {"image": 0, "video": 0}}' (M-RoPE); N other than 1000
+#             requests, PROFILE=DELAY,STEPS vLLM's torch profiler over the first run's steps (N=64
+#             PROFILE=40,3: decode steps of 64 requests, each engine's kernel table and timeline)
 #   latency   decode steps of B requests behind a 2048-token system prompt (B = 1, 8, 64, 256), Llama-3-8B shape:
 #             vLLM's default and relay on their engines, after 200 requests of the throughput workload (about 6 min);
 #             CONFIGS, BATCHES (1,8,64,256) and ENGINE_ARGS as for l3 (n-gram drafts: verification steps)
@@ -163,7 +165,8 @@ run() {  # one step into $out/STEP.txt; its exit status
         done ;;
     l3) m=$(model "${SHAPE:-llama-3-8b-shape}")
         $bt --model "$m" --max-model-len 4096 --configs "${CONFIGS:-default,relay,noprefix}" \
-            ${ENGINE_ARGS:+--engine-args "$ENGINE_ARGS"} --out "$out/e2e_${SHAPE:-llama3}_p2048_$stamp.json" ;;
+            ${ENGINE_ARGS:+--engine-args "$ENGINE_ARGS"} ${N:+--num-prompts "$N"} ${PROFILE:+--profile "$PROFILE"} \
+            --out "$out/e2e_${SHAPE:-llama3}_p2048_$stamp.json" ;;
     l3-eagle3) m=$(model llama-3-8b-shape) d=$(model llama-3-8b-shape-eagle3)
         $bt --model "$m" --max-model-len 4096 --configs "${CONFIGS:-default,relay}" --engine-args \
             "{\"speculative_config\": {\"method\": \"eagle3\", \"model\": \"$d\", \"num_speculative_tokens\": ${K:-3}}}" \
