@@ -6,8 +6,8 @@
 #   unit      the GPU unit tests: kernels, planner, graph manager (about 1 min)
 #   mha gqa   relay against FLASH_ATTN (and TRITON_ATTN as the yardstick), full CUDA graphs and eager, one GPU
 #             (tests/e2e/test_gpu_relay.py; four engines: about 4-5 min each with cold compile caches)
-#   unsplit   the unsplit twins replayed on every step with levels (both models: about 8 min); unsplit-mha,
-#             unsplit-gqa: one model each
+#   unsplit   the unsplit twins replayed on every step with levels (three models: about 12 min); unsplit-mha,
+#             unsplit-gqa, unsplit-sinks (the levels' own call: no joint call with sinks): one model each
 #   levels    levels found in the block tables, up to three deep, graphs and eager (about 4 min)
 #   sleep     sleep at levels 1 and 2, the prompts filled again after waking (about 6 min); sleep-1, sleep-2
 #   seeded    seeded samples against vLLM's, requests all at once and one per step (about 4 min)
@@ -125,7 +125,7 @@ run() {  # one step into $out/STEP.txt; its exit status
     unit) $t tests/ops tests/attention tests/hooks ;;
     mha|gqa) $t $e2e -k "matches_flash and tp1 and $step" ;;
     unsplit) $t $e2e -k unsplit ;;
-    unsplit-mha|unsplit-gqa) $t $e2e -k "unsplit and ${step#unsplit-}" ;;
+    unsplit-mha|unsplit-gqa|unsplit-sinks) $t $e2e -k "unsplit and ${step#unsplit-}" ;;
     levels) $t $e2e -k shared_levels ;;
     sleep) $t $e2e -k sleep ;;
     sleep-1|sleep-2) $t "$e2e::test_sleep_and_wake_up_refill_the_system_prompt[${step#sleep-}]" ;;

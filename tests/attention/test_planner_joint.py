@@ -121,24 +121,31 @@ def test_a_graph_step_that_cannot_be_joint_is_refused():
         planner.plan(cm, step)
 
 
+@pytest.mark.parametrize("form", ["joint", "levels-call", "verification"])
 @pytest.mark.parametrize("num_sms", [1, 16, 40, 132])
 @pytest.mark.parametrize("seed", range(4))
-def test_the_unsplit_graph_is_asked_for_exactly_when_the_plan_unsplits(num_sms, seed):
+def test_the_unsplit_graph_is_asked_for_exactly_when_the_plan_unsplits(num_sms, seed, form, monkeypatch):
     """`runs_unsplit`, asked before vLLM picks a step's graph (hooks/graphs.py), agrees with the
-    one split the plan of that graph step then makes, on random decode steps with levels."""
+    one split the plan of that graph step then makes, on random decode steps with levels: the joint
+    call's rule, and the levels' own call's (a planner without the joint call, as sinks make it; drafts
+    of 2 verified, 3 tokens a request)."""
     rng = np.random.default_rng(seed)
-    world = World(decode_only(random_batch(rng, int(rng.integers(2, 14)))), torch.float32, "cpu", seed)
+    u = 3 if form == "verification" else 1
+    batch = [(slot, max(own, u), u, parent, pages)
+             for slot, own, _, parent, pages in random_batch(rng, int(rng.integers(2, 14)))]
+    world = World(batch, torch.float32, "cpu", seed)
     world.record_fills()
+    monkeypatch.setitem(TUNED, "joint", form == "joint")
     planner = make_planner(shared_path="always", full_graphs=True)
     planner.num_sms = num_sms
     pad = int(rng.integers(0, 3))
-    cm = world.cm(pad_reqs=pad, pad_tokens=pad)
+    cm = world.cm(pad_reqs=pad, pad_tokens=pad * u)
     step = world.step()
     planner.levels_for(step)
     if step.tree is None:
         pytest.skip("no levels in this batch")
     step.graph_levels = True
-    asked = planner.runs_unsplit(step.tree, cm.num_actual_tokens)
-    plan = planner.plan(cm, step)
-    assert plan.joint and plan.graph and plan.one_split == asked
+    asked = planner.runs_unsplit(step.tree, cm.num_actual_tokens, u)
+    plan = planner.plan(cm, step, graph=True)
+    assert plan.joint == (form == "joint") and plan.graph and plan.one_split == asked
     run_and_check(world, plan, cm, padded(world.q, cm))

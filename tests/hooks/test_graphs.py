@@ -92,7 +92,7 @@ def test_a_step_replays_the_twin_only_when_it_has_levels_and_the_choice_is_recor
     monkeypatch.delenv("VLLM_RELAY_UNSPLIT_GRAPHS", raising=False)
     m = captured(manager(monkeypatch))
     state = m.relay_state
-    state.planner = SimpleNamespace(runs_unsplit=lambda tree, n: tree == "wide")  # the planner's rule
+    state.planner = SimpleNamespace(runs_unsplit=lambda tree, n, u=1: tree == "wide")  # the planner's rule
     state.step = step_with(None)  # nothing shared: vLLM's own graph
     desc = m.dispatch(3, 3, 1, 0, 1)
     assert desc.cg_mode == CUDAGraphMode.FULL and kind(desc) == "plain" and desc.num_tokens == 4
@@ -146,7 +146,7 @@ def test_under_cudagraph_mode_full_one_token_decodes_with_levels_replay_twins(mo
     assert all((d.uniform_token_count == 1) == (kind(d) != "plain") for d in full)
     m = captured(m)
     state = m.relay_state
-    state.planner = SimpleNamespace(runs_unsplit=lambda tree, n: tree == "wide")
+    state.planner = SimpleNamespace(runs_unsplit=lambda tree, n, u=1: tree == "wide")
     state.step = step_with("narrow")  # three one-token decodes with levels
     desc = m.dispatch(3, 3, 1, 0, 1)
     assert kind(desc) == "split" and desc.num_tokens == 4 and state.step.graph_levels is True
@@ -166,12 +166,13 @@ def test_under_cudagraph_mode_full_one_token_decodes_with_levels_replay_twins(mo
     assert all(kind(d) == "plain" for d in manager(monkeypatch, "FULL", 3)._capture_descs[CUDAGraphMode.FULL])
 
 
-def test_verification_decodes_get_split_twins_where_no_drafter_model_replays_a_graph(monkeypatch):
-    """With drafts of 3 tokens vLLM keys its decode graphs by 4 tokens a request. Where nothing else
-    replays a graph over the target's tables (`multi_token`: n-gram drafts), each gets a twin holding
-    the levels, captured as such a decode (no unsplit twin: the contexts are a call of their own); a
-    verification step with levels replays it, one without replays vLLM's graph, a step of another
-    count (a request without drafts) never gets a twin captured for 4."""
+def test_verification_decodes_get_twins_where_asked(monkeypatch):
+    """With drafts of 3 tokens vLLM keys its decode graphs by 4 tokens a request. Where relay twins
+    every graph over the target's tables (`multi_token`), each gets twins holding the levels, captured
+    as such a decode (the levels' own call split and unsplit; the contexts are a call of their own); a
+    verification step with levels replays one (the planner's rule asked for 4 tokens a request), one
+    without replays vLLM's graph, a step of another count (a request without drafts) never gets a twin
+    captured for 4."""
     from types import SimpleNamespace
 
     from vllm.config import CUDAGraphMode
@@ -182,14 +183,17 @@ def test_verification_decodes_get_split_twins_where_no_drafter_model_replays_a_g
     m = manager(monkeypatch, decode_query_len=4, multi_token=True)
     full = m._capture_descs[CUDAGraphMode.FULL]
     assert [(d.num_tokens, d.num_reqs, d.uniform_token_count, kind(d)) for d in full] == \
-        [(8, 2, 4, "split"), (8, 2, 4, "plain"), (4, 1, 4, "split"), (4, 1, 4, "plain")]
+        [(n, n // 4, 4, k) for n in (8, 4) for k in ("split", "plain", "unsplit")]
     m = captured(m)
     state = m.relay_state
-    state.planner = SimpleNamespace(runs_unsplit=lambda tree, n: True)  # (no unsplit twin to take)
+    asked = []
+    state.planner = SimpleNamespace(runs_unsplit=lambda tree, n, u=1: asked.append(u) or tree == "wide")
     state.step = step_with("narrow")
     desc = m.dispatch(2, 8, 4, 0, 4)
     assert kind(desc) == "split" and desc.uniform_token_count == 4 and desc.num_tokens == 8
-    assert state.step.graph_levels is True and not state.step.graph_unsplit
+    assert state.step.graph_levels is True and not state.step.graph_unsplit and asked == [4]
+    state.step = step_with("wide")
+    assert kind(m.dispatch(2, 8, 4, 0, 4)) == "unsplit" and state.step.graph_unsplit
     state.step = step_with(None)
     assert kind(m.dispatch(2, 8, 4, 0, 4)) == "plain" and state.step.graph_levels is False
     state.step = step_with("narrow")  # one token a request: no graph of that count, none of its twins
@@ -198,8 +202,8 @@ def test_verification_decodes_get_split_twins_where_no_drafter_model_replays_a_g
 
 def test_a_drafter_models_first_pass_replays_its_twin_exactly_when_the_target_step_did(monkeypatch):
     """EAGLE-3 / MTP: the drafter's first pass runs over the target step's tokens on the target's
-    tables. Its verification graphs get split twins like the target's; it replays its twin when the
-    target's step replayed one (`graph_levels`, recorded by the target's dispatch), else vLLM's graph;
+    tables. Its verification graphs get twins like the target's; it replays the twin of the kind the
+    target's step replayed (`graph_levels`, `graph_unsplit`: the target's dispatch), else vLLM's graph;
     with no twin captured for the size, it runs eagerly (on the target's metadata), never vLLM's graph
     over tables that leave the levels' pages out."""
     from vllm.config import CUDAGraphMode
@@ -207,12 +211,15 @@ def test_a_drafter_models_first_pass_replays_its_twin_exactly_when_the_target_st
     m = manager(monkeypatch, decode_query_len=4, draft=True)
     full = m._capture_descs[CUDAGraphMode.FULL]
     assert [(d.num_tokens, d.uniform_token_count, kind(d)) for d in full] == \
-        [(8, 4, "split"), (8, 4, "plain"), (4, 4, "split"), (4, 4, "plain")]
+        [(n, 4, k) for n in (8, 4) for k in ("split", "plain", "unsplit")]
     m = captured(m)
     state = m.relay_state
     state.step = step_with("narrow")
-    state.step.graph_levels = True  # the target replayed its twin
+    state.step.graph_levels = True  # the target replayed its split twin
     assert kind(m.dispatch(2, 8, 4, 0, 4)) == "split"
+    state.step.graph_unsplit = True  # its unsplit one
+    assert kind(m.dispatch(2, 8, 4, 0, 4)) == "unsplit"
+    state.step.graph_unsplit = False
     state.step.graph_levels = False  # the target replayed vLLM's graph
     assert kind(m.dispatch(2, 8, 4, 0, 4)) == "plain"
     state.step.graph_levels = None  # the target ran eagerly or piecewise
@@ -246,7 +253,7 @@ def test_a_drafter_capture_builds_each_twins_metadata_with_the_levels(monkeypatc
     monkeypatch.setattr(spec_cu, "prepare_inputs_to_capture", build)
     monkeypatch.setattr(cu.CudaGraphManager, "capture", base_capture)
     m.capture(lambda *a, **k: None, m.relay_state, None, None, [], None)
-    assert seen == [(8, (True, False)), (8, (False, False)), (4, (True, False)), (4, (False, False))]
+    assert seen == [(n, c) for n in (8, 4) for c in ((True, False), (False, False), (True, True))]
 
 
 def test_multi_token_twins_where_relay_twins_every_graph_over_the_tables_and_planners_read_levels(monkeypatch):

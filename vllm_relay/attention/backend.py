@@ -202,10 +202,10 @@ class RelayMetadataBuilder(RelayBuilder, FlashAttentionMetadataBuilder):
         meta = self._vllm_build(plan.context, fast_build)  # FlashAttention over the context tables
         level = plan.level
         splits = meta.max_num_splits
-        if plan.joint and (level.call["seqused_k"].shape[0] > FA3_DYNAMIC_SPLIT_BATCHES
-                           or (plan.one_split and not plan.graph)
-                           or (plan.graph and (unsplit if capture else step.graph_unsplit))):
-            splits = 1  # (FA3 would split every sequence alike, the tokens' too; or unsplit)
+        unsplit_graph = plan.graph and (unsplit if capture else step.graph_unsplit)
+        if unsplit_graph or (plan.joint and (level.call["seqused_k"].shape[0] > FA3_DYNAMIC_SPLIT_BATCHES
+                                             or (plan.one_split and not plan.graph))):
+            splits = 1  # (the graph's unsplit twin; or FA3 would split every sequence alike, the tokens' too)
         level.call["num_splits"] = splits
         if (plan.run_level or plan.graph) and not self.planner.window:  # (a window's levels: no FA call)
             self._use_schedule(plan, splits, self._schedule_level(level.call, splits, fast_build))

@@ -182,11 +182,15 @@ class RelayPlanner(LevelFinder):
         return (min(self.max_rows, num_tokens * self.max_depth),
                 min(self.max_groups, self.num_slots + min(num_tokens * self.max_depth // 2, self.graph_levels)))
 
-    def runs_unsplit(self, tree: LevelTree, num_tokens: int) -> bool:
-        """Whether a decode step over `tree`'s levels, in a full graph of `num_tokens`, runs its joint
-        call unsplit (`_stage_plan`'s `one_split`: each level's rows in sequences of `per`)."""
-        per = joint_tokens(num_tokens, self.gqa, self.joint_rows)
-        return self.joint and joint_one_split(tree.size, per, self.hkv, self.num_sms)
+    def runs_unsplit(self, tree: LevelTree, num_tokens: int, tokens_per_request: int = 1) -> bool:
+        """Whether a decode step of `tokens_per_request` tokens a request over `tree`'s levels, in a full
+        graph of `num_tokens`, runs its levels unsplit (`_stage_plan`'s `one_split`): the joint call's
+        rule (one token a request: each level's rows in sequences of `per`), else the levels' call's."""
+        if self.joint and tokens_per_request == 1:
+            per = joint_tokens(num_tokens, self.gqa, self.joint_rows)
+            return joint_one_split(tree.size, per, self.hkv, self.num_sms)
+        rows = tree.size * tokens_per_request
+        return self.one_split and graph_one_split(rows, self.gqa, self.hkv, self.num_sms)
 
     def is_graph_step(self, cm) -> bool:
         """A uniform decode batch that vLLM runs as a full CUDA graph (FULL_AND_PIECEWISE)."""

@@ -29,14 +29,15 @@ The twin is a subclass of vLLM's `BatchExecutionDescriptor` with fields of its o
 vLLM's descriptor, so vLLM keeps a graph for each, and what vLLM does with descriptors (`replace` for
 DP padding) carries it along.
 
-Each size has a third graph (unless VLLM_RELAY_UNSPLIT_GRAPHS=0): the twin with its joint call
-captured unsplit (`relay_unsplit`). Captured split (FlashAttention-3's split count is fixed at
-capture), the call launches FA3's combine over all its sequences every step, also on the steps the
+Each size has a third graph (unless VLLM_RELAY_UNSPLIT_GRAPHS=0): the twin with its levels' call (the
+joint call, or the levels' own where the contexts are a call of their own: sinks, several tokens a
+request) captured unsplit (`relay_unsplit`). Captured split (FlashAttention-3's split count is fixed
+at capture), the call launches FA3's combine over all its sequences every step, also on the steps the
 planner runs unsplit (`ops.force_one_split`): 80 us a layer, against 19 for vLLM's own graphs
 (Llama-2-7B shape, P=8192, H200, 2026-11-28: benchmarks/results/archive/). The unsplit twin runs the
 same tiles without it, and is chosen only for those steps (the planner's own rule,
 `runs_unsplit`), so no step loses a split it would have had (+0.9% throughput at P=8192 and
-+1.5% at P=2048 against the split twin alone, H200, 2026-11-28).
++1.5% at P=2048 against the split twin alone, joint calls, H200, 2026-11-28).
 
 vLLM sizes the KV cache after estimating its graphs' memory from the first few FULL graphs of its
 capture list (largest first), extrapolated to the rest. A twin holds more than vLLM's graph of its
@@ -142,10 +143,8 @@ class RelayCudaGraphManager(ModelCudaGraphManager, _CaptureWithLevels):
     relay_state = None  # the runner's RelayModelState
 
     def add_level_twins(self) -> None:
-        """Key the twins of each FULL graph that can hold a decode (`_has_twin`), captured right beside
-        it; an unsplit twin only for one token a request (the joint call's)."""
-        unsplit = (False,) if envs.VLLM_RELAY_UNSPLIT_GRAPHS == 0 else (False, True)
-        _add_twins(self, self.relay_state.multi_token_graphs, unsplit)
+        """Key the twins of each FULL graph that can hold a decode (`_has_twin`), captured right beside it."""
+        _add_twins(self, self.relay_state.multi_token_graphs, _unsplit_kinds())
 
     def dispatch(self, num_reqs, num_tokens, uniform_token_count, num_active_loras, max_query_len=None,
                  num_ubatches: int = 1):
@@ -158,7 +157,8 @@ class RelayCudaGraphManager(ModelCudaGraphManager, _CaptureWithLevels):
                 and _has_twin(desc, self.decode_query_len, self.relay_state.multi_token_graphs)
                 and levels_twin(desc).uniform_token_count == uniform_token_count):
             twin = levels_twin(desc, True)
-            if twin not in self.graphs or not _runs_unsplit(self.relay_state.planner, step, desc.num_tokens):
+            if twin not in self.graphs or not _runs_unsplit(self.relay_state.planner, step, desc.num_tokens,
+                                                            uniform_token_count):
                 twin = levels_twin(desc)
             if twin in self.graphs:
                 desc = twin
@@ -170,13 +170,13 @@ class RelayCudaGraphManager(ModelCudaGraphManager, _CaptureWithLevels):
 
 def _add_twins(manager, multi_token: bool, unsplit: tuple) -> None:
     """Key in `manager` the twins of each FULL graph that can hold a decode, each size's graphs in
-    capture order; the `unsplit` twins (False, True: both) for one token a request only."""
+    capture order: the `unsplit` ones (False, True: both)."""
     full = manager._capture_descs.get(CUDAGraphMode.FULL)
     if not full:
         return
     full = [d for d in full if not isinstance(d, RelayLevelsDescriptor)]
     full += [levels_twin(d, u) for d in full if _has_twin(d, manager.decode_query_len, multi_token)
-             for u in (unsplit if levels_twin(d).uniform_token_count == 1 else (False,))]
+             for u in unsplit]
     order = lambda d: (d.num_tokens, d.num_active_loras, _rank(d))  # noqa: E731
     manager._capture_descs[CUDAGraphMode.FULL] = sorted(full, key=order, reverse=True)
 
@@ -193,7 +193,7 @@ class RelayDraftGraphs(SpeculatorCudaGraphManager, _CaptureWithLevels):
     relay_state = None  # the runner's RelayModelState
 
     def add_level_twins(self) -> None:
-        _add_twins(self, True, (False,))
+        _add_twins(self, True, _unsplit_kinds())
 
     def dispatch(self, num_reqs, num_tokens, uniform_token_count, num_active_loras, max_query_len=None,
                  num_ubatches: int = 1):
@@ -201,17 +201,23 @@ class RelayDraftGraphs(SpeculatorCudaGraphManager, _CaptureWithLevels):
                                 num_ubatches)
         step = self.relay_state.step
         if desc.cg_mode == CUDAGraphMode.FULL and step is not None and step.graph_levels:
-            twin = levels_twin(desc)
+            twin = levels_twin(desc, step.graph_unsplit)  # the kind the target's step replayed
             desc = twin if twin in self.graphs else replace(desc, cg_mode=CUDAGraphMode.NONE)
         return desc
 
 
-def _runs_unsplit(planner, step, num_tokens: int) -> bool:
-    """Whether the step's joint call runs unsplit in a graph of `num_tokens` (the planner's rule, asked
-    before vLLM picks the graph; every step with levels under VLLM_RELAY_UNSPLIT_GRAPHS=2)."""
+def _unsplit_kinds() -> tuple:
+    """The twins each size gets: split, and unsplit unless VLLM_RELAY_UNSPLIT_GRAPHS=0."""
+    return (False,) if envs.VLLM_RELAY_UNSPLIT_GRAPHS == 0 else (False, True)
+
+
+def _runs_unsplit(planner, step, num_tokens: int, tokens_per_request: int = 1) -> bool:
+    """Whether the step's levels run unsplit in a graph of `num_tokens` (the planner's rule, asked before
+    vLLM picks the graph; every step with levels under VLLM_RELAY_UNSPLIT_GRAPHS=2)."""
     if envs.VLLM_RELAY_UNSPLIT_GRAPHS == 2:
         return True
-    return planner is not None and step.tree is not None and planner.runs_unsplit(step.tree, num_tokens)
+    return planner is not None and step.tree is not None and planner.runs_unsplit(step.tree, num_tokens,
+                                                                                  tokens_per_request)
 
 
 def relay_graphs(manager, model_state) -> None:
