@@ -240,8 +240,8 @@ class RelayPlanner(LevelFinder):
                      and (step is None or bool((step.q_lens == 1).all())))
             # A levels' graph holds the joint call (one token a request) or two calls (the same several
             # tokens a request: drafts verified), as captured.
-            verify = T % B == 0 and T > B and (step is None or bool((step.q_lens == T // B).all()))
-            if graph and with_level and self.joint and not joint and not verify:
+            if graph and with_level and self.joint and not joint and not (
+                    T % B == 0 and T > B and (step is None or bool((step.q_lens == T // B).all()))):
                 raise RuntimeError(f"vllm-relay: a full-graph step with levels ({B} requests, {T} tokens) must "
                                    "hold one token per request, or as many each")
             staged = self._stage_plan(cm, step, tree, B, T, graph, key, joint)

@@ -22,8 +22,9 @@ to, the verification steps replay vLLM's graphs (`multi_token_twins`).
 Under `cudagraph_mode=FULL` vLLM has one kind of graph for every batch up to its largest size, prompt
 chunks too (host-bound steps, such as a lone chat request's prefill, replay one graph instead of a piece
 a layer): each of its graphs of as many requests as tokens gets twins captured as one-token decodes,
-replayed for the steps that are such decodes and have levels; a step with a prompt chunk replays vLLM's graph and reads its system prompt
-in its context that step (no levels), or runs eagerly with levels past the largest graph.
+replayed for the steps that are such decodes and have levels; a step with a prompt chunk replays vLLM's
+graph and reads its system prompt in its context that step (no levels), or runs eagerly with levels past
+the largest graph.
 
 The twin is a subclass of vLLM's `BatchExecutionDescriptor` with fields of its own: it never equals
 vLLM's descriptor, so vLLM keeps a graph for each, and what vLLM does with descriptors (`replace` for
@@ -105,11 +106,11 @@ def _has_twin(desc, decode_query_len: int = 1, multi_token: bool = False) -> boo
 def multi_token_twins(runner, planners) -> bool:
     """Whether `runner`'s decodes of several tokens a request (drafts verified) get twins: only with
     VLLM_RELAY_VERIFY_GRAPHS=1 (their two calls in a graph measured slower than vLLM's graph at 64
-    requests, envs.py); with n-gram
-    drafts, and with a drafter model whose first pass relay gives twins too (`RelayDraftGraphs`: vLLM's
-    EAGLE-3 and MTP speculators; another's graphs over the target's tables, captured without levels,
-    would read context tables that leave the levels' pages out), where every relay planner
-    (`planners`) gives such rows levels (an MLA backend's decode form holds so many tokens a request)."""
+    requests, envs.py); with n-gram drafts, and with a drafter model whose first pass relay gives twins
+    too (`RelayDraftGraphs`: vLLM's EAGLE-3 and MTP speculators; another's graphs over the target's
+    tables, captured without levels, would read context tables that leave the levels' pages out), where
+    every relay planner (`planners`) gives such rows levels (an MLA backend's decode form holds so many
+    tokens a request)."""
     from vllm.v1.worker.gpu.spec_decode.speculator import DraftModelSpeculator
 
     spec = getattr(runner, "speculator", None)
