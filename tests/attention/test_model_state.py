@@ -54,9 +54,10 @@ def state(monkeypatch):
     return make_state(monkeypatch)
 
 
-def new_req(req_id, blocks, t=None):
+def new_req(req_id, blocks, t=None, prompt=None):
     params = NS(extra_args=tag(None, t) if t is not None else None)
-    return NS(req_id=req_id, sampling_params=params, block_ids=(blocks,), mm_features=[], prefill_token_ids=[1])
+    return NS(req_id=req_id, sampling_params=params, block_ids=(blocks,), mm_features=[], prefill_token_ids=[1],
+              prompt_token_ids=prompt)
 
 
 def output(new=(), cached=()):
@@ -273,3 +274,22 @@ def test_a_drafters_later_passes_get_a_token_per_row_and_each_rows_shift(state):
     assert state.row_shift.tolist() == [0] * MAX_REQS and state.draft_step.req_shift.tolist() == [0]
     state.plan(None, None, req_states, GROUPS)
     assert state.step is None and state.draft_step is None
+
+
+def test_an_ngram_drafter_gets_each_slots_tokens_from_its_fill_and_each_rows_slot(state):
+    """With an n-gram drafter attached, a fill request's prompt (its slot's system tokens, then its
+    lookahead) is kept as the slot's tokens, and every step that shifts writes each batch row's slot
+    beside its shift."""
+    state.attach_drafter(tokens=True)
+    assert state.slot_tokens.shape == (3, 4 * PAGE) and state.row_slot.shape == (MAX_REQS,)
+    system = list(range(100, 100 + 2 * PAGE + 3))
+    state.add_request(3, new_req("fill", [5, 6, 7], RelayTag(slot=1, system_len=2 * PAGE + 3, fill=True),
+                                 prompt=system))
+    assert state.slot_tokens[1, : len(system)].tolist() == system and not state.slot_tokens[[0, 2]].any()
+    state.add_request(0, new_req("a", [1], RelayTag(slot=1, system_len=2 * PAGE)))
+    state.add_request(1, new_req("b", [2]))
+    req_states = NS(req_id_to_index={"a": 0, "b": 1}, num_computed_tokens_np=np.zeros(MAX_REQS, np.int32))
+    state.plan(output(), batch([1, 0], [1, 1]), req_states, GROUPS)
+    state.row_slot.fill_(7)
+    state.preprocess_state(NS(positions=torch.zeros(8, dtype=torch.int64)), None, None, None)
+    assert state.row_slot[:2].tolist() == [-1, 1] and state.row_shift[:2].tolist() == [0, 2 * PAGE]

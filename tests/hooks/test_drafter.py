@@ -79,3 +79,48 @@ def test_attach_serves_only_a_drafter_of_several_tokens_and_marks_relays_builder
     assert isinstance(proxy, drafter.OwnPositionSlots) and proxy._tables is tables
     assert swaps == ["block_tables"]
     assert proxy._row_shift is state.row_shift
+
+
+def test_an_ngram_speculator_drafts_from_the_system_tokens_too(monkeypatch):
+    """attach swaps vLLM's n-gram speculator's class; its drafts read the model state's slot tokens in front
+    of each row's own tokens (against the plain search over the whole lists)."""
+    from vllm.v1.worker.gpu.spec_decode.ngram.speculator import NgramGPUSpeculator
+
+    from vllm_relay.ops.ngram import ngram_drafts_reference
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    g = torch.Generator().manual_seed(3)
+    R, W, K, L = 5, 64, 3, 128
+    req = NS(all_token_ids=NS(gpu=torch.randint(0, 3, (R, W), generator=g, dtype=torch.int32)),
+             total_len=NS(gpu=torch.tensor([9, 0, 30, 17, 5], dtype=torch.int32)))
+    spec = object.__new__(NgramGPUSpeculator)  # (vLLM's __init__ asks for Triton on a GPU)
+    spec.__dict__.update(req_states=req, num_speculative_steps=K, min_n=1, max_n=3, max_model_len=L,
+                         block_l=32, scratch=torch.zeros(R, 4, dtype=torch.int64),
+                         drafts=torch.zeros(R, K, dtype=torch.int64))
+    state = NS(row_shift=None, slot_tokens=None, row_slot=None)
+
+    def attach_drafter(tokens=False):
+        state.row_shift = torch.tensor([32, 0, 16, 0, 0], dtype=torch.int64)
+        if tokens:
+            state.slot_tokens = torch.randint(0, 3, (2, 32), generator=g, dtype=torch.int32)
+            state.row_slot = torch.tensor([1, -1, 0, 1, 0], dtype=torch.int32)
+
+    state.attach_drafter = attach_drafter
+    runner = NS(speculator=spec, model_state=state)
+    assert drafter.attach(runner)
+    assert type(spec) is drafter.RelayNgramSpeculator and spec.relay_state is state
+    idx = torch.tensor([2, 0, 4, 1])  # batch rows -> request states (rows 0..3 of row_slot / row_shift)
+    num_sampled = torch.tensor([1, 1, 0, 1], dtype=torch.int32)
+    last = torch.tensor([7, 8, 9, 10, 11], dtype=torch.int64)
+    got = spec.propose(NS(num_reqs=4, idx_mapping=idx), None, None, None, None, num_sampled, None, last, None,
+                       None, None)
+    want = []
+    for b, r in enumerate(idx.tolist()):
+        shift = int(state.row_shift[b])
+        whole = state.slot_tokens[int(state.row_slot[b]), :shift].tolist() if shift else []
+        whole += req.all_token_ids.gpu[r, : int(req.total_len.gpu[r])].tolist()
+        want.append(ngram_drafts_reference(whole, int(num_sampled[b]), int(last[r]), 1, 3, K))
+    assert got.tolist() == want
+    dummy = spec.propose(NS(num_reqs=2, idx_mapping=idx), None, None, None, None, num_sampled, None, last,
+                         None, None, None, dummy_run=True)
+    assert dummy.data_ptr() == spec.drafts.data_ptr() and dummy.shape == (2, K)  # (no search for a dummy run)

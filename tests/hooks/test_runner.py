@@ -2,7 +2,9 @@
 position and its model positions shifted; rows moved past the model's length are padded as vLLM pads
 them; the drafter's relay planners get the pass's step. vLLM's own update is stood in for by the same
 arithmetic (its kernel: the position plus one, clamped to 0 past `max_model_len`, the slot from the
-block table, the sequence length plus one or 1), on fresh random inputs."""
+block table, the sequence length plus one or 1), on fresh random inputs. `NgramLookup`: vLLM's n-gram
+drafter's drafts for relay rows (own tokens, the system prompt's kept from its fill) equal those of
+another `NgramProposer` of vLLM's over the whole token lists."""
 
 import random
 from types import SimpleNamespace
@@ -13,7 +15,7 @@ import torch
 from vllm.v1.spec_decode.llm_base_proposer import PADDING_SLOT_ID
 
 from vllm_relay.attention import workers
-from vllm_relay.hooks.runner import DraftPositions
+from vllm_relay.hooks.runner import DraftPositions, NgramLookup
 
 BS, MAX_LEN = 16, 96
 
@@ -86,3 +88,56 @@ def test_one_draft_token_needs_no_stand_in():
     before = drafter._update_positions_dependent_metadata
     DraftPositions.attach(SimpleNamespace(drafter=drafter))
     assert drafter._update_positions_dependent_metadata is before
+
+
+def ngram_proposer(k: int, max_model_len: int):
+    from vllm.v1.spec_decode.ngram_proposer import NgramProposer
+
+    config = SimpleNamespace(
+        speculative_config=SimpleNamespace(prompt_lookup_min=1, prompt_lookup_max=3,
+                                           num_speculative_tokens=k),
+        model_config=SimpleNamespace(max_model_len=max_model_len),
+        scheduler_config=SimpleNamespace(max_num_seqs=1024),
+        parallel_config=SimpleNamespace(tensor_parallel_size=1))
+    return NgramProposer(config)
+
+
+def test_ngram_drafts_read_the_system_tokens_in_front_of_the_own():
+    rng = np.random.default_rng(11)
+    k, L, B = 3, MAX_LEN, 6
+    system = [rng.integers(0, 5, 32).tolist(), rng.integers(0, 5, 48).tolist()]  # two slots' prompts
+    lookahead = [9, 9]
+    # Row 0 a fill of slot 1 (its prompt: the system tokens and its lookahead); rows 1-5 relay requests of
+    # either slot, or requests with no registered prompt (slot -1), one with nothing sampled.
+    req_slot = np.array([-1, 0, 1, -1, 1, 0], dtype=np.int32)
+    req_shift = np.array([0, 32, 48, 0, 48, 32], dtype=np.int32)
+    own = [system[1] + lookahead] + [rng.integers(0, 5, n).tolist() for n in (7, 20, 30, 1, 12)]
+    ids = [f"r{i}" for i in range(B)]
+    runner = SimpleNamespace(cache_config=SimpleNamespace(block_size=BS), drafter=ngram_proposer(k, L),
+                             requests={ids[0]: SimpleNamespace(prompt_token_ids=own[0]),
+                                       "f0": SimpleNamespace(prompt_token_ids=system[0] + lookahead)})
+    NgramLookup.attach(runner, SimpleNamespace(max_prompts=2, max_prompt_tokens=64))
+    lookup = runner.drafter.propose
+    assert isinstance(lookup, NgramLookup) and lookup.slot_tokens.shape == (2, 64)
+    runner._relay_rows = SimpleNamespace(ids=ids, req_slot=req_slot, req_shift=req_shift, fills=[(0, 1, 3)])
+    lookup.note_fills(runner._relay_rows)
+    lookup.note_fills(SimpleNamespace(ids=["f0"], fills=[(0, 0, 2)]))  # slot 0's fill, an earlier step
+    token_ids = np.zeros((8, L), dtype=np.int32)
+    for i, t in enumerate(own):
+        token_ids[i, : len(t)] = t
+    num_tokens = np.array([len(t) for t in own] + [0, 0], dtype=np.int32)
+    sampled = [[int(t[-1])] for t in own]
+    sampled[4] = []
+    got = lookup(k, sampled, num_tokens, token_ids)
+
+    whole = [(system[req_slot[i]] if req_shift[i] else []) + own[i] for i in range(B)]
+    full = np.zeros_like(token_ids)
+    for i, t in enumerate(whole):
+        full[i, : len(t)] = t
+    lens = np.array([len(t) for t in whole] + [0, 0], dtype=np.int32)
+    want = ngram_proposer(k, L).propose(k, sampled, lens, full)
+    assert got == want and any(got) and not got[4]
+    alone = ngram_proposer(k, L).propose(k, sampled, num_tokens, token_ids)
+    assert got != alone  # (the case is one where the system tokens change some drafts)
+    runner._relay_rows = SimpleNamespace(ids=ids, req_slot=req_slot, req_shift=req_shift * 0, fills=[])
+    assert lookup(k, sampled, num_tokens, token_ids) == alone  # no relay row: vLLM's call as it came

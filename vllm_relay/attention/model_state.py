@@ -23,7 +23,10 @@ plus:
   metadata, slot mappings and shifted positions as vLLM hands them over; its later passes, one token a
   row, build their own metadata, which reads `draft_step` (the rows' system slots), and compute their
   slots from positions that have moved on from the shifted ones: `row_shift`, each batch row's shift
-  on the device, is what `hooks.drafter.OwnPositionSlots` takes off them first.
+  on the device, is what `hooks.drafter.OwnPositionSlots` takes off them first;
+* an n-gram drafter: vLLM's searches a request's own token ids, which leave its system prompt out;
+  relay's (`hooks.drafter.RelayNgramSpeculator`) reads each slot's system tokens (`slot_tokens`, from
+  the slot's fill request) in front of them, by each batch row's `row_slot` and `row_shift`.
 """
 
 from __future__ import annotations
@@ -101,6 +104,10 @@ class RelayModelState(DefaultModelState):
         # batch row's shift on the device (None: no such drafter).
         self.draft_step: relay_step.RelayStep | None = None
         self.row_shift: torch.Tensor | None = None
+        # An n-gram drafter's lookup (`attach_drafter(tokens=True)`): each slot's system token ids, as its
+        # fill request brought them, and each batch row's slot, on the device.
+        self.slot_tokens: torch.Tensor | None = None
+        self.row_slot: torch.Tensor | None = None
 
     # ---- requests -----------------------------------------------------------------------------
 
@@ -110,6 +117,9 @@ class RelayModelState(DefaultModelState):
         slot, shift, fill_slot, fill_pages = -1, 0, -1, 0
         if tag is not None and tag.fill:
             fill_slot, fill_pages = tag.slot, tag.system_len // self.page_size
+            if self.slot_tokens is not None:  # (its prompt begins with the tokens its relay requests skip)
+                ids = new_req_data.prompt_token_ids[: self.slot_tokens.shape[1]]
+                self.slot_tokens[tag.slot, : len(ids)].copy_(torch.tensor(ids, dtype=torch.int32))
         elif tag is not None:
             slot, shift = tag.slot, tag.system_len
         self.req_slot[req_index], self.req_shift[req_index] = slot, shift
@@ -127,11 +137,17 @@ class RelayModelState(DefaultModelState):
         self.blocks = [HostBlockTable(self.max_num_reqs, table.gpu.shape[1], g)
                        for g, table in enumerate(block_tables.block_tables)]
 
-    def attach_drafter(self) -> None:
+    def attach_drafter(self, tokens: bool = False) -> None:
         """A drafter whose passes after the first build their own attention metadata and slot mappings
-        (hooks/drafter.py): from now on every step also records `draft_step` and `row_shift`."""
+        (hooks/drafter.py): from now on every step also records `draft_step` and `row_shift`; `tokens`: an
+        n-gram drafter, which reads each slot's system tokens (`slot_tokens`) and each row's `row_slot`."""
         if self.row_shift is None:
             self.row_shift = torch.zeros(self.max_num_reqs, dtype=torch.int64, device=self.device)
+        if tokens and self.slot_tokens is None:
+            slots, pages = relay_step.slot_shape(self.cfg, self.page_size)
+            width = pages * self.page_size
+            self.slot_tokens = torch.zeros(slots, width, dtype=torch.int32, device=self.device)
+            self.row_slot = torch.zeros(self.max_num_reqs, dtype=torch.int32, device=self.device)
 
     # ---- the step -----------------------------------------------------------------------------
 
@@ -191,6 +207,8 @@ class RelayModelState(DefaultModelState):
             if shifted:
                 n = step.req_shift.shape[0]
                 async_tensor_h2d(step.req_shift.astype(np.int64), out=self.row_shift[:n])
+                if self.row_slot is not None:  # (a row with no shift reads no slot)
+                    async_tensor_h2d(step.req_slot.astype(np.int32), out=self.row_slot[:n])
                 self.row_shift[n:].zero_()
             else:
                 self.row_shift.zero_()

@@ -15,11 +15,18 @@ builds its own attention metadata through the drafter's metadata builders.
 * vLLM's in-place update of draft metadata between passes (FlashAttention's
   `update_draft_decode_metadata`) knows nothing of relay's context tables: relay's builders say they
   do not support it (`supports_draft_decode_metadata_update`), so vLLM builds each pass's metadata.
+
+vLLM's n-gram speculator searches each request's own token ids for its drafts; a relay request's leave its
+system prompt out, so vLLM's search would miss every match there (and give other drafts than vLLM's, and
+other seeded samples). `RelayNgramSpeculator` (the instance's class swapped) makes vLLM's drafts with
+`ops.ngram_drafts`, which reads the slot's system tokens in front of the own ones.
 """
 
 import torch
+from vllm.v1.worker.gpu.spec_decode.ngram.speculator import NgramGPUSpeculator
 
 from vllm_relay.hooks._patch import swap
+from vllm_relay.ops.ngram import ngram_drafts
 
 
 class OwnPositionSlots:
@@ -46,10 +53,34 @@ class OwnPositionSlots:
         return self._tables.compute_slot_mappings(idx_mapping, query_start_loc, own, num_tokens_padded, out)
 
 
+class RelayNgramSpeculator(NgramGPUSpeculator):
+    """vLLM's n-gram speculator, its drafts searched in each request's [system tokens ; own tokens]."""
+
+    relay_state = None  # the runner's RelayModelState
+
+    def propose(self, input_batch, attn_metadata, slot_mappings, last_hidden_states, aux_hidden_states,
+                num_sampled, num_rejected, last_sampled, next_prefill_tokens, temperature, seeds,
+                dp_sync_state=None, dummy_run: bool = False, skip_attn_for_dummy_run: bool = False,
+                mm_inputs=None, is_profile: bool = False,
+                num_speculative_tokens: int | None = None) -> torch.Tensor:
+        if dummy_run:
+            return self.drafts[: input_batch.num_reqs]
+        state, req = self.relay_state, self.req_states
+        return ngram_drafts(req.all_token_ids.gpu, input_batch.idx_mapping, req.total_len.gpu, num_sampled,
+                            last_sampled, state.slot_tokens, state.row_slot, state.row_shift, self.scratch,
+                            self.drafts, self.max_model_len, self.min_n, self.max_n, self.block_l)
+
+
 def attach(runner) -> bool:
-    """Put relay in the way of `runner`'s speculator when it drafts several tokens a step; False when
-    there is none such (one draft token a step needs nothing: the first pass is the target's)."""
+    """Put relay in the way of `runner`'s speculator when it drafts several tokens a step, or looks its
+    drafts up in the token ids (n-gram); False when there is none such (one draft token a step of a
+    drafter model needs nothing: the first pass is the target's)."""
     spec = getattr(runner, "speculator", None)
+    if type(spec) is NgramGPUSpeculator:
+        runner.model_state.attach_drafter(tokens=True)
+        swap(spec, "__class__", RelayNgramSpeculator)
+        swap(spec, "relay_state", runner.model_state)
+        return True
     if spec is None or getattr(spec, "num_speculative_steps", 1) <= 1 or not hasattr(spec, "block_tables"):
         return False
     state = runner.model_state

@@ -7,6 +7,11 @@ its positions on (`_update_positions_dependent_metadata`) and building its own m
 `DraftPositions` stands in for that method on the runner's drafter (an instance swap): vLLM computes
 the pass's slots from each row's own position (a relay request's paged KV holds its own tokens from 0),
 the model sees the shifted one, and the drafter's relay builders get the pass's step, a token a row.
+
+vLLM's n-gram drafter (`NgramProposer`) searches each request's token ids, which for a relay request leave
+its system prompt out: `NgramLookup` stands in for its `propose` (an instance swap) and hands it each relay
+request's list with its slot's system tokens in front (kept from the slot's fill request), as vLLM holds
+the full prompt: vLLM's drafts.
 """
 
 import numpy as np
@@ -31,12 +36,16 @@ def _prepare_inputs(self, scheduler_output, num_scheduled_tokens):
                      cfg.auto_levels and cfg.shared_path != "never")
             swap(self, "_relay", relay)
             DraftPositions.attach(self)
+            NgramLookup.attach(self, cfg)
         pages, auto_levels = relay
         found = workers.planners(self.attn_groups)
         level = workers.level_planner(found)
         found += workers.drafter_planners(self)
         current = step.prepare(self, num_scheduled_tokens, pages, self.cache_config.block_size,
                                -1 if level is None else level.kv_group, auto_levels)
+        lookup = getattr(getattr(self, "drafter", None), "propose", None)
+        if isinstance(lookup, NgramLookup):
+            lookup.note_fills(self._relay_rows)
         for planner in found:  # the step, for the builders (until it ends: `_execute_model`)
             planner.current = current
         if current is not None and level is not None:
@@ -89,6 +98,55 @@ class DraftPositions:
         for planner in workers.drafter_planners(runner):  # (until the step ends: `_end_step`)
             planner.current = draft
         return out
+
+
+class NgramLookup:
+    """vLLM's n-gram drafter's `propose` on relay: a relay request's token list is its slot's system tokens
+    (`slot_tokens`, from the slot's fill request) and then its own, as vLLM's would be."""
+
+    def __init__(self, runner, propose, slots: int, width: int) -> None:
+        self.runner, self.propose = runner, propose
+        self.slot_tokens = np.zeros((slots, width), dtype=np.int32)
+        self.ids = None  # the token lists of a step with relay requests (vLLM's `token_ids_cpu`'s shape)
+
+    @classmethod
+    def attach(cls, runner, cfg) -> None:
+        from vllm.v1.spec_decode.ngram_proposer import NgramProposer
+
+        from vllm_relay.attention.step import slot_shape
+
+        drafter = getattr(runner, "drafter", None)
+        if type(drafter) is NgramProposer:
+            page_size = runner.cache_config.block_size
+            slots, pages = slot_shape(cfg, page_size)
+            swap(drafter, "propose", cls(runner, drafter.propose, slots, pages * page_size))
+
+    def note_fills(self, rows) -> None:
+        """Keep the system tokens of the step's fill requests (each one's prompt begins with its slot's)."""
+        for i, slot, _ in rows.fills:
+            ids = self.runner.requests[rows.ids[i]].prompt_token_ids[: self.slot_tokens.shape[1]]
+            self.slot_tokens[slot, : len(ids)] = ids
+
+    def __call__(self, num_speculative_tokens, sampled_token_ids, num_tokens_no_spec, token_ids_cpu,
+                 slot_mappings=None):
+        rows, B = getattr(self.runner, "_relay_rows", None), len(sampled_token_ids)
+        if rows is None or not rows.req_shift[:B].any():
+            return self.propose(num_speculative_tokens, sampled_token_ids, num_tokens_no_spec, token_ids_cpu,
+                                slot_mappings=slot_mappings)
+        if len(rows.ids) < B:
+            raise RuntimeError(f"vllm-relay: n-gram drafts for {B} rows of a step of {len(rows.ids)}")
+        if self.ids is None:
+            self.ids = np.zeros_like(token_ids_cpu)
+        ids, lens = self.ids, num_tokens_no_spec.copy()
+        for i in range(B):
+            if not sampled_token_ids[i]:  # (vLLM drafts nothing for it)
+                continue
+            n, s = int(num_tokens_no_spec[i]), int(rows.req_shift[i])
+            end = min(s + n, ids.shape[1])
+            ids[i, :s] = self.slot_tokens[rows.req_slot[i], :s]
+            ids[i, s:end] = token_ids_cpu[i, : end - s]
+            lens[i] = s + n
+        return self.propose(num_speculative_tokens, sampled_token_ids, lens, ids, slot_mappings=slot_mappings)
 
 
 def _relay_worker_stats(self) -> dict:

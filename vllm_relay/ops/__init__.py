@@ -14,6 +14,8 @@ Public API (see each function's docstring for shapes and dtypes):
     (on a decode step, one call for both: `joint.joint_layout`, `fuse_in_place.fuse_joint`).
   * `latent_varlen`: MLA's latent attention (keys the whole latent vector, values its first part) through
     FlashAttention's split `q_v` form, for `relay_attention` over an MLA cache.
+  * `ngram_drafts` (+ `ngram_drafts_reference`): vLLM's n-gram drafts over a request's system prompt
+    tokens and its own, held apart.
   * `force_one_split`: one key split for every batch of a FlashAttention-3 call captured split;
     `graph_split_cap`: the split cap a captured FA3 call can use (its workspace, nothing else).
 """
