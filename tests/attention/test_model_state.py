@@ -293,3 +293,4 @@ def test_an_ngram_drafter_gets_each_slots_tokens_from_its_fill_and_each_rows_slo
     state.row_slot.fill_(7)
     state.preprocess_state(NS(positions=torch.zeros(8, dtype=torch.int64)), None, None, None)
     assert state.row_slot[:2].tolist() == [-1, 1] and state.row_shift[:2].tolist() == [0, 2 * PAGE]
+    assert state.draft_step is None  # (no drafter passes to plan for)

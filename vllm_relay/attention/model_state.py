@@ -103,6 +103,7 @@ class RelayModelState(DefaultModelState):
         # A drafter's passes after its first (`attach_drafter`): their step, a token per row, and each
         # batch row's shift on the device (None: no such drafter).
         self.draft_step: relay_step.RelayStep | None = None
+        self.draft_passes = False  # a drafter model's later passes read `draft_step` (an n-gram drafter: none)
         self.row_shift: torch.Tensor | None = None
         # An n-gram drafter's lookup (`attach_drafter(tokens=True)`): each slot's system token ids, as its
         # fill request brought them, and each batch row's slot, on the device.
@@ -140,7 +141,9 @@ class RelayModelState(DefaultModelState):
     def attach_drafter(self, tokens: bool = False) -> None:
         """A drafter whose passes after the first build their own attention metadata and slot mappings
         (hooks/drafter.py): from now on every step also records `draft_step` and `row_shift`; `tokens`: an
-        n-gram drafter, which reads each slot's system tokens (`slot_tokens`) and each row's `row_slot`."""
+        n-gram drafter instead, which has no such passes and reads `row_shift`, each slot's system tokens
+        (`slot_tokens`) and each row's `row_slot`."""
+        self.draft_passes = self.draft_passes or not tokens
         if self.row_shift is None:
             self.row_shift = torch.zeros(self.max_num_reqs, dtype=torch.int64, device=self.device)
         if tokens and self.slot_tokens is None:
@@ -187,7 +190,7 @@ class RelayModelState(DefaultModelState):
             seq_lens = (req_states.num_computed_tokens_np[idx] + counts).astype(np.int32)
         self.step = relay_step.RelayStep(num_reqs, int(batch.num_tokens), rows[1], rows[2], counts, table,
                                          seq_lens, pages=self.pages, level_group=level_group, tables=tables)
-        if self.row_shift is not None:  # the drafter's later passes: a token per row, no level
+        if self.draft_passes:  # the drafter's later passes: a token per row, no level
             self.draft_step = relay_step.RelayStep(num_reqs, num_reqs, rows[1], rows[2],
                                                    np.ones(num_reqs, dtype=np.int32), pages=self.pages,
                                                    level_group=-1)
