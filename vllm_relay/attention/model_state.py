@@ -103,7 +103,7 @@ class RelayModelState(DefaultModelState):
         # A drafter's passes after its first (`attach_drafter`): their step, a token per row, and each
         # batch row's shift on the device (None: no such drafter).
         self.draft_step: relay_step.RelayStep | None = None
-        self.draft_passes = False  # a drafter model's later passes read `draft_step` (an n-gram drafter: none)
+        self.draft_passes = False  # a drafter model's later passes read `draft_step` (n-gram drafts: none)
         self.row_shift: torch.Tensor | None = None
         # An n-gram drafter's lookup (`attach_drafter(tokens=True)`): each slot's system token ids, as its
         # fill request brought them, and each batch row's slot, on the device.
