@@ -29,10 +29,12 @@ def kernel(name):
         k = triton.jit(types.FunctionType(k.__code__, {**k.__globals__, "tl": tl, "triton": triton},
                                           k.__name__))
     return k
-scan, finalize, grid = torch.load(sys.argv[1])
-kernel("_ngram_scan_kernel")[grid](*scan)
-kernel("_ngram_finalize_kernel")[grid[:1]](*finalize)
-torch.save(finalize[8], sys.argv[1])
+drafts = []
+for scan, finalize, grid in torch.load(sys.argv[1]):
+    kernel("_ngram_scan_kernel")[grid](*scan)
+    kernel("_ngram_finalize_kernel")[grid[:1]](*finalize)
+    drafts.append(finalize[8])
+torch.save(drafts, sys.argv[1])
 """
 
 
@@ -63,31 +65,49 @@ def _whole(token_ids, idx, total_len, sys_ids, row_slot, row_shift):
     return lists
 
 
-@pytest.mark.parametrize("min_n, max_n, K, vocab, block_l",
-                         [(1, 3, 3, 4, 16), (2, 5, 4, 3, 64), (3, 3, 1, 2, 16), (1, 1, 5, 7, 32)])
-def test_against_vllm_kernels_and_the_reference(tmp_path, min_n, max_n, K, vocab, block_l):
+# min_n, max_n, K, vocab, block_l
+_SMALL = [(1, 3, 3, 4, 16), (2, 5, 4, 3, 64), (3, 3, 1, 2, 16), (1, 1, 5, 7, 32)]
+
+
+def _small(min_n, max_n, K, vocab, block_l):
+    """A small case's inputs, each row's whole list and last token, and its max_model_len."""
     rng = np.random.default_rng(min_n * 100 + max_n * 10 + K)
     R, B, S, P, W = 9, 7, 4, 37, 96
-    L = W  # max_model_len: every whole list fits
     case = _case(rng, R, B, S, P, W, vocab)
     token_ids, idx, total_len, num_sampled, last, sys_ids, row_slot, row_shift = case
-    n_blocks = triton.cdiv(L, block_l)
-    scratch = torch.zeros(R, n_blocks, dtype=torch.int64)
+    whole = _whole(token_ids, idx, total_len, sys_ids, row_slot, row_shift)
+    lasts = torch.tensor([int(last[r, 0]) for r in idx.tolist()], dtype=torch.int64)
+    return case, whole, lasts, W  # max_model_len W: every whole list fits
+
+
+@pytest.fixture(scope="module")
+def vllm_small_drafts(tmp_path_factory):
+    """vLLM's drafts for every small case, from one interpreter process on the CPU (vLLM's import there takes
+    most of its time)."""
+    jobs = []
+    for min_n, max_n, K, vocab, block_l in _SMALL:
+        case, whole, lasts, L = _small(min_n, max_n, K, vocab, block_l)
+        jobs.append((whole, case[3], lasts, L, min_n, max_n, K, block_l))
+    return dict(zip(_SMALL, _vllm_drafts(jobs, tmp_path_factory.mktemp("ngram"))))
+
+
+@pytest.mark.parametrize("min_n, max_n, K, vocab, block_l", _SMALL)
+def test_against_vllm_kernels_and_the_reference(vllm_small_drafts, min_n, max_n, K, vocab, block_l):
+    case, whole, lasts, L = _small(min_n, max_n, K, vocab, block_l)
+    token_ids, idx, total_len, num_sampled, last, sys_ids, row_slot, row_shift = case
+    R = token_ids.shape[0]
+    scratch = torch.zeros(R, triton.cdiv(L, block_l), dtype=torch.int64)
     drafts = torch.full((R, K), -7, dtype=torch.int64)
     got = ngram_drafts(*case, scratch, drafts, L, min_n, max_n, block_l).clone()
 
-    whole = _whole(token_ids, idx, total_len, sys_ids, row_slot, row_shift)
     want = [ngram_drafts_reference(t, int(num_sampled[b]), int(last[idx[b], 0]), min_n, max_n, K)
             for b, t in enumerate(whole)]
     assert got.tolist() == want
-    lasts = torch.tensor([int(last[r, 0]) for r in idx.tolist()], dtype=torch.int64)
-    assert torch.equal(got, _vllm_drafts(whole, num_sampled, lasts, L, min_n, max_n, K, block_l, tmp_path))
+    assert torch.equal(got, vllm_small_drafts[(min_n, max_n, K, vocab, block_l)])
 
 
-def _vllm_drafts(lists, num_sampled, last, L, min_n, max_n, K, block_l, tmp_path=None) -> torch.Tensor:
-    """vLLM's n-gram drafts for whole token lists, one request state a row: its kernels compiled on a GPU,
-    interpreted in a process of their own without one (their arguments saved under `tmp_path`)."""
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+def _vllm_args(lists, num_sampled, last, L, min_n, max_n, K, block_l, device):
+    """vLLM's kernels' arguments for whole token lists, one request state a row, and the scan's grid."""
     ids = torch.zeros(len(lists), L, dtype=torch.int32)
     for b, t in enumerate(lists):
         ids[b, : len(t)] = torch.tensor(t, dtype=torch.int32)
@@ -101,16 +121,26 @@ def _vllm_drafts(lists, num_sampled, last, L, min_n, max_n, K, block_l, tmp_path
             po2(max_n), block_l)
     finalize = (ids, ids.stride(0), rows, lens, num_sampled, last, scratch, scratch.stride(0), drafts, L,
                 n_blocks, K, po2(K), po2(n_blocks))
-    if device == "cuda":
+    return scan, finalize, (B, n_blocks)
+
+
+def _vllm_drafts(jobs, tmp_path=None) -> list[torch.Tensor]:
+    """vLLM's n-gram drafts for each job (`_vllm_args`'s arguments but the device): its kernels compiled on a
+    GPU, interpreted in one process of their own without one (their arguments saved under `tmp_path`)."""
+    if torch.cuda.is_available():
         from vllm.v1.worker.gpu.spec_decode.ngram.speculator import _ngram_finalize_kernel, _ngram_scan_kernel
 
-        _ngram_scan_kernel[(B, n_blocks)](*scan)
-        _ngram_finalize_kernel[(B,)](*finalize)
-        return drafts.cpu()
+        out = []
+        for job in jobs:
+            scan, finalize, grid = _vllm_args(*job, "cuda")
+            _ngram_scan_kernel[grid](*scan)
+            _ngram_finalize_kernel[grid[:1]](*finalize)
+            out.append(finalize[8].cpu())
+        return out
     path = tmp_path / "ngram.pt"
-    torch.save((scan, finalize, (B, n_blocks)), path)
+    torch.save([_vllm_args(*job, "cpu") for job in jobs], path)
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    subprocess.run([sys.executable, "-c", _VLLM_ON_CPU, str(path)], check=True, env=env, timeout=600)
+    subprocess.run([sys.executable, "-c", _VLLM_ON_CPU, str(path)], check=True, env=env, timeout=900)
     return torch.load(path)
 
 
@@ -128,7 +158,7 @@ def test_equals_vllm_kernels_on_cuda(min_n, max_n, K, vocab, block_l):
     got = ngram_drafts(*(t.cuda() for t in case), scratch, drafts, L, min_n, max_n, block_l).cpu()
     whole = _whole(token_ids, idx, total_len, sys_ids, row_slot, row_shift)
     lasts = torch.tensor([int(last[r, 0]) for r in idx.tolist()], dtype=torch.int64)
-    assert torch.equal(got, _vllm_drafts(whole, num_sampled, lasts, L, min_n, max_n, K, block_l))
+    assert torch.equal(got, _vllm_drafts([(whole, num_sampled, lasts, L, min_n, max_n, K, block_l)])[0])
 
 
 def test_a_match_inside_the_system_prompt():

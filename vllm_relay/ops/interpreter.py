@@ -6,6 +6,7 @@ import types
 
 import torch
 import triton
+import triton.language as tl
 
 
 def interpreting() -> bool:
@@ -45,3 +46,22 @@ def interpreted(kernel):
         cached = InterpretedFunction(fn)
         kernel._relay_interpreted = cached
     return cached
+
+
+# Reductions spelled as `tl.max`, `tl.min` and `tl.sum` spell them, with their combine functions, for the
+# kernels that run under the interpreter in the tests: those three are @jit functions of triton.language that
+# Triton's interpreter can call only when TRITON_INTERPRET was set before triton was imported (the tests set
+# it later), and it runs these combines as numpy's own reductions. Compiled, they are the same reductions.
+@triton.jit
+def reduce_max(x, axis: tl.constexpr):
+    return tl.reduce(x, axis, tl.standard._elementwise_max)
+
+
+@triton.jit
+def reduce_min(x, axis: tl.constexpr):
+    return tl.reduce(x, axis, tl.standard._elementwise_min)
+
+
+@triton.jit
+def reduce_sum(x, axis: tl.constexpr):
+    return tl.reduce(x, axis, tl.standard._sum_combine)

@@ -7,9 +7,9 @@ the slot's pages, and its positions are shifted past it), so vLLM's search would
 system prompt: other drafts than vLLM's for the same request, and with seeded sampling other samples.
 These kernels are vLLM's two (scan, finalize), the same arithmetic, reading each row's token ids as
 [its slot's `shift` system tokens ; its own tokens]: the drafts vLLM makes for the full prompt. (The
-reductions are spelled as `tl.reduce` with `tl.max`'s and `tl.sum`'s combines, and `tl.zeros` as `tl.full`:
-Triton's interpreter runs those @jit functions of triton.language only when TRITON_INTERPRET was set before
-triton was imported, and the tests set it later.)
+reductions are `interpreter.py`'s, and `tl.zeros` is spelled as `tl.full`: Triton's interpreter runs those
+@jit functions of triton.language only when TRITON_INTERPRET was set before triton was imported, and the
+tests set it later.)
 `ngram_drafts_reference` is the same search in plain Python.
 """
 
@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_relay.ops.interpreter import kernel_for
+from vllm_relay.ops.interpreter import kernel_for, reduce_max, reduce_sum
 
 
 @triton.jit
@@ -60,10 +60,10 @@ def _ngram_scan_kernel(token_ids_ptr, token_ids_stride, idx_mapping_ptr, total_l
         for j in tl.static_range(0, n_iter):
             tok = _token(own_row, sys_row, pos + j, shift, match)
             at_j = tl.where(suf_iota == (MAX_N - n_iter) + j, suffix, 0)
-            suf_val = tl.reduce(at_j, 0, tl.standard._sum_combine)
+            suf_val = reduce_sum(at_j, 0)
             match = match & (tok == suf_val)
         best_score = tl.where(match, n_iter * Lp1 + pos + 1, best_score)  # longest n, then rightmost pos
-    tl.store(scratch_ptr + scratch_off, tl.reduce(best_score, 0, tl.standard._elementwise_max))
+    tl.store(scratch_ptr + scratch_off, reduce_max(best_score, 0))
 
 
 @triton.jit
@@ -77,8 +77,7 @@ def _ngram_finalize_kernel(token_ids_ptr, token_ids_stride, idx_mapping_ptr, tot
     shift = tl.load(row_shift_ptr + b).to(tl.int64)
     slot = tl.maximum(tl.load(row_slot_ptr + b).to(tl.int64), 0)
     nb = tl.arange(0, N_BLOCKS_PO2).to(tl.int64)
-    score = tl.reduce(tl.load(scratch_ptr + b * scratch_stride + nb, mask=nb < N_BLOCKS, other=0), 0,
-                      tl.standard._elementwise_max)
+    score = reduce_max(tl.load(scratch_ptr + b * scratch_stride + nb, mask=nb < N_BLOCKS, other=0), 0)
     seq_len = tl.load(total_len_ptr + req_state_idx).to(tl.int64) + shift
     num_sampled = tl.load(num_sampled_ptr + b)
     last_tok = tl.load(last_sampled_ptr + req_state_idx)

@@ -28,11 +28,9 @@ import triton
 import triton.language as tl
 
 from vllm_relay.ops import window_launch as launch
-from vllm_relay.ops.interpreter import kernel_for, runs_triton
+from vllm_relay.ops.interpreter import kernel_for, reduce_max, reduce_min, reduce_sum, runs_triton
 from vllm_relay.ops.split_combine import combine_splits
 from vllm_relay.ops.window_level_torch import _check_args, _out_dtype, _scale, window_level_attention_torch
-
-
 
 # The metadata tensors are slices of the planner's persistent buffers starting at rows that move with
 # the step (`prefix_table.py` says what a pointer's alignment costs): they are read an element at a time,
@@ -42,25 +40,6 @@ from vllm_relay.ops.window_level_torch import _check_args, _out_dtype, _scale, w
 # the engine's start. Nor is the group count: 1 in most eager steps' calls, a graph's capacity in its graphs.
 _POINTERS = ["cu_ptr", "seqused_ptr", "bt_ptr", "key_start_ptr", "k_scale_ptr", "v_scale_ptr", "q_scale_ptr"]
 _MOVING = ["stride_lh", "stride_bt", "stride_ps", "stride_pls", "stride_plh", "num_groups"]
-
-
-# Reductions spelled as `tl.max`, `tl.min` and `tl.sum` spell them, with their combine functions: those
-# three are @jit functions of triton.language that Triton's interpreter can call only when TRITON_INTERPRET
-# was set before triton was imported (the tests set it later), and it runs these combines as numpy's own
-# reductions.
-@triton.jit
-def _max(x, axis: tl.constexpr):
-    return tl.reduce(x, axis, tl.standard._elementwise_max)
-
-
-@triton.jit
-def _min(x, axis: tl.constexpr):
-    return tl.reduce(x, axis, tl.standard._elementwise_min)
-
-
-@triton.jit
-def _sum(x, axis: tl.constexpr):
-    return tl.reduce(x, axis, tl.standard._sum_combine)
 
 
 @triton.jit
@@ -106,7 +85,7 @@ def _level_tile(
     first = tl.load(key_start_ptr + row, mask=m_valid, other=0)
     first = tl.where(m_valid, first, hi)
     # Keys before the tile's smallest first key are seen by none of its rows: neither loaded nor looped.
-    lo = tl.maximum(_min(first, 0), 0)
+    lo = tl.maximum(reduce_min(first, 0), 0)
     begin, end = (lo // BLOCK_N) * BLOCK_N, hi
     if SPLITS > 1:  # this program's range: tiles of keys from `begin`, alike but the last
         per = (tl.maximum(hi - begin, 0) + SPLITS - 1) // SPLITS  # (tl.cdiv: not in the interpreter's reach)
@@ -140,11 +119,11 @@ def _level_tile(
         s = s * 1.4426950408889634
         seen = (n[None, :] >= first[:, None]) & (n[None, :] < hi)
         s = tl.where(seen, s, float("-inf"))
-        m_new = tl.maximum(m_i, _max(s, 1))
+        m_new = tl.maximum(m_i, reduce_max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no key seen yet: avoid (-inf) - (-inf)
         p = tl.exp2(s - m_safe[:, None])
         alpha = tl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + _sum(p, 1)
+        l_i = l_i * alpha + reduce_sum(p, 1)
         v = tl.load(v_ptr + blk[:, None] * stride_vb + slot[:, None] * stride_vs + kv_head * stride_vh
                     + d[None, :], mask=n_mask[:, None] & d_mask[None, :], other=0.0).to(CDT)
         acc = acc * alpha[:, None] + _dot(p.to(CDT), v, DOT_PRECISION, DOT_IN_FP32)
@@ -198,11 +177,11 @@ def _window_level_kernel(
         counts = tl.load(cu_ptr + gi + 1, mask=gi < num_groups, other=0)
         counts = (counts - tl.load(cu_ptr + gi, mask=gi < num_groups, other=0) + ROWS - 1) // ROWS
         ends = _cumsum(counts)  # tiles of groups 0 .. g
-        items = _sum(counts, 0) * num_kv_heads * SPLITS
+        items = reduce_sum(counts, 0) * num_kv_heads * SPLITS
         for item in range(tl.program_id(0), items, tl.num_programs(0)):
             t = item // (num_kv_heads * SPLITS)
-            g = _sum((ends <= t).to(tl.int32), 0)
-            first_tile = _sum(tl.where(gi == g, ends - counts, 0), 0)
+            g = reduce_sum((ends <= t).to(tl.int32), 0)
+            first_tile = reduce_sum(tl.where(gi == g, ends - counts, 0), 0)
             row_lo = tl.load(cu_ptr + g)
             _level_tile(g, row_lo, tl.load(cu_ptr + g + 1) - row_lo, (item // SPLITS) % num_kv_heads,
                         (t - first_tile) * ROWS, item % SPLITS,
