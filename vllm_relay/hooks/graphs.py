@@ -155,14 +155,15 @@ class RelayCudaGraphManager(ModelCudaGraphManager, _CaptureWithLevels):
         if step is None:
             return desc
         if (step.tree is not None and uniform_token_count is not None
-                and _has_twin(desc, self.decode_query_len, self.relay_state.multi_token_graphs)
-                and levels_twin(desc).uniform_token_count == uniform_token_count):
-            twin = levels_twin(desc, True)
-            if twin not in self.graphs or not _runs_unsplit(self.relay_state.planner, step, desc.num_tokens,
-                                                            uniform_token_count):
-                twin = levels_twin(desc)
-            if twin in self.graphs:
-                desc = twin
+                and _has_twin(desc, self.decode_query_len, self.relay_state.multi_token_graphs)):
+            split = levels_twin(desc)
+            if split.uniform_token_count == uniform_token_count:
+                planner, twin = self.relay_state.planner, replace(split, relay_unsplit=True)
+                if twin not in self.graphs or not _runs_unsplit(planner, step, desc.num_tokens,
+                                                                uniform_token_count):
+                    twin = split
+                if twin in self.graphs:
+                    desc = twin
         levels = isinstance(desc, RelayLevelsDescriptor)
         step.graph_levels = levels if desc.cg_mode == CUDAGraphMode.FULL else None
         step.graph_unsplit = levels and desc.relay_unsplit
