@@ -1,6 +1,7 @@
 #!/bin/bash
-# Not yet run on the GPU host. Build an offline bundle of SGLang 0.5.23 for the GPU host
-# (x86_64, Python 3.12.3, torch 2.11.0+cu130, no index), modelled on tools/gpu_host/stage.sh.
+# Build an offline bundle of SGLang 0.5.23 for the GPU host (x86_64, Python 3.12.3, torch 2.11.0+cu130,
+# no index), modelled on tools/gpu_host/stage.sh; run there on an H200 and an H100
+# (benchmarks/results/2026-12-04_h200_vllm033_sglang, 2026-12-06_h100_vllm033_samples_sglang).
 #
 # SGLang 0.5.23 pins torch==2.14.1, sglang-kernel==0.4.10 (the renamed sgl-kernel; sgl-kernel itself
 # stops at 0.3.21 and is not what 0.5.23 asks for), flashinfer_python[cu13]==0.7.2 and ~200 packages
