@@ -55,14 +55,15 @@ def _case(rng, R, B, S, P, W, vocab):
     return token_ids, idx, total_len, num_sampled, last, sys_ids, row_slot, row_shift
 
 
-def _whole(token_ids, idx, total_len, sys_ids, row_slot, row_shift):
-    """Each batch row's whole token list."""
+def _whole(case):
+    """Each batch row's whole token list and its last sampled token."""
+    token_ids, idx, total_len, _, last, sys_ids, row_slot, row_shift = case
     lists = []
     for b, r in enumerate(idx.tolist()):
         shift = int(row_shift[b])
         head = sys_ids[int(row_slot[b]), :shift].tolist() if shift else []
         lists.append(head + token_ids[r, : int(total_len[r])].tolist())
-    return lists
+    return lists, torch.tensor([int(last[r, 0]) for r in idx.tolist()], dtype=torch.int64)
 
 
 # min_n, max_n, K, vocab, block_l
@@ -74,10 +75,7 @@ def _small(min_n, max_n, K, vocab, block_l):
     rng = np.random.default_rng(min_n * 100 + max_n * 10 + K)
     R, B, S, P, W = 9, 7, 4, 37, 96
     case = _case(rng, R, B, S, P, W, vocab)
-    token_ids, idx, total_len, num_sampled, last, sys_ids, row_slot, row_shift = case
-    whole = _whole(token_ids, idx, total_len, sys_ids, row_slot, row_shift)
-    lasts = torch.tensor([int(last[r, 0]) for r in idx.tolist()], dtype=torch.int64)
-    return case, whole, lasts, W  # max_model_len W: every whole list fits
+    return case, *_whole(case), W  # max_model_len W: every whole list fits
 
 
 @pytest.fixture(scope="module")
@@ -151,13 +149,12 @@ def test_equals_vllm_kernels_on_cuda(min_n, max_n, K, vocab, block_l):
     rng = np.random.default_rng(7 + min_n + max_n * 10)
     R, B, S, P, W = 70, 64, 5, 300, 1100
     case = _case(rng, R, B, S, P, W, vocab)
-    token_ids, idx, total_len, num_sampled, last, sys_ids, row_slot, row_shift = case
+    num_sampled = case[3]
     L = W + P
     scratch = torch.zeros(R, triton.cdiv(L, block_l), dtype=torch.int64, device="cuda")
     drafts = torch.zeros(R, K, dtype=torch.int64, device="cuda")
     got = ngram_drafts(*(t.cuda() for t in case), scratch, drafts, L, min_n, max_n, block_l).cpu()
-    whole = _whole(token_ids, idx, total_len, sys_ids, row_slot, row_shift)
-    lasts = torch.tensor([int(last[r, 0]) for r in idx.tolist()], dtype=torch.int64)
+    whole, lasts = _whole(case)
     assert torch.equal(got, _vllm_drafts([(whole, num_sampled, lasts, L, min_n, max_n, K, block_l)])[0])
 
 
