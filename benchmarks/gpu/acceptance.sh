@@ -95,7 +95,7 @@
 #             Llama-2-7B shape: the ceiling, relay and SGLang, and each one's first token (bench_sharing.py;
 #             about 5 min per P)
 #   sglang-serve  chat through SGLang's OpenAI server, relay's and vLLM's default, as `serve` (about 9 min;
-#             SGLANG_CONFIGS=sglang,relay: about 6)
+#             SGLANG_CONFIGS=sglang,relay: about 6); RESTARTS and DURATION as for serve
 # PACK=1: after each step (after all of them with --side-by-side), every file under $OUT not yet packed goes
 # into one archive, $OUT/pack_HHMMSS_STEP.tgz (a device call brings back a few files only, and a call cut by
 # its time limit keeps the steps it finished), the steps' exit lines and last output lines still printed.
@@ -219,8 +219,9 @@ run() {  # one step into $out/STEP.txt; its exit status
         $bs --model "$m" --workloads samples --prefix-lens "${PS:-16000}" \
             --ns "${NS:-1,64,256}" --configs ceiling,relay,sglang --out "$out/sglang_samples_llama2_$stamp.json" ;;
     sglang-serve) m=$(model llama-3-8b-shape)
-        python3 benchmarks/bench_serving.py --model "$m" --rates 1,4,8 --duration 20 \
-            --configs "${SGLANG_CONFIGS:-sglang,relay,default}" ${SERVER_ARGS:+--server-args "$SERVER_ARGS"} \
+        python3 benchmarks/bench_serving.py --model "$m" --rates 1,4,8 --duration "${DURATION:-20}" \
+            --restarts "${RESTARTS:-1}" --configs "${SGLANG_CONFIGS:-sglang,relay,default}" \
+            ${SERVER_ARGS:+--server-args "$SERVER_ARGS"} \
             --out "$out/sglang_serving_llama3_$stamp.json" ;;
     *) echo "unknown step $step" >&2; return 2 ;;
   esac > "$out/$step.txt" 2>&1
