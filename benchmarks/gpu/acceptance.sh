@@ -15,8 +15,10 @@
 #             M-RoPE, full graphs of every batch and images in shared prompts against FLASH_ATTN with each on (four engines each, about 4-6
 #             min each); features-softcap, -sinks, -fp8, -window, -gptoss, -mrope, -fullgraphs, -images: one each;
 #             features-mla: an MLA model (tiny-deepseek-v2) on relay's MLA backend against FLASH_ATTN_MLA
-#   ngram     n-gram speculative decoding against FLASH_ATTN with the same drafter (four engines; over 7 min
-#             with cold compile caches: a call of its own)
+#   ngram     n-gram speculative decoding against FLASH_ATTN with the same drafter (four engines; 8.6 min on
+#             an H100 with cold compile caches: with the bundle's install it does not fit one call, so start
+#             it detached, `(setsid nohup env OUT=/tmp/o bash $A ngram > /tmp/ngram.log 2>&1 &)`, and
+#             wait for "ngram: exit" in that log, into the next call if need be)
 #   drafters  EAGLE-3 drafts of one and three tokens a step, and MiMo's MTP drafts, against FLASH_ATTN with
 #             the same drafter: outputs and drafts (fifteen engines, about 15-18 min; eagle3-1, eagle3-3,
 #             mtp-1: one each)
