@@ -8,27 +8,35 @@ after the other so that their memory profiles do not overlap), and the same requ
 `--rounds` times: whatever drifts falls on all alike. Each engine first serves the first 32 requests for 4
 tokens, untimed (one-off start-up costs); its prefix cache is reset before every round (a cold cache each).
 Configurations (`noprefix`, `noprefix-relay`, `default`, `relay`) and workloads (`single`, `multi`) are
-bench_throughput.py's, from common.py. Printed as markdown; with `--out`, JSON (markdown and engine logs
-beside it): every run, each configuration's median and spread, the ratio of medians, each round's ratio
-against the first configuration, and what each sent (equal digests: the same requests). Usage (GPU host):
+bench_throughput.py's, from common.py. Workload `samples` is bench_sharing.py's: `--n` completions of one cold
+prompt of `--prefix-len` tokens, a new prompt each round (the same on every engine), on `default` and `relay`
+(nothing registered: its automatic levels find the prompt), in output tokens/s; a job of a second or less,
+where one engine's runs alone differ by a quarter, so its ratio wants rounds. Printed as markdown; with
+`--out`, JSON (markdown and engine logs beside it): every run, each configuration's median and spread, the
+ratio of medians, each round's ratio against the first configuration, and what each sent (equal digests: the
+same requests). Usage (GPU host):
   python3 benchmarks/bench_interleaved.py --model DIR --configs default,noprefix-relay --prefix-len 0 \
       --rounds 5 --gpu-memory-utilization 0.45 --out results/plain_interleaved.json
+  python3 benchmarks/bench_interleaved.py --model DIR --workload samples --prefix-len 4096 --n 64 \
+      --output-len 128 --max-model-len 4352 --configs default,relay --out results/samples_interleaved.json
 """
 
 import argparse
 import hashlib
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (add_workload_args, engine_kwargs, sampling_params, strip_system,  # noqa: E402
-                    worker_command, workload)
+from common import (add_workload_args, engine_kwargs, model_config, prompt_vocab,  # noqa: E402
+                    sampling_params, strip_system, worker_command, workload)
 
 CONFIGS = ("noprefix", "noprefix-relay", "default", "relay")
+SAMPLES_CONFIGS = ("default", "relay")
 WARMUP = 32  # requests each engine serves (4 tokens each) before the rounds, untimed
 
 
@@ -38,31 +46,53 @@ def describe(prompts: list[list[int]], out_lens: list[int]) -> dict:
             "digest": hashlib.sha256(json.dumps([prompts, out_lens]).encode()).hexdigest()[:16]}
 
 
+def random_prompts(args, count: int, length: int, seed: int) -> list[list[int]]:
+    """`count` prompts of BOS and `length` - 1 random ids of the model's vocabulary (bench_sharing.py's)."""
+    vocab = prompt_vocab(model_config(args.model))
+    rngs = [random.Random(seed + r) for r in range(count)]
+    return [[1] + [rng.randrange(100, vocab) for _ in range(length - 1)] for rng in rngs]
+
+
 def worker(args):
     """One configuration's engine: READY once warm, then one RUN line for each `run` line on stdin."""
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    systems, prompts, out_lens = workload(args, args.workload)
-    if args.worker.startswith("noprefix"):  # the same requests without their system prompt
-        prompts = strip_system(prompts, systems)
-    llm = LLM(**engine_kwargs(args, args.worker, systems))
-    params = sampling_params(out_lens)
+    if args.workload == "samples":
+        # relay with nothing registered: the n samples' prompt is a level its planner finds each step
+        config, systems = ("noprefix-relay" if args.worker == "relay" else args.worker), []
+        prompts = random_prompts(args, args.rounds, args.prefix_len, args.seed + 1000)  # one a round
+        out_lens = [args.n * args.output_len] * args.rounds  # each request's output tokens, its n samples'
+        params = SamplingParams(n=args.n, temperature=1.0, top_p=1.0, ignore_eos=True,
+                                max_tokens=args.output_len)
+        warm = [TokensPrompt(prompt_token_ids=p) for p in random_prompts(args, 1, 64, args.seed + 999)]
+        warm_params = SamplingParams(n=args.n, max_tokens=4, ignore_eos=True)
+    else:
+        systems, prompts, out_lens = workload(args, args.workload)
+        if args.worker.startswith("noprefix"):  # the same requests without their system prompt
+            prompts = strip_system(prompts, systems)
+        config, params = args.worker, sampling_params(out_lens)
+        warm = [TokensPrompt(prompt_token_ids=p) for p in prompts[:WARMUP]]
+        warm_params = SamplingParams(max_tokens=4, ignore_eos=True)
+    llm = LLM(**engine_kwargs(args, config, systems))
     inputs = [TokensPrompt(prompt_token_ids=p) for p in prompts]
     # An engine's first requests pay one-off costs (allocator growth, lazy compilations): out of the rounds
-    llm.generate(inputs[:WARMUP], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
+    llm.generate(warm, warm_params, use_tqdm=False)
     print("READY " + json.dumps(describe(prompts, out_lens)), flush=True)
-    for line in sys.stdin:
+    for i, line in enumerate(sys.stdin):
         if line.strip() != "run":
             break
         if not llm.reset_prefix_cache():  # every round a cold cache (a registered prompt refills)
             raise RuntimeError("reset_prefix_cache() failed before a round")
+        batch = inputs[i:i + 1] if args.workload == "samples" else inputs
         t0 = time.perf_counter()
-        outs = llm.generate(inputs, params, use_tqdm=False)
+        outs = llm.generate(batch, params, use_tqdm=False)
         elapsed = time.perf_counter() - t0
-        tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-        print("RUN " + json.dumps({"elapsed_s": elapsed, "requests_per_s": len(inputs) / elapsed,
-                                   "output_tokens": tokens}), flush=True)
+        tokens = sum(len(c.token_ids) for o in outs for c in o.outputs)
+        if args.workload == "samples" and tokens != out_lens[i]:  # its tokens/s would count what did not run
+            raise RuntimeError(f"{args.worker}: {tokens} output tokens, not {args.n} x {args.output_len}")
+        print("RUN " + json.dumps({"elapsed_s": elapsed, "requests_per_s": len(batch) / elapsed,
+                                   "tokens_per_s": tokens / elapsed, "output_tokens": tokens}), flush=True)
 
 
 class Engine:
@@ -95,10 +125,15 @@ class Engine:
         self.log.close()
 
 
-def summary(runs: dict[str, list[dict]]) -> dict:
-    """Per configuration its requests/s per round, median, min, max and spread ((max - min) / median);
-    for each configuration after the first, its median over the first's and each round's ratio."""
-    rps = {c: [r["requests_per_s"] for r in rs] for c, rs in runs.items()}
+def metric(workload_name: str) -> str:
+    """What a workload's rounds are measured in: output tokens/s for samples, requests/s otherwise."""
+    return "tokens_per_s" if workload_name == "samples" else "requests_per_s"
+
+
+def summary(runs: dict[str, list[dict]], key: str = "requests_per_s") -> dict:
+    """Per configuration its `key` (requests/s) per round, median, min, max and spread ((max - min) /
+    median); for each configuration after the first, its median over the first's and each round's ratio."""
+    rps = {c: [r[key] for r in rs] for c, rs in runs.items()}
     out = {c: {"runs": xs, "median": statistics.median(xs), "min": min(xs), "max": max(xs),
                "spread": (max(xs) - min(xs)) / statistics.median(xs)} for c, xs in rps.items()}
     base = next(iter(runs))
@@ -112,7 +147,8 @@ def markdown(s: dict, sent: dict[str, dict], workload_name: str, gpu_memory_util
     """The summary's table, whether every configuration sent the same requests, and the ratios."""
     configs, base = list(s), next(iter(s))
     n = len(s[base]["runs"])
-    lines = [f"Requests/s, {n} interleaved rounds ({', '.join(configs)} in turn, warm engines at "
+    unit = "Output tokens/s" if workload_name == "samples" else "Requests/s"
+    lines = [f"{unit}, {n} interleaved rounds ({', '.join(configs)} in turn, warm engines at "
              f"gpu_memory_utilization {gpu_memory_utilization} each), workload {workload_name}.", "",
              "| config | " + "".join(f"round {i + 1} | " for i in range(n))
              + f"median | spread | median / {base} |", "|---|" + "---|" * (n + 3)]
@@ -135,7 +171,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     add_workload_args(p)
     p.add_argument("--configs", default="noprefix,noprefix-relay",
                    help=f"two or more of {', '.join(CONFIGS)}; the others are compared with the first")
-    p.add_argument("--workload", default="single", choices=("single", "multi"))
+    p.add_argument("--workload", default="single", choices=("single", "multi", "samples"))
+    p.add_argument("--n", type=int, default=64, help="samples: the completions of each round's prompt")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.45,
                    help="each engine's share of the GPU (all engines are up at once)")
@@ -149,6 +186,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     configs = args.configs.split(",")
     if len(configs) < 2 or len(set(configs)) < len(configs) or not set(configs) <= set(CONFIGS):
         p.error(f"--configs: two or more different ones of {', '.join(CONFIGS)}, not {args.configs}")
+    if args.workload == "samples" and not set(configs) <= set(SAMPLES_CONFIGS):
+        p.error(f"--workload samples: configs of {', '.join(SAMPLES_CONFIGS)}, not {args.configs}")
+    if args.workload == "samples" and (args.n < 1 or args.prefix_len < 2):
+        p.error(f"--workload samples: --n at least 1 and --prefix-len at least 2, not {args.n} and "
+                f"{args.prefix_len}")
     if args.rounds < 1:
         p.error(f"--rounds must be at least 1, not {args.rounds}")
     if len(configs) * args.gpu_memory_utilization > 1:
@@ -170,7 +212,7 @@ def main():
     args = parse_args()
     if args.worker:
         return worker(args)
-    engines, runs = [], {c: [] for c in args.configs.split(",")}
+    engines, runs, key = [], {c: [] for c in args.configs.split(",")}, metric(args.workload)
     try:
         for config in runs:  # one after the other: each profiles the GPU's memory alone
             engines.append(Engine(args, config))
@@ -179,13 +221,12 @@ def main():
         for i in range(args.rounds):
             for e in engines:
                 runs[e.config].append(e.run())
-                print(f"  round {i + 1} {e.config}: {runs[e.config][-1]['requests_per_s']:.2f} requests/s",
-                      flush=True)
+                print(f"  round {i + 1} {e.config}: {runs[e.config][-1][key]:.2f} {key[:-6]}/s", flush=True)
             save(args, {"requests": sent, "runs": runs})  # keep what is done, whatever fails later
     finally:
         for e in engines:
             e.close()
-    s = summary(runs)
+    s = summary(runs, key)
     md = markdown(s, sent, args.workload, args.gpu_memory_utilization)
     print(md, end="")
     save(args, {"requests": sent, "runs": runs, "summary": s}, md)

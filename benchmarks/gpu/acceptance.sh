@@ -54,6 +54,11 @@
 #             then 5 x 2 rounds of about 15-25 s: about 5-8 min), alone in its call:
 #             OUT=/tmp/out bash benchmarks/gpu/acceptance.sh plain   (plain.txt, plain_interleaved_*.json);
 #             SHAPE and ENGINE_ARGS as for l3 (a feature's plain traffic); ROUNDS: other than 5 rounds
+#   samples-ab  n samples of one cold prompt (PS, default 4096; NS, default 64; 128 tokens each), vLLM's default
+#             and relay (CONFIGS) on warm engines side by side, the median of ROUNDS (default 5) interleaved
+#             rounds, a new prompt each round (bench_interleaved.py --workload samples): the samples job is
+#             under a second, and one engine's runs alone differ by a quarter; SHAPE and ENGINE_ARGS as for
+#             l3 (gpt-oss: SHAPE=gpt-oss-20b-attention-shape; about 4 min)
 #   l2-8192   Llama-2-7B shape, P=8192: relay / no prompt (CONFIGS, REPEAT; about 6 min a run of each)
 #   multi     four system prompts of 0.5K-4K tokens and 20% plain requests, Llama-3-8B shape: vLLM's default
 #             and relay (CONFIGS; about 6 min)
@@ -196,6 +201,11 @@ run() {  # one step into $out/STEP.txt; its exit status
         python3 benchmarks/bench_interleaved.py --model "$m" --configs default,noprefix-relay --rounds "${ROUNDS:-5}" \
             --gpu-memory-utilization 0.45 --num-prompts 1000 --max-model-len 4096 --prefix-len 0 \
             ${ENGINE_ARGS:+--engine-args "$ENGINE_ARGS"} --out "$out/plain_interleaved_${SHAPE:-llama3}_$stamp.json" ;;
+    samples-ab) p=${PS:-4096}
+        python3 benchmarks/bench_interleaved.py --model "$(model "${SHAPE:-llama-2-7b-shape}")" --workload samples \
+            --prefix-len "$p" --n "${NS:-64}" --output-len 128 --max-model-len $((p + 256)) \
+            --configs "${CONFIGS:-default,relay}" --rounds "${ROUNDS:-5}" --gpu-memory-utilization 0.45 \
+            ${ENGINE_ARGS:+--engine-args "$ENGINE_ARGS"} --out "$out/samples_interleaved_${SHAPE:-llama2}_$stamp.json" ;;
     l2-8192) $bt --model "$(model llama-2-7b-shape)" --prefix-len 8192 --max-model-len 9000 --repeat "${REPEAT:-1}" \
             --configs "${CONFIGS:-relay,noprefix}" --out "$out/single_llama2_p8192_$stamp.json" ;;
     multi) $bt --model "$(model llama-3-8b-shape)" --max-model-len 5120 --workloads multi \

@@ -153,3 +153,57 @@ def test_a_worker_that_dies_before_it_is_ready_names_its_log(tmp_path, monkeypat
     with pytest.raises(RuntimeError, match=dead):
         bi.Engine(SimpleNamespace(out=str(tmp_path / "r.json")), "relay")
     assert "no GPU" in (tmp_path / "r.relay.log").read_text()
+
+
+def test_samples_are_measured_in_output_tokens_per_second():
+    assert bi.metric("samples") == "tokens_per_s"
+    assert bi.metric("single") == bi.metric("multi") == "requests_per_s"
+    runs = {"default": [{"tokens_per_s": x, "requests_per_s": 1.0} for x in (9000.0, 9400.0, 9200.0)],
+            "relay": [{"tokens_per_s": x, "requests_per_s": 1.0} for x in (12880.0, 11280.0, 12420.0)]}
+    s = bi.summary(runs, "tokens_per_s")
+    assert s["relay"]["median_over_default"] == pytest.approx(12420.0 / 9200.0)
+    assert s["relay"]["per_round_over_default"] == pytest.approx([1.4312, 1.2, 1.35], abs=1e-4)
+    sent = {c: {"requests": 3, "prompt_tokens": 12288, "output_tokens": 24576, "digest": "ab"} for c in s}
+    md = bi.markdown(s, sent, "samples", 0.45)
+    assert md.startswith("Output tokens/s, 3 interleaved rounds (default, relay in turn")
+    assert "| relay | 12880.00 | 11280.00 | 12420.00 | 12420.00 | 11280.00-12880.00 | **1.350** |" in md
+
+
+def test_samples_prompts_are_one_a_round_the_same_for_every_engine(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 500, "image_token_id": 400}))
+    args = parse("--workload", "samples", "--configs", "default,relay", "--prefix-len", "40")
+    args.model = str(tmp_path)
+    prompts = bi.random_prompts(args, 3, 40, 1000)
+    assert prompts == bi.random_prompts(args, 3, 40, 1000)  # each engine draws the same
+    assert [len(p) for p in prompts] == [40] * 3 and all(p[0] == 1 for p in prompts)
+    assert len({tuple(p) for p in prompts}) == 3  # a cold prompt each round
+    assert all(100 <= t < 400 for p in prompts for t in p[1:])  # below the image placeholder
+    assert bi.random_prompts(args, 1, 40, 1001)[0] == prompts[1]
+
+
+@pytest.mark.parametrize("extra", [
+    ("--configs", "default,noprefix-relay"),  # samples: relay finds the prompt itself; no "noprefix" side
+    ("--configs", "default,relay", "--n", "0"),
+    ("--configs", "default,relay", "--prefix-len", "1"),
+])
+def test_samples_arguments_that_cannot_run_are_refused(extra, capsys):
+    with pytest.raises(SystemExit):
+        parse("--workload", "samples", *extra)
+    assert "--workload samples" in capsys.readouterr().err
+    assert parse("--workload", "samples", "--configs", "relay,default", "--n", "256").n == 256
+
+
+def test_the_driver_reports_samples_in_tokens_per_second(tmp_path, monkeypatch, capsys):
+    fake = FAKE.replace('"requests_per_s": rps[i]', '"requests_per_s": 1.0, "tokens_per_s": 100 * rps[i]')
+    fake = fake.replace('"noprefix-relay": [36.0, 46.2, 44.1]', '"relay": [36.0, 46.2, 44.1]')
+    order = tmp_path / "order.txt"
+    monkeypatch.setattr(bi, "worker_command",
+                        lambda _script, config: [sys.executable, "-c", fake, config, str(order)])
+    out = tmp_path / "samples.json"
+    monkeypatch.setattr(sys, "argv", ["bench_interleaved.py", "--model", "m", "--workload", "samples",
+                                      "--configs", "default,relay", "--rounds", "3", "--out", str(out)])
+    bi.main()
+    result = json.loads(out.read_text())
+    assert result["summary"]["relay"]["runs"] == [3600.0, 4620.0, 4410.0]
+    assert result["summary"]["relay"]["median_over_default"] == pytest.approx(1.05)
+    assert "round 2 relay: 4620.00 tokens/s" in capsys.readouterr().out
