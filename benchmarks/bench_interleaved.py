@@ -33,7 +33,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (add_workload_args, engine_kwargs, model_config, prompt_vocab,  # noqa: E402
-                    sampling_params, strip_system, worker_command, workload)
+                    random_prompt, sampling_params, strip_system, worker_command, workload)
 
 CONFIGS = ("noprefix", "noprefix-relay", "default", "relay")
 SAMPLES_CONFIGS = ("default", "relay")
@@ -47,10 +47,9 @@ def describe(prompts: list[list[int]], out_lens: list[int]) -> dict:
 
 
 def random_prompts(args, count: int, length: int, seed: int) -> list[list[int]]:
-    """`count` prompts of BOS and `length` - 1 random ids of the model's vocabulary (bench_sharing.py's)."""
+    """`count` prompts of `length` tokens (`common.random_prompt`), the r-th drawn from seed + r."""
     vocab = prompt_vocab(model_config(args.model))
-    rngs = [random.Random(seed + r) for r in range(count)]
-    return [[1] + [rng.randrange(100, vocab) for _ in range(length - 1)] for rng in rngs]
+    return [random_prompt(random.Random(seed + r), length, vocab) for r in range(count)]
 
 
 def worker(args):

@@ -50,7 +50,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (check_config, free_port, gpu_share, has_gpu, model_config, prompt_vocab,  # noqa: E402
-                    start_server, wait_healthy)
+                    random_prompt, start_server, wait_healthy)
 
 
 def parse_args():
@@ -84,7 +84,7 @@ def make_workload(args):
     special tokens at the start of the vocabulary."""
     rng = random.Random(args.seed)
     vocab = prompt_vocab(model_config(args.model))
-    systems = [[1] + [rng.randrange(100, vocab) for _ in range(n - 1)] for n in map(int, args.system_lens.split(","))]
+    systems = [random_prompt(rng, n, vocab) for n in map(int, args.system_lens.split(","))]
     lo, hi = map(int, args.user_len.split(","))
 
     def request(r: random.Random) -> list[int]:

@@ -38,8 +38,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (JIT_MONITOR, add_sglang_args, attention_shape, compiled_during,  # noqa: E402
                     decode_span_s, host_speed_us, jit_compiled, json_object, measure_card, model_config,
-                    profiler_config, prompt_vocab, result_line, run_logged, sglang_command, sglang_engine,
-                    sglang_sampling, worker_command)
+                    profiler_config, prompt_vocab, random_prompt, result_line, run_logged, sglang_command,
+                    sglang_engine, sglang_sampling, worker_command)
 
 
 def shape(model: str) -> dict:
@@ -72,7 +72,7 @@ def requests(point, config, rng, vocab, system):
     w = point["workload"]
     if w in ("samples", "latency"):
         ctx = point["P"] if w == "samples" else point["C"]
-        prompt = [1] if config == "ceiling" else [1] + ids(ctx - 1)
+        prompt = [1] if config == "ceiling" else random_prompt(rng, ctx, vocab)
         return [prompt], point["n"], ctx
     docs = [ids(point["doc"]) for _ in range(point["D"])]
     prompts = [[1] if config == "ceiling" else system + doc + ids(point["q"]) for doc in docs

@@ -49,6 +49,12 @@ def prompt_vocab(config: dict) -> int:
     return min([config["vocab_size"]] + [config[k] for k in MEDIA_TOKEN_KEYS if k in config])
 
 
+def random_prompt(rng, length: int, vocab: int) -> list[int]:
+    """BOS and `length` - 1 ids drawn from `rng` in [100, vocab): past the special tokens at the start of
+    the vocabulary, below `prompt_vocab`'s end."""
+    return [1] + [rng.randrange(100, vocab) for _ in range(length - 1)]
+
+
 def profile_dir(args, config: str) -> str:
     """Where vLLM's torch profiler writes for `config`: `<out>.<config>.profile/`."""
     return os.path.abspath(f"{os.path.splitext(args.out or 'bench')[0]}.{config}.profile")
@@ -213,7 +219,7 @@ def multi_requests(args):
     rng = random.Random(args.seed + 1)
     vocab = prompt_vocab(model_config(args.model))
     lens = [int(n) for n in args.multi_system_lens.split(",")]
-    systems = [[1] + [rng.randrange(100, vocab) for _ in range(n - 1)] for n in lens]
+    systems = [random_prompt(rng, n, vocab) for n in lens]
     prompts, out_lens = [], []
     for _ in range(args.num_prompts):
         own = [rng.randrange(100, vocab) for _ in range(rng.randint(64, 256))]
