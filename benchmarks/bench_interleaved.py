@@ -212,6 +212,7 @@ def main():
     if args.worker:
         return worker(args)
     engines, runs, key = [], {c: [] for c in args.configs.split(",")}, metric(args.workload)
+    unit = key.replace("_per_s", "/s")
     try:
         for config in runs:  # one after the other: each profiles the GPU's memory alone
             engines.append(Engine(args, config))
@@ -220,7 +221,7 @@ def main():
         for i in range(args.rounds):
             for e in engines:
                 runs[e.config].append(e.run())
-                print(f"  round {i + 1} {e.config}: {runs[e.config][-1][key]:.2f} {key[:-6]}/s", flush=True)
+                print(f"  round {i + 1} {e.config}: {runs[e.config][-1][key]:.2f} {unit}", flush=True)
             save(args, {"requests": sent, "runs": runs})  # keep what is done, whatever fails later
     finally:
         for e in engines:
